@@ -1,0 +1,6 @@
+//! nftproxy's pure core: the Service model, endpoint selection, the typed nftables ruleset,
+//! its planner and its renderer. No I/O, no async runtime, no kernel access.
+
+pub mod plan;
+pub mod render;
+pub mod ruleset;

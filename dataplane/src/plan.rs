@@ -1,0 +1,331 @@
+//! The planner: from what the kernel holds to what it should hold, as a list of operations.
+//!
+//! The kernel state is tracked per chain by a content fingerprint stored in the chain comment, so
+//! a state read back from the kernel (after a restart) plans exactly like the in-memory state the
+//! agent keeps after its own commits.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use sha2::{Digest, Sha256};
+
+use crate::render;
+use crate::ruleset::{BaseChain, Chain, Family, Key, Rule, SetDecl, Table, Verdict};
+
+/// One nftables operation inside a transaction on table `nftproxy` of the transaction's family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    AddTable,
+    DeleteTable,
+    /// Create a chain (a no-op for the kernel if it exists; its comment is updated).
+    AddChain {
+        name: String,
+        base: Option<BaseChain>,
+        comment: String,
+    },
+    FlushChain {
+        name: String,
+    },
+    DeleteChain {
+        name: String,
+    },
+    AddRule {
+        chain: String,
+        rule: Rule,
+    },
+    AddSet {
+        name: String,
+        decl: SetDecl,
+    },
+    DeleteSet {
+        name: String,
+    },
+    AddElements {
+        set: String,
+        elements: Vec<(Key, Option<Verdict>)>,
+    },
+    DeleteElements {
+        set: String,
+        keys: Vec<Key>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transaction {
+    pub family: Family,
+    pub ops: Vec<Op>,
+}
+
+impl Transaction {
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// What the kernel holds for one chain, as far as planning needs to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainState {
+    pub base: Option<BaseChain>,
+    /// Fingerprint of the rules as written by nftproxy; `None` if unreadable (forces a rewrite).
+    pub fingerprint: Option<u64>,
+    /// Whether the chain holds no rules (stale chains are emptied before they are deleted).
+    pub empty: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetState {
+    pub decl: SetDecl,
+    pub elements: BTreeMap<Key, Option<Verdict>>,
+}
+
+/// What the kernel holds for one family's `nftproxy` table.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TableState {
+    pub chains: BTreeMap<String, ChainState>,
+    pub sets: BTreeMap<String, SetState>,
+}
+
+impl TableState {
+    /// The state the kernel is in right after `tx` committed successfully on top of `self`.
+    pub fn apply(&mut self, tx: &Transaction) {
+        for op in &tx.ops {
+            match op {
+                Op::AddTable => {}
+                Op::DeleteTable => *self = TableState::default(),
+                Op::AddChain {
+                    name,
+                    base,
+                    comment,
+                } => {
+                    let entry = self.chains.entry(name.clone()).or_insert(ChainState {
+                        base: *base,
+                        fingerprint: None,
+                        empty: true,
+                    });
+                    entry.fingerprint = parse_fingerprint(comment);
+                }
+                Op::FlushChain { name } => {
+                    if let Some(c) = self.chains.get_mut(name) {
+                        c.empty = true;
+                    }
+                }
+                Op::DeleteChain { name } => {
+                    self.chains.remove(name);
+                }
+                Op::AddRule { chain, .. } => {
+                    if let Some(c) = self.chains.get_mut(chain) {
+                        c.empty = false;
+                    }
+                }
+                Op::AddSet { name, decl } => {
+                    self.sets.entry(name.clone()).or_insert(SetState {
+                        decl: decl.clone(),
+                        elements: BTreeMap::new(),
+                    });
+                }
+                Op::DeleteSet { name } => {
+                    self.sets.remove(name);
+                }
+                Op::AddElements { set, elements } => {
+                    if let Some(s) = self.sets.get_mut(set) {
+                        for (k, v) in elements {
+                            s.elements.insert(*k, v.clone());
+                        }
+                    }
+                }
+                Op::DeleteElements { set, keys } => {
+                    if let Some(s) = self.sets.get_mut(set) {
+                        for k in keys {
+                            s.elements.remove(k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Content fingerprint of a chain: its hook, comment and rules as nft text.
+pub fn fingerprint(chain: &Chain) -> u64 {
+    let mut h = Sha256::new();
+    h.update(format!("{:?}\n{:?}\n", chain.base, chain.comment));
+    for rule in &chain.rules {
+        h.update(render::rule_text(rule));
+        h.update(b"\n");
+    }
+    let digest = h.finalize();
+    u64::from_be_bytes(digest[..8].try_into().expect("sha256 is 32 bytes"))
+}
+
+/// The comment written on a chain: the human comment followed by the fingerprint.
+pub fn chain_comment(chain: &Chain) -> String {
+    let fp = fingerprint(chain);
+    match &chain.comment {
+        Some(c) => format!("{c} [{fp:016x}]"),
+        None => format!("[{fp:016x}]"),
+    }
+}
+
+/// Reads the fingerprint back out of a chain comment written by [`chain_comment`].
+pub fn parse_fingerprint(comment: &str) -> Option<u64> {
+    let tail = comment.strip_suffix(']')?;
+    let start = tail.rfind('[')?;
+    let hex = &tail[start + 1..];
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// Largest number of elements per add/delete-elements operation. Keeps every netlink message well
+/// under the 64 KiB attribute-length limit (an IPv6 map element with a verdict is < 300 bytes).
+pub const ELEMENTS_PER_OP: usize = 200;
+
+/// Plans the main transaction taking `current` to `desired`.
+///
+/// Chains that are no longer wanted are only flushed here; [`plan_cleanup`] deletes them in a
+/// later transaction, once nothing refers to them any more (older kernels answer EBUSY when a
+/// chain is deleted in the same transaction that drops the last map element pointing at it).
+pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
+    let empty = TableState::default();
+    let cur = current.unwrap_or(&empty);
+    let mut ops = Vec::new();
+    if current.is_none() {
+        ops.push(Op::AddTable);
+    }
+
+    // Sets whose declaration changed are recreated: the kernel cannot alter a set's type.
+    let mut recreate_sets = BTreeSet::new();
+    for (name, set) in &desired.sets {
+        match cur.sets.get(name) {
+            Some(s) if s.decl == set.decl => {}
+            Some(_) => {
+                recreate_sets.insert(name.clone());
+            }
+            None => ops.push(Op::AddSet {
+                name: name.clone(),
+                decl: set.decl.clone(),
+            }),
+        }
+    }
+
+    // New chains first (empty), so that rules and map elements may refer to them.
+    let mut rewrite = Vec::new();
+    for (name, chain) in &desired.chains {
+        let fp = fingerprint(chain);
+        match cur.chains.get(name) {
+            Some(c) if c.fingerprint == Some(fp) && c.base == chain.base => {}
+            Some(c) => {
+                if c.base != chain.base {
+                    // Hook or priority changed: the kernel cannot alter it in place.
+                    ops.push(Op::DeleteChain { name: name.clone() });
+                }
+                rewrite.push((name, chain, !c.empty && c.base == chain.base));
+            }
+            None => rewrite.push((name, chain, false)),
+        }
+    }
+    let mut rule_ops = Vec::new();
+    for (name, chain, flush) in rewrite {
+        ops.push(Op::AddChain {
+            name: name.clone(),
+            base: chain.base,
+            comment: chain_comment(chain),
+        });
+        if flush {
+            rule_ops.push(Op::FlushChain { name: name.clone() });
+        }
+        for rule in &chain.rules {
+            rule_ops.push(Op::AddRule {
+                chain: name.clone(),
+                rule: rule.clone(),
+            });
+        }
+    }
+
+    // Elements that disappear or change value go before any rule rewrite.
+    let mut add_elements = Vec::new();
+    for (name, set) in &desired.sets {
+        if recreate_sets.contains(name) {
+            continue;
+        }
+        let current_elements = cur.sets.get(name).map(|s| &s.elements);
+        let mut del = Vec::new();
+        let mut add = Vec::new();
+        if let Some(have) = current_elements {
+            for (k, v) in have {
+                match set.elements.get(k) {
+                    Some(want) if want == v => {}
+                    Some(_) | None => del.push(*k),
+                }
+            }
+        }
+        for (k, v) in &set.elements {
+            if current_elements.and_then(|h| h.get(k)) != Some(v) {
+                add.push((*k, v.clone()));
+            }
+        }
+        for chunk in del.chunks(ELEMENTS_PER_OP) {
+            ops.push(Op::DeleteElements {
+                set: name.clone(),
+                keys: chunk.to_vec(),
+            });
+        }
+        if !add.is_empty() {
+            add_elements.push((name.clone(), add));
+        }
+    }
+    // Elements of sets no longer wanted, and of sets about to be recreated, are dropped with the
+    // set; stale chains are emptied so nothing refers to anything stale any more.
+    for (name, state) in &cur.chains {
+        if !desired.chains.contains_key(name) && !state.empty {
+            rule_ops.push(Op::FlushChain { name: name.clone() });
+        }
+    }
+    ops.extend(rule_ops);
+    for name in &recreate_sets {
+        ops.push(Op::DeleteSet { name: name.clone() });
+        let set = &desired.sets[name];
+        ops.push(Op::AddSet {
+            name: name.clone(),
+            decl: set.decl.clone(),
+        });
+        add_elements.push((
+            name.clone(),
+            set.elements
+                .iter()
+                .map(|(k, v)| (*k, v.clone()))
+                .collect(),
+        ));
+    }
+    for (name, add) in add_elements {
+        for chunk in add.chunks(ELEMENTS_PER_OP) {
+            ops.push(Op::AddElements {
+                set: name.clone(),
+                elements: chunk.to_vec(),
+            });
+        }
+    }
+    for name in cur.sets.keys() {
+        if !desired.sets.contains_key(name) {
+            ops.push(Op::DeleteSet { name: name.clone() });
+        }
+    }
+    Transaction {
+        family: desired.family,
+        ops,
+    }
+}
+
+/// Plans the deletion of chains that `desired` no longer has and that are already empty.
+pub fn plan_cleanup(current: &TableState, desired: &Table) -> Transaction {
+    let ops = current
+        .chains
+        .iter()
+        .filter(|(name, state)| state.empty && !desired.chains.contains_key(*name))
+        .map(|(name, _)| Op::DeleteChain { name: name.clone() })
+        .collect();
+    Transaction {
+        family: desired.family,
+        ops,
+    }
+}

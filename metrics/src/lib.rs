@@ -1,0 +1,1 @@
+//! Metric definitions (filled by the observability work).
