@@ -1,6 +1,10 @@
 //! nftproxy's pure core: the Service model, endpoint selection, the typed nftables ruleset,
 //! its planner and its renderer. No I/O, no async runtime, no kernel access.
 
+pub mod build;
+pub mod convert;
+pub mod model;
 pub mod plan;
 pub mod render;
 pub mod ruleset;
+pub mod topology;

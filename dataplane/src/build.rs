@@ -1,0 +1,834 @@
+//! Builds the desired nftables table of one family from the cluster model.
+//!
+//! The shape follows kube-proxy's nftables mode (same base chains, hooks, priorities, map names
+//! and chain names) with one deliberate difference: endpoint selection is a cascade of
+//! `numgen random mod (N-i) 0 goto endpoint-i` rules instead of one anonymous verdict map per
+//! Service, because the kernel's cost of creating anonymous sets grows with the square of their
+//! number (see docs/architecture.md). A Service therefore costs O(1) + O(endpoints) kernel
+//! objects and no sets, unless it uses session affinity.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use data_encoding::BASE32;
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+use crate::convert::slices_by_service;
+use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
+use crate::ruleset::{
+    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Rule, Set,
+    SetDecl, Table, Verdict,
+};
+use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
+
+/// How to tell traffic that comes from pods on this node (kube-proxy's `detectLocalMode`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalDetector {
+    /// No detection: no ClusterIP masquerade, no pod short-circuit for eTP=Local.
+    None,
+    /// `ClusterCIDR`: the configured cluster CIDRs (first per family is used).
+    ClusterCidr(Vec<IpNet>),
+    /// `NodeCIDR`: the Node's `spec.podCIDRs`.
+    NodeCidr,
+    /// `BridgeInterface`: packets arriving on this bridge.
+    BridgeInterface(String),
+    /// `InterfaceNamePrefix`: packets arriving on interfaces named with this prefix.
+    InterfaceNamePrefix(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// The Node object's primary IPs (kube-proxy's nftables default).
+    Primary,
+    /// Local addresses inside these CIDRs; a family without CIDRs, or a zero-length CIDR,
+    /// means every local address of that family except loopback.
+    Cidrs(Vec<IpNet>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuildConfig {
+    pub node_name: String,
+    pub masquerade_all: bool,
+    /// Bit of the packet mark that asks for masquerade (kube-proxy default 14).
+    pub masquerade_bit: u32,
+    pub local_detector: LocalDetector,
+    pub node_port_addresses: NodePortAddresses,
+    /// This host's addresses (for CIDR `nodePortAddresses`).
+    pub local_addresses: Vec<IpAddr>,
+}
+
+impl Default for BuildConfig {
+    fn default() -> BuildConfig {
+        BuildConfig {
+            node_name: String::new(),
+            masquerade_all: false,
+            masquerade_bit: 14,
+            local_detector: LocalDetector::None,
+            node_port_addresses: NodePortAddresses::Primary,
+            local_addresses: Vec::new(),
+        }
+    }
+}
+
+// Chain, set and map names, shared with kube-proxy so operators find their way around.
+pub const SERVICES: &str = "services";
+pub const MASQUERADING: &str = "masquerading";
+pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+pub const REJECT_CHAIN: &str = "reject-chain";
+pub const FIREWALL_CHECK: &str = "firewall-check";
+pub const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+pub const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+pub const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+pub const CLUSTER_IPS: &str = "cluster-ips";
+pub const NODEPORT_IPS: &str = "nodeport-ips";
+pub const SERVICE_IPS: &str = "service-ips";
+pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+pub const FIREWALL_IPS: &str = "firewall-ips";
+
+/// Longest chain-name base (kube-proxy keeps 16 of nftables' 256 bytes for prefixes).
+const CHAIN_NAME_BASE_MAX: usize = 240;
+
+/// `HASH-name` with HASH the first 8 base32 characters of sha256(name), truncated like
+/// kube-proxy so chain names are identical to its own.
+pub fn hash_and_truncate(name: &str) -> String {
+    let digest = Sha256::digest(name.as_bytes());
+    let encoded = BASE32.encode(&digest);
+    let mut out = format!("{}-{name}", &encoded[..8]);
+    if out.len() > CHAIN_NAME_BASE_MAX {
+        let mut cut = CHAIN_NAME_BASE_MAX - 3;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push_str("...");
+    }
+    out
+}
+
+fn service_port_base(svc: &Service, port: &ServicePort) -> String {
+    hash_and_truncate(&format!(
+        "{}/{}/{}/{}",
+        svc.name.namespace, svc.name.name, port.protocol, port.name
+    ))
+}
+
+fn endpoint_base(svc: &Service, port: &ServicePort, ep: &PortEndpoint) -> String {
+    let host = ep.addr.to_string().replace(':', ".");
+    hash_and_truncate(&format!(
+        "{}/{}/{}/{}__{}/{}",
+        svc.name.namespace, svc.name.name, port.protocol, port.name, host, ep.port
+    ))
+}
+
+fn host_net(ip: IpAddr) -> IpNet {
+    IpNet::from(ip)
+}
+
+fn jump(chain: &str) -> Action {
+    Action::Verdict(Verdict::Jump(chain.to_string()))
+}
+
+fn goto(chain: &str) -> Action {
+    Action::Verdict(Verdict::Goto(chain.to_string()))
+}
+
+fn base(chain_type: ChainType, hook: Hook, priority: i32) -> Chain {
+    Chain {
+        base: Some(BaseChain {
+            chain_type,
+            hook,
+            priority,
+        }),
+        comment: None,
+        rules: Vec::new(),
+    }
+}
+
+fn regular(rules: Vec<Rule>) -> Chain {
+    Chain {
+        base: None,
+        comment: None,
+        rules,
+    }
+}
+
+fn set(key: KeyType, is_vmap: bool, comment: &str) -> Set {
+    Set {
+        decl: SetDecl {
+            key,
+            is_vmap,
+            comment: Some(comment.to_string()),
+            timeout_secs: None,
+        },
+        elements: BTreeMap::new(),
+    }
+}
+
+/// Local-traffic detection resolved for one family: (source is local, source is not local).
+struct Detector {
+    is_local: Option<Match>,
+    is_not_local: Option<Match>,
+}
+
+fn detector(config: &BuildConfig, cluster: &Cluster, family: Family) -> Detector {
+    let from_cidrs = |cidrs: &[IpNet]| match cidrs.iter().find(|c| Family::of_net(c) == family) {
+        Some(net) => Detector {
+            is_local: Some(Match::Saddr {
+                net: *net,
+                negate: false,
+            }),
+            is_not_local: Some(Match::Saddr {
+                net: *net,
+                negate: true,
+            }),
+        },
+        None => Detector {
+            is_local: None,
+            is_not_local: None,
+        },
+    };
+    let iif = |name: &str, prefix: bool| Detector {
+        is_local: Some(Match::IifName {
+            name: name.to_string(),
+            prefix,
+            negate: false,
+        }),
+        is_not_local: Some(Match::IifName {
+            name: name.to_string(),
+            prefix,
+            negate: true,
+        }),
+    };
+    match &config.local_detector {
+        LocalDetector::None => from_cidrs(&[]),
+        LocalDetector::ClusterCidr(cidrs) => from_cidrs(cidrs),
+        LocalDetector::NodeCidr => {
+            let cidrs = cluster
+                .node
+                .as_ref()
+                .map(|n| n.pod_cidrs.clone())
+                .unwrap_or_default();
+            from_cidrs(&cidrs)
+        }
+        LocalDetector::BridgeInterface(name) => iif(name, false),
+        LocalDetector::InterfaceNamePrefix(prefix) => iif(prefix, true),
+    }
+}
+
+/// Which local addresses accept NodePort traffic, per family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodePortIps {
+    /// Every local address except loopback.
+    All,
+    List(Vec<IpAddr>),
+}
+
+pub fn node_port_ips(config: &BuildConfig, cluster: &Cluster, family: Family) -> NodePortIps {
+    match &config.node_port_addresses {
+        NodePortAddresses::Primary => NodePortIps::List(
+            cluster
+                .node
+                .as_ref()
+                .and_then(|n| n.primary_ip(family))
+                .into_iter()
+                .collect(),
+        ),
+        NodePortAddresses::Cidrs(cidrs) => {
+            let mine: Vec<&IpNet> = cidrs
+                .iter()
+                .filter(|c| Family::of_net(c) == family)
+                .collect();
+            if mine.is_empty() || mine.iter().any(|c| c.prefix_len() == 0) {
+                return NodePortIps::All;
+            }
+            let mut ips: Vec<IpAddr> = config
+                .local_addresses
+                .iter()
+                .copied()
+                .filter(|a| !a.is_loopback() && mine.iter().any(|c| c.contains(a)))
+                .collect();
+            ips.sort();
+            ips.dedup();
+            NodePortIps::List(ips)
+        }
+    }
+}
+
+/// The static part of the table: base chains, helper chains and the dispatch maps.
+fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Table {
+    let mut t = Table::new(family);
+    let mark = 1u32 << config.masquerade_bit;
+    let c = &mut t.chains;
+    c.insert(
+        "filter-prerouting-pre-dnat".into(),
+        base(ChainType::Filter, Hook::Prerouting, -110),
+    );
+    c.insert(
+        "filter-output-pre-dnat".into(),
+        base(ChainType::Filter, Hook::Output, -110),
+    );
+    c.insert("nat-prerouting".into(), base(ChainType::Nat, Hook::Prerouting, -100));
+    c.insert("nat-output".into(), base(ChainType::Nat, Hook::Output, -100));
+    c.insert("filter-input".into(), base(ChainType::Filter, Hook::Input, 0));
+    c.insert("filter-forward".into(), base(ChainType::Filter, Hook::Forward, 0));
+    c.insert("filter-output".into(), base(ChainType::Filter, Hook::Output, 0));
+    c.insert("nat-postrouting".into(), base(ChainType::Nat, Hook::Postrouting, 100));
+
+    let new_jump = |target: &str| Rule::new(vec![Match::CtStateNew], jump(target));
+    let push = |c: &mut BTreeMap<String, Chain>, chain: &str, rule: Rule| {
+        c.get_mut(chain).expect("base chain").rules.push(rule)
+    };
+    push(c, "filter-prerouting-pre-dnat", new_jump(FIREWALL_CHECK));
+    push(c, "filter-output-pre-dnat", new_jump(FIREWALL_CHECK));
+    push(c, "filter-input", new_jump(NODEPORT_ENDPOINTS_CHECK));
+    push(c, "filter-input", new_jump(SERVICE_ENDPOINTS_CHECK));
+    push(c, "filter-forward", new_jump(SERVICE_ENDPOINTS_CHECK));
+    push(c, "filter-forward", new_jump(CLUSTER_IPS_CHECK));
+    push(c, "filter-output", new_jump(SERVICE_ENDPOINTS_CHECK));
+    push(c, "filter-output", new_jump(CLUSTER_IPS_CHECK));
+    push(c, "nat-prerouting", Rule::new(vec![], jump(SERVICES)));
+    push(c, "nat-output", Rule::new(vec![], jump(SERVICES)));
+    push(c, "nat-postrouting", Rule::new(vec![], jump(MASQUERADING)));
+
+    c.insert(
+        MARK_FOR_MASQUERADE.into(),
+        regular(vec![Rule::new(vec![], Action::MarkOr(mark))]),
+    );
+    c.insert(
+        MASQUERADING.into(),
+        regular(vec![
+            Rule::new(
+                vec![Match::MarkUnset { mask: mark }],
+                Action::Verdict(Verdict::Return),
+            ),
+            Rule::new(vec![], Action::MarkXor(mark)),
+            Rule::new(vec![], Action::Masquerade),
+        ]),
+    );
+    c.insert(
+        REJECT_CHAIN.into(),
+        Chain {
+            base: None,
+            comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports".into()),
+            rules: vec![Rule::new(vec![], Action::Reject)],
+        },
+    );
+    c.insert(
+        FIREWALL_CHECK.into(),
+        regular(vec![Rule::new(
+            vec![],
+            Action::VmapAddrProtoPort {
+                map: FIREWALL_IPS.into(),
+            },
+        )]),
+    );
+    c.insert(
+        SERVICE_ENDPOINTS_CHECK.into(),
+        regular(vec![Rule::new(
+            vec![],
+            Action::VmapAddrProtoPort {
+                map: NO_ENDPOINT_SERVICES.into(),
+            },
+        )]),
+    );
+
+    let loopback = Match::Daddr {
+        net: family.loopback(),
+        negate: true,
+    };
+    let (nodeport_match, nodeport_check_match) = match node_port_ips(config, cluster, family) {
+        NodePortIps::All => (
+            vec![Match::FibDaddrLocal, loopback.clone()],
+            vec![loopback],
+        ),
+        NodePortIps::List(ips) => {
+            let mut s = set(KeyType::Addr, false, "IPs that accept NodePort traffic");
+            s.elements = ips.into_iter().map(|ip| (Key::Addr(ip), None)).collect();
+            t.sets.insert(NODEPORT_IPS.into(), s);
+            let m = Match::DaddrInSet {
+                set: NODEPORT_IPS.into(),
+            };
+            (vec![m.clone()], vec![m])
+        }
+    };
+    let c = &mut t.chains;
+    c.insert(
+        SERVICES.into(),
+        regular(vec![
+            Rule::new(
+                vec![],
+                Action::VmapAddrProtoPort {
+                    map: SERVICE_IPS.into(),
+                },
+            ),
+            Rule::new(
+                nodeport_match,
+                Action::VmapProtoPort {
+                    map: SERVICE_NODEPORTS.into(),
+                },
+            ),
+        ]),
+    );
+    c.insert(
+        NODEPORT_ENDPOINTS_CHECK.into(),
+        regular(vec![Rule::new(
+            nodeport_check_match,
+            Action::VmapProtoPort {
+                map: NO_ENDPOINT_NODEPORTS.into(),
+            },
+        )]),
+    );
+    let mut cluster_ips_check = vec![
+        Rule::new(
+            vec![Match::DaddrInSet {
+                set: CLUSTER_IPS.into(),
+            }],
+            Action::Reject,
+        )
+        .with_comment("Reject traffic to invalid ports of ClusterIPs"),
+    ];
+    for cidr in cluster.service_cidrs(family) {
+        cluster_ips_check.push(
+            Rule::new(
+                vec![Match::Daddr {
+                    net: cidr,
+                    negate: false,
+                }],
+                Action::Verdict(Verdict::Drop),
+            )
+            .with_comment("Drop traffic to unallocated ClusterIPs"),
+        );
+    }
+    c.insert(CLUSTER_IPS_CHECK.into(), regular(cluster_ips_check));
+
+    t.sets
+        .insert(CLUSTER_IPS.into(), set(KeyType::Addr, false, "Active ClusterIPs"));
+    for (name, key, comment) in [
+        (
+            SERVICE_IPS,
+            KeyType::AddrProtoPort,
+            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ),
+        (SERVICE_NODEPORTS, KeyType::ProtoPort, "NodePort traffic"),
+        (
+            NO_ENDPOINT_SERVICES,
+            KeyType::AddrProtoPort,
+            "vmap to drop or reject packets to services with no endpoints",
+        ),
+        (
+            NO_ENDPOINT_NODEPORTS,
+            KeyType::ProtoPort,
+            "vmap to drop or reject packets to service nodeports with no endpoints",
+        ),
+        (
+            FIREWALL_IPS,
+            KeyType::AddrProtoPort,
+            "destinations that are subject to LoadBalancerSourceRanges",
+        ),
+    ] {
+        t.sets.insert(name.into(), set(key, true, comment));
+    }
+    t
+}
+
+/// Per-sync counts that feed kube-proxy's `no_local_endpoints` metric.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoLocalEndpoints {
+    pub internal: u64,
+    pub external: u64,
+}
+
+/// The result of building one family's table.
+#[derive(Clone, Debug)]
+pub struct Built {
+    pub table: Table,
+    pub no_local_endpoints: NoLocalEndpoints,
+}
+
+/// The endpoints of one Service port in one family, merged across slices (first wins).
+pub fn port_endpoints(
+    slices: &[&EndpointSlice],
+    port: &ServicePort,
+    family: Family,
+    node_name: &str,
+) -> Vec<PortEndpoint> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for slice in slices.iter().filter(|s| s.family == family) {
+        let Some(sp) = slice
+            .ports
+            .iter()
+            .find(|p| p.name == port.name && p.protocol == port.protocol)
+        else {
+            continue;
+        };
+        for e in &slice.endpoints {
+            if !seen.insert((e.addr, sp.port)) {
+                continue;
+            }
+            out.push(PortEndpoint {
+                addr: e.addr,
+                port: sp.port,
+                ready: e.ready,
+                serving: e.serving,
+                terminating: e.terminating,
+                local: e.node_name.as_deref() == Some(node_name) && !node_name.is_empty(),
+                zone_hints: e.zone_hints.clone(),
+                node_hints: e.node_hints.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Builds the complete desired table of `family`.
+pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Built {
+    let mut table = base_table(config, cluster, family);
+    let mut counts = NoLocalEndpoints::default();
+    let det = detector(config, cluster, family);
+    let by_service = slices_by_service(&cluster.slices);
+    let topo = NodeTopology {
+        node_name: &config.node_name,
+        zone: cluster.node.as_ref().and_then(|n| n.zone()),
+    };
+    for svc in cluster.services.values() {
+        let Some(cluster_ip) = svc.cluster_ip(family) else {
+            continue;
+        };
+        let slices: &[&EndpointSlice] = by_service.get(&svc.name).map(Vec::as_slice).unwrap_or(&[]);
+        for port in &svc.ports {
+            let endpoints = port_endpoints(slices, port, family, &config.node_name);
+            let ctx = PortContext {
+                svc,
+                port,
+                family,
+                cluster_ip,
+                config,
+                det: &det,
+                node_ip: cluster.node.as_ref().and_then(|n| n.primary_ip(family)),
+            };
+            let usage = Usage::new(
+                svc.internal_policy_local,
+                svc.external_policy_local,
+                svc.externally_accessible(port),
+            );
+            let cat = categorize(&endpoints, usage, &topo);
+            ctx.add(&mut table, &cat, usage, &mut counts);
+        }
+    }
+    Built {
+        table,
+        no_local_endpoints: counts,
+    }
+}
+
+struct PortContext<'a> {
+    svc: &'a Service,
+    port: &'a ServicePort,
+    family: Family,
+    cluster_ip: IpAddr,
+    config: &'a BuildConfig,
+    det: &'a Detector,
+    /// The Node's primary IP of this family (for the load-balancer source-range exception).
+    node_ip: Option<IpAddr>,
+}
+
+fn insert_element(table: &mut Table, set: &str, key: Key, value: Option<Verdict>) {
+    if let Some(s) = table.sets.get_mut(set) {
+        s.elements.insert(key, value);
+    }
+}
+
+impl PortContext<'_> {
+    fn ips_of_family<'b>(&self, ips: &'b [IpAddr]) -> impl Iterator<Item = IpAddr> + 'b {
+        let family = self.family;
+        ips.iter().copied().filter(move |ip| Family::of(ip) == family)
+    }
+
+    fn comment(&self) -> String {
+        if self.port.name.is_empty() {
+            self.svc.name.to_string()
+        } else {
+            format!("{}:{}", self.svc.name, self.port.name)
+        }
+    }
+
+    fn add(&self, table: &mut Table, cat: &Categorized, usage: Usage, counts: &mut NoLocalEndpoints) {
+        let proto = self.port.protocol;
+        let port = self.port.port;
+        let svc = self.svc;
+        let base = service_port_base(svc, self.port);
+        let cluster_chain = format!("service-{base}");
+        let local_chain = format!("local-{base}");
+        let external_chain = format!("external-{base}");
+        let firewall_chain = format!("firewall-{base}");
+        let reject = Some(Verdict::Goto(REJECT_CHAIN.into()));
+        let external_ips: Vec<IpAddr> = self
+            .ips_of_family(&svc.external_ips)
+            .chain(self.ips_of_family(&svc.load_balancer_ips))
+            .collect();
+        let lb_ips: Vec<IpAddr> = self.ips_of_family(&svc.load_balancer_ips).collect();
+        let cip_key = Key::AddrProtoPort(self.cluster_ip, proto, port);
+        insert_element(table, CLUSTER_IPS, Key::Addr(self.cluster_ip), None);
+
+        if !cat.has_any {
+            insert_element(table, NO_ENDPOINT_SERVICES, cip_key, reject.clone());
+            for ip in &external_ips {
+                insert_element(
+                    table,
+                    NO_ENDPOINT_SERVICES,
+                    Key::AddrProtoPort(*ip, proto, port),
+                    reject.clone(),
+                );
+            }
+            if let Some(np) = self.port.node_port {
+                insert_element(table, NO_ENDPOINT_NODEPORTS, Key::ProtoPort(proto, np), reject);
+            }
+            return;
+        }
+
+        // Endpoint chains.
+        let mut ep_chains = BTreeMap::new();
+        for ep in &cat.all_reachable {
+            let eb = endpoint_base(svc, self.port, ep);
+            let name = format!("endpoint-{eb}");
+            let affinity = format!("affinity-{eb}");
+            let mut rules = vec![Rule::new(
+                vec![Match::Saddr {
+                    net: host_net(ep.addr),
+                    negate: false,
+                }],
+                jump(MARK_FOR_MASQUERADE),
+            )];
+            if let Some(timeout) = svc.affinity_timeout {
+                rules.push(Rule::new(
+                    vec![],
+                    Action::UpdateSaddr {
+                        set: affinity.clone(),
+                    },
+                ));
+                table.sets.insert(
+                    affinity.clone(),
+                    Set {
+                        decl: SetDecl {
+                            key: KeyType::Addr,
+                            is_vmap: false,
+                            comment: None,
+                            timeout_secs: Some(timeout),
+                        },
+                        elements: BTreeMap::new(),
+                    },
+                );
+            }
+            rules.push(Rule::new(
+                vec![Match::L4Proto(proto)],
+                Action::Dnat {
+                    addr: ep.addr,
+                    port: ep.port,
+                },
+            ));
+            table.chains.insert(name.clone(), regular(rules));
+            ep_chains.insert((ep.addr, ep.port), (name, affinity));
+        }
+        let dispatch = |eps: &[PortEndpoint]| -> Vec<Rule> {
+            let chosen: Vec<&(String, String)> =
+                eps.iter().map(|e| &ep_chains[&(e.addr, e.port)]).collect();
+            let mut rules = Vec::new();
+            if svc.affinity_timeout.is_some() {
+                for (chain, affinity) in &chosen {
+                    rules.push(Rule::new(
+                        vec![Match::SaddrInSet {
+                            set: affinity.clone(),
+                        }],
+                        goto(chain),
+                    ));
+                }
+            }
+            let n = chosen.len();
+            for (i, (chain, _)) in chosen.iter().enumerate() {
+                let remaining = (n - i) as u32;
+                let matches = if remaining > 1 {
+                    vec![Match::Numgen {
+                        modulus: remaining,
+                        value: 0,
+                    }]
+                } else {
+                    vec![]
+                };
+                rules.push(Rule::new(matches, goto(chain)));
+            }
+            rules
+        };
+
+        let uses_cluster_chain = !cat.cluster.is_empty() && usage.uses_cluster;
+        let uses_local_chain = !cat.local.is_empty() && usage.uses_local;
+        if uses_cluster_chain {
+            let mut chain = regular(dispatch(&cat.cluster));
+            chain.comment = Some(self.comment());
+            table.chains.insert(cluster_chain.clone(), chain);
+        }
+        if uses_local_chain {
+            let mut chain = regular(dispatch(&cat.local));
+            chain.comment = Some(self.comment());
+            table.chains.insert(local_chain.clone(), chain);
+        }
+
+        // Internal (ClusterIP) traffic.
+        let internal_chain = if svc.internal_policy_local {
+            &local_chain
+        } else {
+            &cluster_chain
+        };
+        let has_internal = !(svc.internal_policy_local && cat.local.is_empty());
+        if has_internal {
+            let masq_match = if self.config.masquerade_all {
+                Some(vec![Match::Daddr {
+                    net: host_net(self.cluster_ip),
+                    negate: false,
+                }])
+            } else {
+                self.det.is_not_local.as_ref().map(|m| {
+                    vec![
+                        Match::Daddr {
+                            net: host_net(self.cluster_ip),
+                            negate: false,
+                        },
+                        m.clone(),
+                    ]
+                })
+            };
+            if let Some(matches) = masq_match
+                && let Some(chain) = table.chains.get_mut(internal_chain)
+            {
+                chain
+                    .rules
+                    .insert(0, Rule::new(matches, jump(MARK_FOR_MASQUERADE)));
+            }
+            insert_element(
+                table,
+                SERVICE_IPS,
+                cip_key,
+                Some(Verdict::Goto(internal_chain.clone())),
+            );
+        } else {
+            counts.internal += 1;
+            insert_element(table, NO_ENDPOINT_SERVICES, cip_key, Some(Verdict::Drop));
+        }
+
+        // External (NodePort, external IP, load balancer IP) traffic.
+        if !svc.externally_accessible(self.port) {
+            return;
+        }
+        let has_external = !(svc.external_policy_local && cat.local.is_empty());
+        let mut rules = Vec::new();
+        if svc.external_policy_local {
+            if let Some(m) = &self.det.is_local {
+                rules.push(
+                    Rule::new(vec![m.clone()], goto(&cluster_chain))
+                        .with_comment("short-circuit pod traffic"),
+                );
+            }
+            rules.push(
+                Rule::new(vec![Match::FibSaddrLocal], jump(MARK_FOR_MASQUERADE))
+                    .with_comment("masquerade local traffic"),
+            );
+            rules.push(
+                Rule::new(vec![Match::FibSaddrLocal], goto(&cluster_chain))
+                    .with_comment("short-circuit local traffic"),
+            );
+            if uses_local_chain {
+                rules.push(Rule::new(vec![], goto(&local_chain)));
+            }
+        } else {
+            rules.push(Rule::new(vec![], jump(MARK_FOR_MASQUERADE)));
+            rules.push(Rule::new(vec![], goto(&cluster_chain)));
+        }
+        let mut chain = regular(rules);
+        chain.comment = Some(self.comment());
+        table.chains.insert(external_chain.clone(), chain);
+        let to_external = Some(Verdict::Goto(external_chain));
+        for ip in &external_ips {
+            let key = Key::AddrProtoPort(*ip, proto, port);
+            insert_element(table, SERVICE_IPS, key, to_external.clone());
+            if !has_external {
+                insert_element(table, NO_ENDPOINT_SERVICES, key, Some(Verdict::Drop));
+            }
+        }
+        if let Some(np) = self.port.node_port {
+            let key = Key::ProtoPort(proto, np);
+            insert_element(table, SERVICE_NODEPORTS, key, to_external.clone());
+            if !has_external {
+                insert_element(table, NO_ENDPOINT_NODEPORTS, key, Some(Verdict::Drop));
+            }
+        }
+        if !has_external {
+            counts.external += 1;
+        }
+
+        // loadBalancerSourceRanges, checked before DNAT.
+        let ranges: Vec<IpNet> = svc
+            .load_balancer_source_ranges
+            .iter()
+            .copied()
+            .filter(|r| Family::of_net(r) == self.family && r.prefix_len() > 0)
+            .collect();
+        if !lb_ips.is_empty() && !ranges.is_empty() {
+            let mut allowed = ranges.clone();
+            let node_ip = self.node_ip;
+            if node_ip.is_some_and(|ip| ranges.iter().any(|r| r.contains(&ip))) {
+                allowed.extend(lb_ips.iter().map(|ip| host_net(*ip)));
+            }
+            let mut rules: Vec<Rule> = allowed
+                .into_iter()
+                .map(|net| {
+                    Rule::new(
+                        vec![Match::Saddr { net, negate: false }],
+                        Action::Verdict(Verdict::Return),
+                    )
+                })
+                .collect();
+            rules.push(Rule::new(vec![], Action::Verdict(Verdict::Drop)));
+            let mut chain = regular(rules);
+            chain.comment = Some(self.comment());
+            table.chains.insert(firewall_chain.clone(), chain);
+            for ip in &lb_ips {
+                insert_element(
+                    table,
+                    FIREWALL_IPS,
+                    Key::AddrProtoPort(*ip, proto, port),
+                    Some(Verdict::Goto(firewall_chain.clone())),
+                );
+            }
+        }
+    }
+
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_names_match_kube_proxy() {
+        assert_eq!(hash_and_truncate("ns1/svc1/tcp/p80"), "ULMVA6XW-ns1/svc1/tcp/p80");
+        assert_eq!(hash_and_truncate("ns2/svc2/tcp/p80"), "42NFTM6N-ns2/svc2/tcp/p80");
+        assert_eq!(
+            hash_and_truncate("testing/service/tcp/http"),
+            "P4ZYZVCF-testing/service/tcp/http"
+        );
+        assert_eq!(
+            hash_and_truncate("ns1/svc1/tcp/p80__10.180.0.1/80"),
+            "5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
+        );
+        assert_eq!(
+            hash_and_truncate("testing/service/tcp/http__fd80.abcd.12..a1b2.c3d4.e5f6.9999/80"),
+            "U7E2ET36-testing/service/tcp/http__fd80.abcd.12..a1b2.c3d4.e5f6.9999/80"
+        );
+        let long = hash_and_truncate(&"x".repeat(300));
+        assert_eq!(long.len(), CHAIN_NAME_BASE_MAX);
+        assert!(long.ends_with("..."));
+    }
+}

@@ -1,0 +1,610 @@
+//! Conversion from Kubernetes API objects (k8s-openapi types) into the model, with validation.
+//!
+//! Every function returns a reason when the object cannot be used; callers skip that object,
+//! log the reason and keep everything else working.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
+
+use crate::model::{
+    Endpoint, EndpointPort, EndpointSlice, Node, ObjectName, Service, ServicePort, ServiceType,
+};
+use crate::ruleset::{Family, Proto};
+
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+
+/// Why an object was not converted. `Ignored` objects are valid but not proxied.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Skip {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("not proxied: {0}")]
+    Ignored(&'static str),
+}
+
+impl Skip {
+    /// Short machine-readable reason, for metric labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Skip::Invalid(_) => "invalid",
+            Skip::Ignored(r) => r,
+        }
+    }
+}
+
+fn invalid<T>(msg: impl Into<String>) -> Result<T, Skip> {
+    Err(Skip::Invalid(msg.into()))
+}
+
+/// Parses an IP address the way Kubernetes' `ParseIPSloppy` does: IPv4 parts with leading zeros
+/// are decimal (`172.30.0.041` is 172.30.0.41), not octal and not an error.
+pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
+    let s = s.trim();
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.len() != 4 {
+        return None;
+    }
+    let mut octets = [0u8; 4];
+    for (o, p) in octets.iter_mut().zip(&parts) {
+        if p.is_empty() || p.len() > 3 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *o = p.parse::<u8>().ok()?;
+    }
+    Some(IpAddr::V4(Ipv4Addr::from(octets)))
+}
+
+/// Parses a CIDR sloppily (leading zeros, surrounding whitespace) and truncates host bits.
+pub fn parse_cidr_sloppy(s: &str) -> Option<IpNet> {
+    let s = s.trim();
+    let (addr, len) = s.split_once('/')?;
+    let addr = parse_ip_sloppy(addr)?;
+    let len: u8 = len.trim().parse().ok()?;
+    IpNet::new(addr, len).ok().map(|n| n.trunc())
+}
+
+pub fn parse_protocol(p: Option<&str>) -> Result<Proto, Skip> {
+    match p.unwrap_or("TCP") {
+        "TCP" => Ok(Proto::Tcp),
+        "UDP" => Ok(Proto::Udp),
+        "SCTP" => Ok(Proto::Sctp),
+        other => invalid(format!("unknown protocol {other:?}")),
+    }
+}
+
+fn parse_port(what: &str, p: i32) -> Result<u16, Skip> {
+    match u16::try_from(p) {
+        Ok(v) if v > 0 => Ok(v),
+        _ => invalid(format!("{what} {p} is out of range 1-65535")),
+    }
+}
+
+pub fn object_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectName {
+    ObjectName::new(
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or(""),
+    )
+}
+
+/// Whether this proxy instance handles the Service, given its `service-proxy-name` label.
+/// An empty `proxy_name` handles only unlabelled Services, as kube-proxy does.
+pub fn handled_by(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, proxy_name: &str) -> bool {
+    let label = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL));
+    match label {
+        None => proxy_name.is_empty(),
+        Some(v) => !proxy_name.is_empty() && v == proxy_name,
+    }
+}
+
+pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
+    let name = object_name(&svc.metadata);
+    if name.name.is_empty() {
+        return invalid("metadata.name is empty");
+    }
+    if !handled_by(&svc.metadata, proxy_name) {
+        return Err(Skip::Ignored("service-proxy-name"));
+    }
+    let Some(spec) = &svc.spec else {
+        return invalid("spec is missing");
+    };
+    let service_type = match spec.type_.as_deref().unwrap_or("ClusterIP") {
+        "ClusterIP" => ServiceType::ClusterIp,
+        "NodePort" => ServiceType::NodePort,
+        "LoadBalancer" => ServiceType::LoadBalancer,
+        "ExternalName" => return Err(Skip::Ignored("external-name")),
+        other => return invalid(format!("unknown spec.type {other:?}")),
+    };
+    let mut raw_ips: Vec<&str> = spec
+        .cluster_ips
+        .as_ref()
+        .map(|v| v.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    if raw_ips.is_empty()
+        && let Some(ip) = &spec.cluster_ip
+    {
+        raw_ips.push(ip);
+    }
+    if raw_ips.is_empty() || raw_ips.iter().any(|ip| ip.is_empty() || *ip == "None") {
+        return Err(Skip::Ignored("headless"));
+    }
+    let mut cluster_ips = Vec::new();
+    for raw in raw_ips {
+        let Some(ip) = parse_ip_sloppy(raw) else {
+            return invalid(format!("spec.clusterIPs: invalid IP {raw:?}"));
+        };
+        if cluster_ips.iter().any(|c: &IpAddr| Family::of(c) == Family::of(&ip)) {
+            return invalid(format!("spec.clusterIPs: two addresses of the same family ({raw})"));
+        }
+        cluster_ips.push(ip);
+    }
+    let mut external_ips = Vec::new();
+    for raw in spec.external_ips.iter().flatten() {
+        match parse_ip_sloppy(raw) {
+            Some(ip) => external_ips.push(ip),
+            None => return invalid(format!("spec.externalIPs: invalid IP {raw:?}")),
+        }
+    }
+    let mut load_balancer_ips = Vec::new();
+    if service_type == ServiceType::LoadBalancer {
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref());
+        for ing in ingress.into_iter().flatten() {
+            if ing.ip_mode.as_deref() == Some("Proxy") {
+                continue;
+            }
+            if let Some(raw) = &ing.ip {
+                match parse_ip_sloppy(raw) {
+                    Some(ip) => load_balancer_ips.push(ip),
+                    None => {
+                        return invalid(format!("status.loadBalancer.ingress: invalid IP {raw:?}"));
+                    }
+                }
+            }
+        }
+    }
+    let mut load_balancer_source_ranges = Vec::new();
+    for raw in spec.load_balancer_source_ranges.iter().flatten() {
+        match parse_cidr_sloppy(raw) {
+            Some(net) => load_balancer_source_ranges.push(net),
+            None => {
+                return invalid(format!("spec.loadBalancerSourceRanges: invalid CIDR {raw:?}"));
+            }
+        }
+    }
+    let mut ports = Vec::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let protocol = parse_protocol(p.protocol.as_deref())
+            .map_err(|e| Skip::Invalid(format!("spec.ports[{i}]: {e}")))?;
+        let port = parse_port(&format!("spec.ports[{i}].port"), p.port)?;
+        let node_port = match (service_type, p.node_port) {
+            (ServiceType::ClusterIp, _) | (_, None) | (_, Some(0)) => None,
+            (_, Some(np)) => Some(parse_port(&format!("spec.ports[{i}].nodePort"), np)?),
+        };
+        let name = p.name.clone().unwrap_or_default();
+        if ports
+            .iter()
+            .any(|q: &ServicePort| q.name == name && q.protocol == protocol)
+        {
+            return invalid(format!("spec.ports[{i}]: duplicate port name {name:?}"));
+        }
+        if ports
+            .iter()
+            .any(|q: &ServicePort| q.port == port && q.protocol == protocol)
+        {
+            return invalid(format!("spec.ports[{i}]: duplicate port {port}/{protocol}"));
+        }
+        ports.push(ServicePort {
+            name,
+            protocol,
+            port,
+            node_port,
+        });
+    }
+    let externally_reachable_type = service_type != ServiceType::ClusterIp || !external_ips.is_empty();
+    let external_policy_local =
+        externally_reachable_type && spec.external_traffic_policy.as_deref() == Some("Local");
+    let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let health_check_node_port = match spec.health_check_node_port {
+        Some(p) if service_type == ServiceType::LoadBalancer && external_policy_local && p != 0 => {
+            Some(parse_port("spec.healthCheckNodePort", p)?)
+        }
+        _ => None,
+    };
+    let affinity_timeout = match spec.session_affinity.as_deref() {
+        Some("ClientIP") => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match t {
+                None => Some(DEFAULT_AFFINITY_TIMEOUT),
+                Some(t) if (1..=86400).contains(&t) => Some(t as u32),
+                Some(t) => {
+                    return invalid(format!(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range 1-86400"
+                    ));
+                }
+            }
+        }
+        None | Some("None") | Some("") => None,
+        Some(other) => return invalid(format!("unknown spec.sessionAffinity {other:?}")),
+    };
+    Ok(Service {
+        name,
+        service_type,
+        cluster_ips,
+        external_ips,
+        load_balancer_ips,
+        load_balancer_source_ranges,
+        external_policy_local,
+        internal_policy_local,
+        health_check_node_port,
+        affinity_timeout,
+        ports,
+    })
+}
+
+pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, Skip> {
+    let name = object_name(&slice.metadata);
+    let labels = slice.metadata.labels.as_ref();
+    let Some(service) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
+        return Err(Skip::Ignored("no-service-name-label"));
+    };
+    let family = match slice.address_type.as_str() {
+        "IPv4" => Family::V4,
+        "IPv6" => Family::V6,
+        "FQDN" => return Err(Skip::Ignored("fqdn")),
+        other => return invalid(format!("unknown addressType {other:?}")),
+    };
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        let protocol = parse_protocol(p.protocol.as_deref())
+            .map_err(|e| Skip::Invalid(format!("ports[{i}]: {e}")))?;
+        let Some(port) = p.port else {
+            // A port without a number means "all ports"; the proxy cannot use it.
+            continue;
+        };
+        let port = parse_port(&format!("ports[{i}].port"), port)?;
+        ports.push(EndpointPort {
+            name: p.name.clone().unwrap_or_default(),
+            protocol,
+            port,
+        });
+    }
+    let mut endpoints = Vec::new();
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        let Some(raw) = ep.addresses.first() else {
+            continue;
+        };
+        let Some(addr) = parse_ip_sloppy(raw) else {
+            return invalid(format!("endpoints[{i}]: invalid address {raw:?}"));
+        };
+        if Family::of(&addr) != family {
+            return invalid(format!(
+                "endpoints[{i}]: address {raw} does not match addressType {}",
+                slice.address_type
+            ));
+        }
+        let c = ep.conditions.as_ref();
+        let hints = ep.hints.as_ref();
+        endpoints.push(Endpoint {
+            addr,
+            ready: c.and_then(|c| c.ready).unwrap_or(true),
+            serving: c.and_then(|c| c.serving).unwrap_or(true),
+            terminating: c.and_then(|c| c.terminating).unwrap_or(false),
+            node_name: ep.node_name.clone(),
+            zone_hints: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                .unwrap_or_default(),
+            node_hints: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|z| z.iter().map(|n| n.name.clone()).collect())
+                .unwrap_or_default(),
+        });
+    }
+    Ok(EndpointSlice {
+        service: ObjectName::new(&name.namespace, service),
+        name,
+        family,
+        ports,
+        endpoints,
+        trigger_time: slice
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
+            .cloned(),
+    })
+}
+
+pub fn node(node: &core::Node) -> Result<Node, Skip> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    if name.is_empty() {
+        return invalid("metadata.name is empty");
+    }
+    let spec = node.spec.as_ref();
+    let mut pod_cidrs = Vec::new();
+    let raw_cidrs: Vec<&String> = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
+        Some(v) if !v.is_empty() => v.iter().collect(),
+        _ => spec.and_then(|s| s.pod_cidr.as_ref()).into_iter().collect(),
+    };
+    for raw in raw_cidrs {
+        match parse_cidr_sloppy(raw) {
+            Some(n) => pod_cidrs.push(n),
+            None => return invalid(format!("spec.podCIDRs: invalid CIDR {raw:?}")),
+        }
+    }
+    let mut addresses = Vec::new();
+    let status_addrs = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    for kind in ["InternalIP", "ExternalIP"] {
+        for a in status_addrs.into_iter().flatten().filter(|a| a.type_ == kind) {
+            if let Some(ip) = parse_ip_sloppy(&a.address) {
+                addresses.push(ip);
+            }
+        }
+    }
+    Ok(Node {
+        name,
+        labels: node.metadata.labels.clone().unwrap_or_default(),
+        pod_cidrs,
+        addresses,
+        deleting: node.metadata.deletion_timestamp.is_some(),
+        taint_keys: spec
+            .and_then(|s| s.taints.as_ref())
+            .map(|t| t.iter().map(|t| t.key.clone()).collect())
+            .unwrap_or_default(),
+    })
+}
+
+pub fn service_cidr(cidr: &networking::ServiceCIDR) -> Result<(String, Vec<IpNet>), Skip> {
+    let name = cidr.metadata.name.clone().unwrap_or_default();
+    let mut nets = Vec::new();
+    for raw in cidr.spec.as_ref().and_then(|s| s.cidrs.as_ref()).into_iter().flatten() {
+        match parse_cidr_sloppy(raw) {
+            Some(n) => nets.push(n),
+            None => return invalid(format!("spec.cidrs: invalid CIDR {raw:?}")),
+        }
+    }
+    Ok((name, nets))
+}
+
+/// A problem with one object of an input document.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub kind: String,
+    pub name: String,
+    pub skip: Skip,
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "skipping {} {:?}: {}", self.kind, self.name, self.skip)
+    }
+}
+
+/// The raw objects of an input document, by kind, before conversion.
+#[derive(Clone, Debug, Default)]
+pub struct Objects {
+    pub services: Vec<core::Service>,
+    pub slices: Vec<discovery::EndpointSlice>,
+    pub nodes: Vec<core::Node>,
+    pub service_cidrs: Vec<networking::ServiceCIDR>,
+}
+
+/// Splits YAML text (a multi-document stream, `kind: List` documents, or both) into typed
+/// objects. Objects of other kinds are ignored; objects that do not match their schema are
+/// reported in the second return value.
+pub fn parse_yaml(text: &str) -> Result<(Objects, Vec<Skipped>), serde_yaml_ng::Error> {
+    let mut objects = Objects::default();
+    let mut skipped = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        collect(value, &mut objects, &mut skipped);
+    }
+    Ok((objects, skipped))
+}
+
+fn collect(value: serde_json::Value, out: &mut Objects, skipped: &mut Vec<Skipped>) {
+    if value.is_null() {
+        return;
+    }
+    let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
+    let name = {
+        let meta = value.get("metadata");
+        let ns = meta.and_then(|m| m.get("namespace")).and_then(|n| n.as_str());
+        let n = meta.and_then(|m| m.get("name")).and_then(|n| n.as_str()).unwrap_or("");
+        match ns {
+            Some(ns) => format!("{ns}/{n}"),
+            None => n.to_string(),
+        }
+    };
+    let fail = |e: serde_json::Error, skipped: &mut Vec<Skipped>| {
+        skipped.push(Skipped {
+            kind: kind.clone(),
+            name: name.clone(),
+            skip: Skip::Invalid(format!("does not match the {kind} schema: {e}")),
+        })
+    };
+    match kind.as_str() {
+        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" | "ServiceCIDRList" => {
+            if let Some(serde_json::Value::Array(items)) = value.get("items").cloned() {
+                for item in items {
+                    collect(item, out, skipped);
+                }
+            }
+        }
+        "Service" => match serde_json::from_value(value) {
+            Ok(v) => out.services.push(v),
+            Err(e) => fail(e, skipped),
+        },
+        "EndpointSlice" => match serde_json::from_value(value) {
+            Ok(v) => out.slices.push(v),
+            Err(e) => fail(e, skipped),
+        },
+        "Node" => match serde_json::from_value(value) {
+            Ok(v) => out.nodes.push(v),
+            Err(e) => fail(e, skipped),
+        },
+        "ServiceCIDR" => match serde_json::from_value(value) {
+            Ok(v) => out.service_cidrs.push(v),
+            Err(e) => fail(e, skipped),
+        },
+        _ => {}
+    }
+}
+
+/// Converts parsed objects into a cluster model for the node `node_name`, collecting every
+/// object that had to be skipped (ignored kinds such as headless Services are not reported).
+pub fn cluster(
+    objects: &Objects,
+    node_name: &str,
+    proxy_name: &str,
+) -> (crate::model::Cluster, Vec<Skipped>) {
+    let mut cluster = crate::model::Cluster::default();
+    let mut skipped = Vec::new();
+    let mut report = |kind: &str, name: ObjectName, skip: Skip| {
+        if let Skip::Invalid(_) = skip {
+            skipped.push(Skipped {
+                kind: kind.to_string(),
+                name: name.to_string(),
+                skip,
+            });
+        }
+    };
+    for s in &objects.services {
+        match service(s, proxy_name) {
+            Ok(svc) => {
+                cluster.services.insert(svc.name.clone(), svc);
+            }
+            Err(e) => report("Service", object_name(&s.metadata), e),
+        }
+    }
+    for s in &objects.slices {
+        match endpoint_slice(s) {
+            Ok(slice) => {
+                cluster.slices.insert(slice.name.clone(), slice);
+            }
+            Err(e) => report("EndpointSlice", object_name(&s.metadata), e),
+        }
+    }
+    for n in &objects.nodes {
+        if n.metadata.name.as_deref() != Some(node_name) {
+            continue;
+        }
+        match node(n) {
+            Ok(node) => cluster.node = Some(node),
+            Err(e) => report("Node", object_name(&n.metadata), e),
+        }
+    }
+    for c in &objects.service_cidrs {
+        match service_cidr(c) {
+            Ok((name, nets)) => {
+                cluster.service_cidrs.insert(name, nets);
+            }
+            Err(e) => report("ServiceCIDR", object_name(&c.metadata), e),
+        }
+    }
+    (cluster, skipped)
+}
+
+/// Groups slices by the Service they belong to.
+pub fn slices_by_service(
+    slices: &BTreeMap<ObjectName, EndpointSlice>,
+) -> BTreeMap<&ObjectName, Vec<&EndpointSlice>> {
+    let mut out: BTreeMap<&ObjectName, Vec<&EndpointSlice>> = BTreeMap::new();
+    for s in slices.values() {
+        out.entry(&s.service).or_default().push(s);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sloppy_ips_parse_leading_zeros_as_decimal() {
+        assert_eq!(parse_ip_sloppy("172.30.0.041"), Some("172.30.0.41".parse().unwrap()));
+        assert_eq!(parse_ip_sloppy("010.180.00.001"), Some("10.180.0.1".parse().unwrap()));
+        assert_eq!(parse_ip_sloppy(" 1.2.3.4 "), Some("1.2.3.4".parse().unwrap()));
+        assert_eq!(parse_ip_sloppy("fd00::1"), Some("fd00::1".parse().unwrap()));
+        assert_eq!(parse_ip_sloppy("1.2.3.256"), None);
+        assert_eq!(parse_ip_sloppy("1.2.3"), None);
+        assert_eq!(parse_ip_sloppy("1.2.3.0004"), None);
+        assert_eq!(
+            parse_cidr_sloppy(" 203.0.113.000/025"),
+            Some("203.0.113.0/25".parse().unwrap())
+        );
+        assert_eq!(parse_cidr_sloppy("10.1.2.3/8"), Some("10.0.0.0/8".parse().unwrap()));
+    }
+
+    #[test]
+    fn malformed_services_are_skipped_with_reasons() {
+        let yaml = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: good, namespace: ns}
+  spec: {clusterIP: 172.30.0.041, ports: [{port: 80}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: badip, namespace: ns}
+  spec: {clusterIP: 172.30.0.300, ports: [{port: 80}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: port0, namespace: ns}
+  spec: {clusterIP: 172.30.0.2, ports: [{port: 0}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: proto, namespace: ns}
+  spec: {clusterIP: 172.30.0.3, ports: [{port: 80, protocol: ICMP}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: schema, namespace: ns}
+  spec: {clusterIP: 172.30.0.4, ports: [{port: eighty}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: headless, namespace: ns}
+  spec: {clusterIP: None, ports: [{port: 80}]}
+"#;
+        let (objects, mut skipped) = parse_yaml(yaml).unwrap();
+        let (cluster, more) = cluster(&objects, "node", "");
+        skipped.extend(more);
+        assert_eq!(
+            cluster.services.keys().map(|k| k.to_string()).collect::<Vec<_>>(),
+            vec!["ns/good"]
+        );
+        assert_eq!(
+            cluster.services[&ObjectName::new("ns", "good")].cluster_ips,
+            vec!["172.30.0.41".parse::<IpAddr>().unwrap()]
+        );
+        let mut names: Vec<String> = skipped.iter().map(|s| s.name.clone()).collect();
+        names.sort();
+        assert_eq!(names, vec!["ns/badip", "ns/port0", "ns/proto", "ns/schema"]);
+        let text: Vec<String> = skipped.iter().map(|s| s.to_string()).collect();
+        assert!(text.iter().any(|t| t.contains("ns/proto") && t.contains("ICMP")), "{text:?}");
+        assert!(text.iter().any(|t| t.contains("ns/port0") && t.contains("out of range")));
+    }
+}

@@ -1,0 +1,264 @@
+//! Which endpoints a Service port uses: kube-proxy's `CategorizeEndpoints`, ready endpoints first,
+//! serving-terminating ones as fallback, topology hints all-or-nothing, traffic policies.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+/// One endpoint of one Service port, as the proxy sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortEndpoint {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    /// On this node.
+    pub local: bool,
+    pub zone_hints: Vec<String>,
+    pub node_hints: Vec<String>,
+}
+
+impl PortEndpoint {
+    fn serving_terminating(&self) -> bool {
+        self.serving && self.terminating
+    }
+}
+
+/// What a Service port needs the endpoint lists for.
+#[derive(Clone, Copy, Debug)]
+pub struct Usage {
+    pub uses_cluster: bool,
+    pub uses_local: bool,
+}
+
+impl Usage {
+    pub fn new(internal_local: bool, external_local: bool, externally_accessible: bool) -> Usage {
+        Usage {
+            // eTP=Local still needs the cluster endpoints: pod and host sources short-circuit.
+            uses_cluster: !internal_local || externally_accessible,
+            uses_local: internal_local || (external_local && externally_accessible),
+        }
+    }
+}
+
+/// Where this node sits, for topology hints.
+#[derive(Clone, Debug, Default)]
+pub struct NodeTopology<'a> {
+    pub node_name: &'a str,
+    pub zone: Option<&'a str>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Categorized {
+    /// Endpoints for Cluster-policy traffic.
+    pub cluster: Vec<PortEndpoint>,
+    /// Endpoints for Local-policy traffic.
+    pub local: Vec<PortEndpoint>,
+    /// Every endpoint any rule may send traffic to (cluster ∪ local), in a stable order.
+    pub all_reachable: Vec<PortEndpoint>,
+    /// Some endpoint anywhere is usable (ready, or serving while terminating).
+    pub has_any: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TopologyMode {
+    None,
+    SameNode,
+    SameZone,
+}
+
+fn topology_mode(endpoints: &[PortEndpoint], topo: &NodeTopology<'_>) -> TopologyMode {
+    let ready: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.ready).collect();
+    if ready.is_empty() {
+        return TopologyMode::None;
+    }
+    if ready.iter().all(|e| !e.node_hints.is_empty())
+        && ready
+            .iter()
+            .any(|e| e.node_hints.iter().any(|n| n == topo.node_name))
+    {
+        return TopologyMode::SameNode;
+    }
+    if let Some(zone) = topo.zone
+        && ready.iter().all(|e| !e.zone_hints.is_empty())
+        && ready.iter().any(|e| e.zone_hints.iter().any(|z| z == zone))
+    {
+        return TopologyMode::SameZone;
+    }
+    TopologyMode::None
+}
+
+fn available(e: &PortEndpoint, mode: TopologyMode, topo: &NodeTopology<'_>) -> bool {
+    match mode {
+        TopologyMode::None => true,
+        TopologyMode::SameNode => e.node_hints.iter().any(|n| n == topo.node_name),
+        TopologyMode::SameZone => topo
+            .zone
+            .is_some_and(|zone| e.zone_hints.iter().any(|z| z == zone)),
+    }
+}
+
+/// kube-proxy's `CategorizeEndpoints`.
+pub fn categorize(endpoints: &[PortEndpoint], usage: Usage, topo: &NodeTopology<'_>) -> Categorized {
+    let mut out = Categorized::default();
+    if endpoints.is_empty() {
+        return out;
+    }
+    let mut mode = TopologyMode::None;
+    if usage.uses_cluster {
+        mode = topology_mode(endpoints, topo);
+        out.cluster = endpoints
+            .iter()
+            .filter(|e| e.ready && available(e, mode, topo))
+            .cloned()
+            .collect();
+        if out.cluster.is_empty() {
+            out.cluster = endpoints
+                .iter()
+                .filter(|e| e.serving_terminating())
+                .cloned()
+                .collect();
+        }
+        out.has_any = !out.cluster.is_empty();
+    }
+    if !usage.uses_local {
+        out.all_reachable = out.cluster.clone();
+        return out;
+    }
+    let mut has_local_ready = false;
+    let mut has_local_serving_terminating = false;
+    for e in endpoints {
+        if e.ready {
+            out.has_any = true;
+            has_local_ready |= e.local;
+        } else if e.serving_terminating() {
+            out.has_any = true;
+            has_local_serving_terminating |= e.local;
+        }
+    }
+    let mut use_serving_terminating = false;
+    if has_local_ready {
+        out.local = endpoints
+            .iter()
+            .filter(|e| e.local && e.ready)
+            .cloned()
+            .collect();
+    } else if has_local_serving_terminating {
+        out.local = endpoints
+            .iter()
+            .filter(|e| e.local && e.serving_terminating())
+            .cloned()
+            .collect();
+        use_serving_terminating = true;
+    }
+    if !usage.uses_cluster {
+        out.all_reachable = out.local.clone();
+        return out;
+    }
+    if mode == TopologyMode::None && !use_serving_terminating {
+        out.all_reachable = out.cluster.clone();
+    } else {
+        let mut seen = BTreeSet::new();
+        out.all_reachable = out
+            .cluster
+            .iter()
+            .chain(out.local.iter())
+            .filter(|e| seen.insert((e.addr, e.port)))
+            .cloned()
+            .collect();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(last: u8, ready: bool, serving: bool, terminating: bool, local: bool) -> PortEndpoint {
+        PortEndpoint {
+            addr: IpAddr::from([10, 0, 1, last]),
+            port: 80,
+            ready,
+            serving,
+            terminating,
+            local,
+            zone_hints: vec![],
+            node_hints: vec![],
+        }
+    }
+
+    fn addrs(v: &[PortEndpoint]) -> Vec<u8> {
+        v.iter()
+            .map(|e| match e.addr {
+                IpAddr::V4(a) => a.octets()[3],
+                IpAddr::V6(_) => 0,
+            })
+            .collect()
+    }
+
+    const TOPO: NodeTopology<'static> = NodeTopology {
+        node_name: "test-node",
+        zone: Some("zone-a"),
+    };
+
+    #[test]
+    fn etp_local_ready_and_terminating() {
+        // Reference §7.7 "ready endpoints exist".
+        let eps = vec![
+            ep(1, true, true, false, true),
+            ep(2, true, true, false, true),
+            ep(3, false, true, true, true),
+            ep(4, false, false, true, true),
+            ep(5, true, true, false, false),
+        ];
+        let c = categorize(&eps, Usage::new(false, true, true), &TOPO);
+        assert_eq!(addrs(&c.cluster), vec![1, 2, 5]);
+        assert_eq!(addrs(&c.local), vec![1, 2]);
+        assert!(c.has_any);
+        // "only terminating endpoints exist"
+        let eps = vec![
+            ep(2, false, true, true, true),
+            ep(3, false, true, true, true),
+            ep(4, false, false, true, true),
+            ep(5, true, true, false, false),
+        ];
+        let c = categorize(&eps, Usage::new(false, true, true), &TOPO);
+        assert_eq!(addrs(&c.cluster), vec![5]);
+        assert_eq!(addrs(&c.local), vec![2, 3]);
+        assert_eq!(addrs(&c.all_reachable), vec![5, 2, 3]);
+        // "terminating endpoints on remote node"
+        let eps = vec![ep(5, false, true, true, false)];
+        let c = categorize(&eps, Usage::new(false, true, true), &TOPO);
+        assert_eq!(addrs(&c.cluster), vec![5]);
+        assert!(c.local.is_empty());
+        // "no usable endpoints"
+        let eps = vec![ep(5, false, false, true, true), ep(6, false, false, true, false)];
+        let c = categorize(&eps, Usage::new(false, true, true), &TOPO);
+        assert!(!c.has_any);
+    }
+
+    #[test]
+    fn zone_hints_are_all_or_nothing() {
+        let mut a = ep(1, true, true, false, false);
+        a.zone_hints = vec!["zone-a".into()];
+        let mut b = ep(2, true, true, false, false);
+        b.zone_hints = vec!["zone-b".into()];
+        let c = categorize(&[a.clone(), b.clone()], Usage::new(false, false, false), &TOPO);
+        assert_eq!(addrs(&c.cluster), vec![1]);
+        let unhinted = ep(3, true, true, false, false);
+        let c = categorize(&[a, b, unhinted], Usage::new(false, false, false), &TOPO);
+        assert_eq!(addrs(&c.cluster), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn internal_local_uses_only_local() {
+        let eps = vec![ep(1, true, true, false, true), ep(2, true, true, false, false)];
+        let c = categorize(&eps, Usage::new(true, false, false), &TOPO);
+        assert!(c.cluster.is_empty());
+        assert_eq!(addrs(&c.local), vec![1]);
+        assert_eq!(addrs(&c.all_reachable), vec![1]);
+        let eps = vec![ep(2, true, true, false, false)];
+        let c = categorize(&eps, Usage::new(true, false, false), &TOPO);
+        assert!(c.has_any && c.local.is_empty());
+    }
+}
