@@ -1,0 +1,7 @@
+//! The nftproxy node agent: configuration, sources, the sync loop and the kernel backends.
+
+pub mod addresses;
+pub mod config;
+pub mod nftables;
+pub mod source;
+pub mod sync;

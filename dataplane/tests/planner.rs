@@ -1,0 +1,197 @@
+//! Planner invariants over generated clusters: plan(a, b) applied to a gives b, plan(b, b) is
+//! empty, and the result does not depend on the path taken.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use nftproxy_dataplane::build::{BuildConfig, LocalDetector, build};
+use nftproxy_dataplane::model::{
+    Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
+};
+use nftproxy_dataplane::plan::{Op, TableState, fingerprint, plan, plan_cleanup};
+use nftproxy_dataplane::ruleset::{Family, Proto, Table};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+struct SvcSpec {
+    id: u8,
+    endpoints: Vec<u8>,
+    node_port: bool,
+    udp: bool,
+}
+
+fn cluster(specs: &[SvcSpec]) -> Cluster {
+    let mut c = Cluster::default();
+    for s in specs {
+        let name = ObjectName::new("ns", &format!("svc{}", s.id));
+        let protocol = if s.udp { Proto::Udp } else { Proto::Tcp };
+        c.services.insert(
+            name.clone(),
+            Service {
+                name: name.clone(),
+                service_type: if s.node_port {
+                    ServiceType::NodePort
+                } else {
+                    ServiceType::ClusterIp
+                },
+                cluster_ips: vec![IpAddr::from([172, 30, 0, s.id])],
+                external_ips: vec![],
+                load_balancer_ips: vec![],
+                load_balancer_source_ranges: vec![],
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: None,
+                affinity_timeout: None,
+                ports: vec![ServicePort {
+                    name: "p".into(),
+                    protocol,
+                    port: 80,
+                    node_port: s.node_port.then_some(30000 + u16::from(s.id)),
+                }],
+            },
+        );
+        let slice = ObjectName::new("ns", &format!("svc{}-x", s.id));
+        c.slices.insert(
+            slice.clone(),
+            EndpointSlice {
+                name: slice,
+                service: name,
+                family: Family::V4,
+                ports: vec![EndpointPort {
+                    name: "p".into(),
+                    protocol,
+                    port: 8080,
+                }],
+                endpoints: s
+                    .endpoints
+                    .iter()
+                    .map(|e| Endpoint {
+                        addr: IpAddr::from([10, 180, s.id, *e]),
+                        ready: true,
+                        serving: true,
+                        terminating: false,
+                        node_name: Some("node".into()),
+                        zone_hints: vec![],
+                        node_hints: vec![],
+                    })
+                    .collect(),
+                trigger_time: None,
+            },
+        );
+    }
+    c
+}
+
+fn config() -> BuildConfig {
+    BuildConfig {
+        node_name: "node".into(),
+        local_detector: LocalDetector::ClusterCidr(vec!["10.0.0.0/8".parse().unwrap()]),
+        ..BuildConfig::default()
+    }
+}
+
+fn table(specs: &[SvcSpec]) -> Table {
+    build(&cluster(specs), &config(), Family::V4).table
+}
+
+/// The state the kernel would hold if `t` had been written from scratch.
+fn fresh_state(t: &Table) -> TableState {
+    let mut s = TableState::default();
+    s.apply(&plan(None, t));
+    s
+}
+
+/// Applies plan + cleanup, like the agent does.
+fn step(state: &mut Option<TableState>, t: &Table) -> usize {
+    let tx = plan(state.as_ref(), t);
+    let mut s = state.take().unwrap_or_default();
+    s.apply(&tx);
+    let cleanup = plan_cleanup(&s, t);
+    s.apply(&cleanup);
+    *state = Some(s);
+    tx.ops.len() + cleanup.ops.len()
+}
+
+fn specs() -> impl Strategy<Value = Vec<SvcSpec>> {
+    prop::collection::btree_map(
+        1u8..40,
+        (prop::collection::btree_set(1u8..20, 0..5), any::<bool>(), any::<bool>()),
+        0..12,
+    )
+    .prop_map(|m: BTreeMap<u8, _>| {
+        m.into_iter()
+            .map(|(id, (eps, node_port, udp))| SvcSpec {
+                id,
+                endpoints: eps.into_iter().collect(),
+                node_port,
+                udp,
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #[test]
+    fn plan_reaches_the_desired_state(a in specs(), b in specs()) {
+        let ta = table(&a);
+        let tb = table(&b);
+        let mut state = None;
+        step(&mut state, &ta);
+        step(&mut state, &tb);
+        let state = state.unwrap();
+        prop_assert_eq!(&state, &fresh_state(&tb));
+        // Nothing left to do afterwards.
+        prop_assert!(plan(Some(&state), &tb).is_empty());
+        prop_assert!(plan_cleanup(&state, &tb).is_empty());
+    }
+}
+
+#[test]
+fn one_endpoint_change_touches_only_that_service() {
+    let many: Vec<SvcSpec> = (1..=200u8)
+        .map(|id| SvcSpec {
+            id,
+            endpoints: vec![1, 2],
+            node_port: false,
+            udp: false,
+        })
+        .collect();
+    let mut changed = many.clone();
+    changed[7].endpoints.push(3);
+    let mut state = None;
+    step(&mut state, &table(&many));
+    let tx = plan(state.as_ref(), &table(&changed));
+    // New endpoint chain (add + 2 rules), service chain rewritten (add + flush + 3 rules).
+    assert!(tx.ops.len() <= 10, "{:#?}", tx.ops);
+    for op in &tx.ops {
+        let touches_svc8 = match op {
+            Op::AddChain { name, .. } | Op::FlushChain { name } => name.contains("ns/svc8/"),
+            Op::AddRule { chain, .. } => chain.contains("ns/svc8/"),
+            _ => false,
+        };
+        assert!(touches_svc8, "unexpected op {op:?}");
+    }
+}
+
+#[test]
+fn fingerprints_differ_when_rules_differ() {
+    let a = table(&[SvcSpec {
+        id: 1,
+        endpoints: vec![1, 2],
+        node_port: false,
+        udp: false,
+    }]);
+    let b = table(&[SvcSpec {
+        id: 1,
+        endpoints: vec![1, 3],
+        node_port: false,
+        udp: false,
+    }]);
+    let name = a
+        .chains
+        .keys()
+        .find(|k| k.starts_with("service-"))
+        .unwrap()
+        .clone();
+    assert_ne!(fingerprint(&a.chains[&name]), fingerprint(&b.chains[&name]));
+}
