@@ -8,3 +8,4 @@ pub mod plan;
 pub mod render;
 pub mod ruleset;
 pub mod topology;
+pub mod trace;

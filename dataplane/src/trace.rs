@@ -1,0 +1,318 @@
+//! A packet tracer over the ruleset model: what happens to the first packet of a connection.
+//!
+//! It walks the same base chains the kernel would (prerouting or, for packets the node sends
+//! itself, output; then input or forward; then postrouting) and follows every branch of the
+//! random endpoint choice, so the result is the set of endpoints a connection may reach.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use crate::ruleset::{Action, Chain, Key, Match, Proto, Table, Verdict};
+
+/// The first packet of a connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packet {
+    pub src: IpAddr,
+    pub dst: SocketAddr,
+    pub proto: Proto,
+    /// Interface the packet arrives on (for interface-based local-traffic detection).
+    pub iif: Option<String>,
+}
+
+/// Where the tracer stands: this host's addresses decide `fib ... type local` and whether the
+/// packet comes from the node itself (output hooks) or from elsewhere (prerouting hooks).
+#[derive(Clone, Debug, Default)]
+pub struct Host {
+    pub local_addresses: Vec<IpAddr>,
+}
+
+impl Host {
+    fn is_local(&self, ip: &IpAddr) -> bool {
+        self.local_addresses.contains(ip)
+    }
+}
+
+/// One way the packet can go.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// Translated to this endpoint; `masquerade` says whether the source is rewritten.
+    Endpoint { addr: SocketAddr, masquerade: bool },
+    Drop,
+    Reject,
+    /// nftproxy's rules do not touch the packet.
+    Untouched,
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Endpoint { addr, masquerade } => {
+                write!(f, "{addr}{}", if *masquerade { " (masqueraded)" } else { "" })
+            }
+            Outcome::Drop => f.write_str("DROP"),
+            Outcome::Reject => f.write_str("REJECT"),
+            Outcome::Untouched => f.write_str("not handled by nftproxy"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trace {
+    /// Every possible outcome (several only when an endpoint is chosen at random).
+    pub outcomes: BTreeSet<Outcome>,
+    /// The comments of the Service chains the packet went through (`ns/name:port`).
+    pub services: BTreeSet<String>,
+    /// The chains visited, in order of first visit, for explanations.
+    pub chains: Vec<String>,
+}
+
+impl Trace {
+    /// The endpoints the packet may reach, if it is translated at all.
+    pub fn endpoints(&self) -> BTreeSet<SocketAddr> {
+        self.outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Endpoint { addr, .. } => Some(*addr),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug)]
+struct State {
+    mark: u32,
+    dnat: Option<SocketAddr>,
+}
+
+/// How a chain evaluation ended.
+#[derive(Clone, Debug)]
+enum End {
+    /// Fell off the end or returned: continue in the caller.
+    Continue(State),
+    Accept(State),
+    Drop,
+    Reject,
+}
+
+struct Tracer<'a> {
+    table: &'a Table,
+    host: &'a Host,
+    pkt: Packet,
+    trace: Trace,
+}
+
+impl Tracer<'_> {
+    fn visit(&mut self, name: &str, chain: &Chain) {
+        if !self.trace.chains.iter().any(|c| c == name) {
+            self.trace.chains.push(name.to_string());
+        }
+        if let Some(c) = &chain.comment
+            && (name.starts_with("service-") || name.starts_with("local-") || name.starts_with("external-"))
+        {
+            self.trace.services.insert(c.clone());
+        }
+    }
+
+    fn matches(&self, m: &Match, state: &State) -> bool {
+        let dst = state.dnat.map(|d| d.ip()).unwrap_or(self.pkt.dst.ip());
+        let src = self.pkt.src;
+        let set_has = |set: &str, ip: IpAddr| {
+            self.table
+                .sets
+                .get(set)
+                .is_some_and(|s| s.elements.contains_key(&Key::Addr(ip)))
+        };
+        match m {
+            Match::CtStateNew => true,
+            Match::Daddr { net, negate } => net.contains(&dst) != *negate,
+            Match::Saddr { net, negate } => net.contains(&src) != *negate,
+            Match::DaddrInSet { set } => set_has(set, dst),
+            // Affinity sets are filled at run time; a first connection has no entry.
+            Match::SaddrInSet { .. } => false,
+            Match::FibSaddrLocal => self.host.is_local(&src),
+            Match::FibDaddrLocal => self.host.is_local(&dst),
+            Match::L4Proto(p) => *p == self.pkt.proto,
+            Match::Numgen { .. } => unreachable!("numgen is handled by forking"),
+            Match::MarkUnset { mask } => state.mark & mask == 0,
+            Match::IifName {
+                name,
+                prefix,
+                negate,
+            } => {
+                let hit = self.pkt.iif.as_deref().is_some_and(|iif| {
+                    if *prefix {
+                        iif.starts_with(name.as_str())
+                    } else {
+                        iif == name
+                    }
+                });
+                hit != *negate
+            }
+        }
+    }
+
+    fn lookup(&self, map: &str, key: Key) -> Option<Verdict> {
+        self.table
+            .sets
+            .get(map)
+            .and_then(|s| s.elements.get(&key))
+            .cloned()
+            .flatten()
+    }
+
+    fn chain(&mut self, name: &str, state: State, depth: usize) -> Vec<End> {
+        let Some(chain) = self.table.chains.get(name) else {
+            return vec![End::Continue(state)];
+        };
+        if depth > 32 {
+            return vec![End::Drop];
+        }
+        self.visit(name, chain);
+        self.rules(chain, 0, state, depth)
+    }
+
+    fn rules(&mut self, chain: &Chain, start: usize, state: State, depth: usize) -> Vec<End> {
+        for i in start..chain.rules.len() {
+            let rule = &chain.rules[i];
+            let mut fork = false;
+            let mut ok = true;
+            for m in &rule.matches {
+                match m {
+                    Match::Numgen { modulus, .. } if *modulus > 1 => fork = true,
+                    Match::Numgen { .. } => {}
+                    other => ok &= self.matches(other, &state),
+                }
+            }
+            if !ok {
+                continue;
+            }
+            let taken = self.action(chain, i, &rule.action, state.clone(), depth);
+            if !fork {
+                return taken;
+            }
+            let mut all = taken;
+            all.extend(self.rules(chain, i + 1, state, depth));
+            return all;
+        }
+        vec![End::Continue(state)]
+    }
+
+    fn verdict(&mut self, chain: &Chain, i: usize, v: &Verdict, state: State, depth: usize) -> Vec<End> {
+        match v {
+            Verdict::Accept => vec![End::Accept(state)],
+            Verdict::Drop => vec![End::Drop],
+            Verdict::Return => vec![End::Continue(state)],
+            Verdict::Goto(target) => self.chain(target, state, depth + 1),
+            Verdict::Jump(target) => {
+                let mut out = Vec::new();
+                for end in self.chain(target, state, depth + 1) {
+                    match end {
+                        End::Continue(s) => out.extend(self.rules(chain, i + 1, s, depth)),
+                        other => out.push(other),
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    fn action(&mut self, chain: &Chain, i: usize, action: &Action, mut state: State, depth: usize) -> Vec<End> {
+        let dst = state.dnat.map(|d| d.ip()).unwrap_or(self.pkt.dst.ip());
+        let port = self.pkt.dst.port();
+        let proto = self.pkt.proto;
+        let continue_here = |me: &mut Self, s: State| me.rules(chain, i + 1, s, depth);
+        match action {
+            Action::Verdict(v) => self.verdict(chain, i, v, state, depth),
+            Action::VmapAddrProtoPort { map } => {
+                match self.lookup(map, Key::AddrProtoPort(dst, proto, port)) {
+                    Some(v) => self.verdict(chain, i, &v, state, depth),
+                    None => continue_here(self, state),
+                }
+            }
+            Action::VmapProtoPort { map } => match self.lookup(map, Key::ProtoPort(proto, port)) {
+                Some(v) => self.verdict(chain, i, &v, state, depth),
+                None => continue_here(self, state),
+            },
+            Action::Reject => vec![End::Reject],
+            Action::Dnat { addr, port } => {
+                state.dnat = Some(SocketAddr::new(*addr, *port));
+                vec![End::Accept(state)]
+            }
+            Action::Masquerade => vec![End::Accept(state)],
+            Action::MarkOr(bits) => {
+                state.mark |= bits;
+                continue_here(self, state)
+            }
+            Action::MarkXor(bits) => {
+                state.mark ^= bits;
+                continue_here(self, state)
+            }
+            Action::UpdateSaddr { .. } => continue_here(self, state),
+        }
+    }
+
+    /// Runs one base chain over every state; terminal drops and rejects are final.
+    fn hook(&mut self, name: &str, states: Vec<State>, finals: &mut BTreeSet<Outcome>) -> Vec<State> {
+        let mut out = Vec::new();
+        for s in states {
+            for end in self.chain(name, s, 0) {
+                match end {
+                    End::Continue(s) | End::Accept(s) => out.push(s),
+                    End::Drop => {
+                        finals.insert(Outcome::Drop);
+                    }
+                    End::Reject => {
+                        finals.insert(Outcome::Reject);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Traces the first packet of a connection through `table` on `host`.
+pub fn trace(table: &Table, host: &Host, pkt: &Packet) -> Trace {
+    let from_host = host.is_local(&pkt.src);
+    let mut t = Tracer {
+        table,
+        host,
+        pkt: pkt.clone(),
+        trace: Trace::default(),
+    };
+    let mut finals = BTreeSet::new();
+    let start = vec![State { mark: 0, dnat: None }];
+    let (pre, nat) = if from_host {
+        ("filter-output-pre-dnat", "nat-output")
+    } else {
+        ("filter-prerouting-pre-dnat", "nat-prerouting")
+    };
+    let states = t.hook(pre, start, &mut finals);
+    let states = t.hook(nat, states, &mut finals);
+    let mut after_filter = Vec::new();
+    for s in states {
+        let dst = s.dnat.map(|d| d.ip()).unwrap_or(pkt.dst.ip());
+        let filter = if from_host {
+            "filter-output"
+        } else if host.is_local(&dst) {
+            "filter-input"
+        } else {
+            "filter-forward"
+        };
+        after_filter.extend(t.hook(filter, vec![s], &mut finals));
+    }
+    let mark_states = t.hook("nat-postrouting", after_filter.clone(), &mut finals);
+    for (before, after) in after_filter.iter().zip(&mark_states) {
+        // The masquerading chain clears the mark bit it masquerades on; any bit cleared means
+        // the packet was masqueraded.
+        let masquerade = before.mark & !after.mark != 0;
+        finals.insert(match before.dnat {
+            Some(addr) => Outcome::Endpoint { addr, masquerade },
+            None => Outcome::Untouched,
+        });
+    }
+    t.trace.outcomes = finals;
+    t.trace
+}
