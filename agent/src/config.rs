@@ -62,6 +62,7 @@ pub struct KubeProxyConfiguration {
     pub api_version: Option<String>,
     pub kind: Option<String>,
     pub mode: Option<String>,
+    #[serde(rename = "clusterCIDR")]
     pub cluster_cidr: Option<String>,
     pub detect_local_mode: Option<String>,
     pub detect_local: Option<DetectLocalSection>,
@@ -224,10 +225,16 @@ impl Settings {
             },
         };
         let sync_period = duration("syncPeriod", &section.sync_period, Duration::from_secs(30))?;
-        let min_sync_period =
-            duration("minSyncPeriod", &section.min_sync_period, Duration::from_secs(1))?;
+        let min_sync_period = duration(
+            "minSyncPeriod",
+            &section.min_sync_period,
+            Duration::from_secs(1),
+        )?;
         if sync_period.is_zero() {
-            return invalid(&format!("{mode_field}.syncPeriod"), "must be greater than 0");
+            return invalid(
+                &format!("{mode_field}.syncPeriod"),
+                "must be greater than 0",
+            );
         }
 
         let mut cluster_cidrs: Vec<IpNet> = Vec::new();
@@ -262,8 +269,7 @@ impl Settings {
                     );
                 }
             },
-            "InterfaceNamePrefix" => match detect.interface_name_prefix.filter(|b| !b.is_empty())
-            {
+            "InterfaceNamePrefix" => match detect.interface_name_prefix.filter(|b| !b.is_empty()) {
                 Some(p) => LocalDetector::InterfaceNamePrefix(p),
                 None => {
                     return invalid(
@@ -310,7 +316,11 @@ impl Settings {
             .hostname_override
             .clone()
             .filter(|h| !h.trim().is_empty())
-            .or_else(|| file.hostname_override.clone().filter(|h| !h.trim().is_empty()))
+            .or_else(|| {
+                file.hostname_override
+                    .clone()
+                    .filter(|h| !h.trim().is_empty())
+            })
             .map(|h| h.trim().to_lowercase())
             .unwrap_or_else(system_hostname);
         Ok(Settings {
@@ -377,8 +387,12 @@ mod tests {
         assert!(s.build.masquerade_all);
         assert_eq!(s.build.masquerade_bit, 3);
         assert_eq!(s.min_sync_period, Duration::from_millis(250));
-        assert!(matches!(s.build.local_detector, LocalDetector::ClusterCidr(ref c) if c.len() == 2));
-        assert!(matches!(s.build.node_port_addresses, NodePortAddresses::Cidrs(ref c) if c.len() == 1));
+        assert!(
+            matches!(s.build.local_detector, LocalDetector::ClusterCidr(ref c) if c.len() == 2)
+        );
+        assert!(
+            matches!(s.build.node_port_addresses, NodePortAddresses::Cidrs(ref c) if c.len() == 1)
+        );
     }
 
     #[test]
@@ -387,7 +401,10 @@ mod tests {
             ("nftables: {masqueradeBit: 32}", "nftables.masqueradeBit"),
             ("clusterCIDR: 10.0.0.0/33", "clusterCIDR"),
             ("detectLocalMode: Magic", "detectLocalMode"),
-            ("nodePortAddresses: [primary, 10.0.0.0/8]", "nodePortAddresses"),
+            (
+                "nodePortAddresses: [primary, 10.0.0.0/8]",
+                "nodePortAddresses",
+            ),
             ("nftables: {syncPeriod: soon}", "nftables.syncPeriod"),
             ("mode: ipvs", "mode"),
         ] {

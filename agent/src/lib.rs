@@ -2,6 +2,7 @@
 
 pub mod addresses;
 pub mod config;
+pub mod explain;
 pub mod nftables;
 pub mod source;
 pub mod sync;

@@ -1,5 +1,7 @@
 //! `nftproxy`: the node agent and its tools.
 
+use std::io::{IsTerminal, Write};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
@@ -8,13 +10,18 @@ use clap::{Args, Parser, Subcommand};
 use dataplane::build::build;
 use dataplane::model::Cluster;
 use dataplane::render;
-use dataplane::ruleset::Family;
+use dataplane::ruleset::{Family, Proto};
+use dataplane::trace::{Host, Packet, trace};
 use nftproxy::config::{KubeProxyConfiguration, Overrides, Settings};
 use nftproxy::source;
 use nftproxy::sync::Syncer;
 
 #[derive(Parser)]
-#[command(name = "nftproxy", version, about = "A kube-proxy replacement that programs nftables over netlink")]
+#[command(
+    name = "nftproxy",
+    version,
+    about = "A kube-proxy replacement that programs nftables over netlink"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -54,8 +61,36 @@ enum Command {
         #[arg(long)]
         from_file: PathBuf,
     },
+    /// Explain what the rules do with the first packet of a connection.
+    Trace {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        from_file: PathBuf,
+        /// Source address of the packet.
+        #[arg(long)]
+        src: IpAddr,
+        /// Destination address and port, e.g. 172.30.0.10:80 or [fd00::10]:80.
+        #[arg(long)]
+        dst: SocketAddr,
+        #[arg(long, default_value = "tcp", value_parser = parse_proto)]
+        proto: Proto,
+        /// An address of this node, in addition to the Node object's (repeatable); packets
+        /// from these addresses are traced through the output hooks.
+        #[arg(long = "local-address")]
+        local_addresses: Vec<IpAddr>,
+    },
     /// Remove everything nftproxy created.
     Cleanup,
+}
+
+fn parse_proto(s: &str) -> Result<Proto, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "tcp" => Ok(Proto::Tcp),
+        "udp" => Ok(Proto::Udp),
+        "sctp" => Ok(Proto::Sctp),
+        _ => Err(format!("{s:?} is not tcp, udp or sctp")),
+    }
 }
 
 /// An error with the process exit status it maps to.
@@ -149,19 +184,53 @@ fn run(common: &Common, from_file: &Path, once: bool) -> Result<(), Failure> {
     }
 }
 
+/// Writes to stdout; a closed pipe (`nftproxy render | head`) is not an error.
+fn print_out(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(runtime(e)),
+        _ => Ok(()),
+    }
+}
+
 fn render_cmd(common: &Common, from_file: &Path) -> Result<(), Failure> {
     let mut settings = settings(common)?;
     let cluster = load(from_file, &mut settings)?;
-    for family in Family::ALL {
-        let built = build(&cluster, &settings.build, family);
-        print!("{}", render::table_text(&built.table));
+    let text: String = Family::ALL
+        .iter()
+        .map(|f| render::table_text(&build(&cluster, &settings.build, *f).table))
+        .collect();
+    print_out(&text)
+}
+
+fn trace_cmd(
+    common: &Common,
+    from_file: &Path,
+    pkt: Packet,
+    extra_local: &[IpAddr],
+) -> Result<(), Failure> {
+    let settings = settings(common)?;
+    let (cluster, skipped) =
+        source::load_file(from_file, &settings.node_name, "").map_err(usage)?;
+    source::report_skipped(&skipped);
+    let mut local_addresses: Vec<IpAddr> = extra_local.to_vec();
+    if let Some(node) = &cluster.node {
+        local_addresses.extend(node.addresses.iter().copied());
     }
-    Ok(())
+    let family = Family::of(&pkt.src);
+    if family != Family::of(&pkt.dst.ip()) {
+        return Err(usage("--src and --dst must be of the same IP family"));
+    }
+    let built = build(&cluster, &settings.build, family);
+    let host = Host { local_addresses };
+    let result = trace(&built.table, &host, &pkt);
+    print_out(&nftproxy::explain::explain(&pkt, &host, &result))
 }
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -175,9 +244,25 @@ fn main() -> ExitCode {
             once,
         } => run(common, from_file, *once),
         Command::Render { common, from_file } => render_cmd(common, from_file),
-        Command::Cleanup => Syncer::new()
-            .and_then(|mut s| s.cleanup())
-            .map_err(runtime),
+        Command::Trace {
+            common,
+            from_file,
+            src,
+            dst,
+            proto,
+            local_addresses,
+        } => trace_cmd(
+            common,
+            from_file,
+            Packet {
+                src: *src,
+                dst: *dst,
+                proto: *proto,
+                iif: None,
+            },
+            local_addresses,
+        ),
+        Command::Cleanup => Syncer::new().and_then(|mut s| s.cleanup()).map_err(runtime),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

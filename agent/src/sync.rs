@@ -103,7 +103,10 @@ impl Syncer {
     pub fn cleanup(&mut self) -> Result<(), NftError> {
         for family in Family::ALL {
             if self.nft.delete_table(family)? {
-                tracing::info!(table = format!("{} nftproxy", family.nft_name()), "deleted table");
+                tracing::info!(
+                    table = format!("{} nftproxy", family.nft_name()),
+                    "deleted table"
+                );
             }
             self.committed.remove(&family);
         }

@@ -17,8 +17,8 @@ use sha2::{Digest, Sha256};
 use crate::convert::slices_by_service;
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
 use crate::ruleset::{
-    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Rule, Set,
-    SetDecl, Table, Verdict,
+    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Rule, Set, SetDecl,
+    Table, Verdict,
 };
 use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
 
@@ -270,12 +270,30 @@ fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Table 
         "filter-output-pre-dnat".into(),
         base(ChainType::Filter, Hook::Output, -110),
     );
-    c.insert("nat-prerouting".into(), base(ChainType::Nat, Hook::Prerouting, -100));
-    c.insert("nat-output".into(), base(ChainType::Nat, Hook::Output, -100));
-    c.insert("filter-input".into(), base(ChainType::Filter, Hook::Input, 0));
-    c.insert("filter-forward".into(), base(ChainType::Filter, Hook::Forward, 0));
-    c.insert("filter-output".into(), base(ChainType::Filter, Hook::Output, 0));
-    c.insert("nat-postrouting".into(), base(ChainType::Nat, Hook::Postrouting, 100));
+    c.insert(
+        "nat-prerouting".into(),
+        base(ChainType::Nat, Hook::Prerouting, -100),
+    );
+    c.insert(
+        "nat-output".into(),
+        base(ChainType::Nat, Hook::Output, -100),
+    );
+    c.insert(
+        "filter-input".into(),
+        base(ChainType::Filter, Hook::Input, 0),
+    );
+    c.insert(
+        "filter-forward".into(),
+        base(ChainType::Filter, Hook::Forward, 0),
+    );
+    c.insert(
+        "filter-output".into(),
+        base(ChainType::Filter, Hook::Output, 0),
+    );
+    c.insert(
+        "nat-postrouting".into(),
+        base(ChainType::Nat, Hook::Postrouting, 100),
+    );
 
     let new_jump = |target: &str| Rule::new(vec![Match::CtStateNew], jump(target));
     let push = |c: &mut BTreeMap<String, Chain>, chain: &str, rule: Rule| {
@@ -340,10 +358,7 @@ fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Table 
         negate: true,
     };
     let (nodeport_match, nodeport_check_match) = match node_port_ips(config, cluster, family) {
-        NodePortIps::All => (
-            vec![Match::FibDaddrLocal, loopback.clone()],
-            vec![loopback],
-        ),
+        NodePortIps::All => (vec![Match::FibDaddrLocal, loopback.clone()], vec![loopback]),
         NodePortIps::List(ips) => {
             let mut s = set(KeyType::Addr, false, "IPs that accept NodePort traffic");
             s.elements = ips.into_iter().map(|ip| (Key::Addr(ip), None)).collect();
@@ -404,8 +419,10 @@ fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Table 
     }
     c.insert(CLUSTER_IPS_CHECK.into(), regular(cluster_ips_check));
 
-    t.sets
-        .insert(CLUSTER_IPS.into(), set(KeyType::Addr, false, "Active ClusterIPs"));
+    t.sets.insert(
+        CLUSTER_IPS.into(),
+        set(KeyType::Addr, false, "Active ClusterIPs"),
+    );
     for (name, key, comment) in [
         (
             SERVICE_IPS,
@@ -545,7 +562,9 @@ fn insert_element(table: &mut Table, set: &str, key: Key, value: Option<Verdict>
 impl PortContext<'_> {
     fn ips_of_family<'b>(&self, ips: &'b [IpAddr]) -> impl Iterator<Item = IpAddr> + 'b {
         let family = self.family;
-        ips.iter().copied().filter(move |ip| Family::of(ip) == family)
+        ips.iter()
+            .copied()
+            .filter(move |ip| Family::of(ip) == family)
     }
 
     fn comment(&self) -> String {
@@ -556,7 +575,13 @@ impl PortContext<'_> {
         }
     }
 
-    fn add(&self, table: &mut Table, cat: &Categorized, usage: Usage, counts: &mut NoLocalEndpoints) {
+    fn add(
+        &self,
+        table: &mut Table,
+        cat: &Categorized,
+        usage: Usage,
+        counts: &mut NoLocalEndpoints,
+    ) {
         let proto = self.port.protocol;
         let port = self.port.port;
         let svc = self.svc;
@@ -585,7 +610,12 @@ impl PortContext<'_> {
                 );
             }
             if let Some(np) = self.port.node_port {
-                insert_element(table, NO_ENDPOINT_NODEPORTS, Key::ProtoPort(proto, np), reject);
+                insert_element(
+                    table,
+                    NO_ENDPOINT_NODEPORTS,
+                    Key::ProtoPort(proto, np),
+                    reject,
+                );
             }
             return;
         }
@@ -630,7 +660,13 @@ impl PortContext<'_> {
                     port: ep.port,
                 },
             ));
-            table.chains.insert(name.clone(), regular(rules));
+            let mut chain = regular(rules);
+            chain.comment = Some(format!(
+                "{} -> {}",
+                self.comment(),
+                std::net::SocketAddr::new(ep.addr, ep.port)
+            ));
+            table.chains.insert(name.clone(), chain);
             ep_chains.insert((ep.addr, ep.port), (name, affinity));
         }
         let dispatch = |eps: &[PortEndpoint]| -> Vec<Rule> {
@@ -804,7 +840,6 @@ impl PortContext<'_> {
             }
         }
     }
-
 }
 
 #[cfg(test)]
@@ -813,8 +848,14 @@ mod tests {
 
     #[test]
     fn chain_names_match_kube_proxy() {
-        assert_eq!(hash_and_truncate("ns1/svc1/tcp/p80"), "ULMVA6XW-ns1/svc1/tcp/p80");
-        assert_eq!(hash_and_truncate("ns2/svc2/tcp/p80"), "42NFTM6N-ns2/svc2/tcp/p80");
+        assert_eq!(
+            hash_and_truncate("ns1/svc1/tcp/p80"),
+            "ULMVA6XW-ns1/svc1/tcp/p80"
+        );
+        assert_eq!(
+            hash_and_truncate("ns2/svc2/tcp/p80"),
+            "42NFTM6N-ns2/svc2/tcp/p80"
+        );
         assert_eq!(
             hash_and_truncate("testing/service/tcp/http"),
             "P4ZYZVCF-testing/service/tcp/http"

@@ -91,7 +91,9 @@ fn parse_port(what: &str, p: i32) -> Result<u16, Skip> {
     }
 }
 
-pub fn object_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectName {
+pub fn object_name(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> ObjectName {
     ObjectName::new(
         meta.namespace.as_deref().unwrap_or(""),
         meta.name.as_deref().unwrap_or(""),
@@ -100,7 +102,10 @@ pub fn object_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Object
 
 /// Whether this proxy instance handles the Service, given its `service-proxy-name` label.
 /// An empty `proxy_name` handles only unlabelled Services, as kube-proxy does.
-pub fn handled_by(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, proxy_name: &str) -> bool {
+pub fn handled_by(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    proxy_name: &str,
+) -> bool {
     let label = meta
         .labels
         .as_ref()
@@ -147,8 +152,13 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
         let Some(ip) = parse_ip_sloppy(raw) else {
             return invalid(format!("spec.clusterIPs: invalid IP {raw:?}"));
         };
-        if cluster_ips.iter().any(|c: &IpAddr| Family::of(c) == Family::of(&ip)) {
-            return invalid(format!("spec.clusterIPs: two addresses of the same family ({raw})"));
+        if cluster_ips
+            .iter()
+            .any(|c: &IpAddr| Family::of(c) == Family::of(&ip))
+        {
+            return invalid(format!(
+                "spec.clusterIPs: two addresses of the same family ({raw})"
+            ));
         }
         cluster_ips.push(ip);
     }
@@ -185,7 +195,9 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
         match parse_cidr_sloppy(raw) {
             Some(net) => load_balancer_source_ranges.push(net),
             None => {
-                return invalid(format!("spec.loadBalancerSourceRanges: invalid CIDR {raw:?}"));
+                return invalid(format!(
+                    "spec.loadBalancerSourceRanges: invalid CIDR {raw:?}"
+                ));
             }
         }
     }
@@ -218,7 +230,8 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
             node_port,
         });
     }
-    let externally_reachable_type = service_type != ServiceType::ClusterIp || !external_ips.is_empty();
+    let externally_reachable_type =
+        service_type != ServiceType::ClusterIp || !external_ips.is_empty();
     let external_policy_local =
         externally_reachable_type && spec.external_traffic_policy.as_deref() == Some("Local");
     let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
@@ -357,7 +370,11 @@ pub fn node(node: &core::Node) -> Result<Node, Skip> {
     let mut addresses = Vec::new();
     let status_addrs = node.status.as_ref().and_then(|s| s.addresses.as_ref());
     for kind in ["InternalIP", "ExternalIP"] {
-        for a in status_addrs.into_iter().flatten().filter(|a| a.type_ == kind) {
+        for a in status_addrs
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == kind)
+        {
             if let Some(ip) = parse_ip_sloppy(&a.address) {
                 addresses.push(ip);
             }
@@ -379,7 +396,13 @@ pub fn node(node: &core::Node) -> Result<Node, Skip> {
 pub fn service_cidr(cidr: &networking::ServiceCIDR) -> Result<(String, Vec<IpNet>), Skip> {
     let name = cidr.metadata.name.clone().unwrap_or_default();
     let mut nets = Vec::new();
-    for raw in cidr.spec.as_ref().and_then(|s| s.cidrs.as_ref()).into_iter().flatten() {
+    for raw in cidr
+        .spec
+        .as_ref()
+        .and_then(|s| s.cidrs.as_ref())
+        .into_iter()
+        .flatten()
+    {
         match parse_cidr_sloppy(raw) {
             Some(n) => nets.push(n),
             None => return invalid(format!("spec.cidrs: invalid CIDR {raw:?}")),
@@ -428,11 +451,20 @@ fn collect(value: serde_json::Value, out: &mut Objects, skipped: &mut Vec<Skippe
     if value.is_null() {
         return;
     }
-    let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
+    let kind = value
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or("")
+        .to_string();
     let name = {
         let meta = value.get("metadata");
-        let ns = meta.and_then(|m| m.get("namespace")).and_then(|n| n.as_str());
-        let n = meta.and_then(|m| m.get("name")).and_then(|n| n.as_str()).unwrap_or("");
+        let ns = meta
+            .and_then(|m| m.get("namespace"))
+            .and_then(|n| n.as_str());
+        let n = meta
+            .and_then(|m| m.get("name"))
+            .and_then(|n| n.as_str())
+            .unwrap_or("");
         match ns {
             Some(ns) => format!("{ns}/{n}"),
             None => n.to_string(),
@@ -544,9 +576,18 @@ mod tests {
 
     #[test]
     fn sloppy_ips_parse_leading_zeros_as_decimal() {
-        assert_eq!(parse_ip_sloppy("172.30.0.041"), Some("172.30.0.41".parse().unwrap()));
-        assert_eq!(parse_ip_sloppy("010.180.00.001"), Some("10.180.0.1".parse().unwrap()));
-        assert_eq!(parse_ip_sloppy(" 1.2.3.4 "), Some("1.2.3.4".parse().unwrap()));
+        assert_eq!(
+            parse_ip_sloppy("172.30.0.041"),
+            Some("172.30.0.41".parse().unwrap())
+        );
+        assert_eq!(
+            parse_ip_sloppy("010.180.00.001"),
+            Some("10.180.0.1".parse().unwrap())
+        );
+        assert_eq!(
+            parse_ip_sloppy(" 1.2.3.4 "),
+            Some("1.2.3.4".parse().unwrap())
+        );
         assert_eq!(parse_ip_sloppy("fd00::1"), Some("fd00::1".parse().unwrap()));
         assert_eq!(parse_ip_sloppy("1.2.3.256"), None);
         assert_eq!(parse_ip_sloppy("1.2.3"), None);
@@ -555,7 +596,10 @@ mod tests {
             parse_cidr_sloppy(" 203.0.113.000/025"),
             Some("203.0.113.0/25".parse().unwrap())
         );
-        assert_eq!(parse_cidr_sloppy("10.1.2.3/8"), Some("10.0.0.0/8".parse().unwrap()));
+        assert_eq!(
+            parse_cidr_sloppy("10.1.2.3/8"),
+            Some("10.0.0.0/8".parse().unwrap())
+        );
     }
 
     #[test]
@@ -593,7 +637,11 @@ items:
         let (cluster, more) = cluster(&objects, "node", "");
         skipped.extend(more);
         assert_eq!(
-            cluster.services.keys().map(|k| k.to_string()).collect::<Vec<_>>(),
+            cluster
+                .services
+                .keys()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>(),
             vec!["ns/good"]
         );
         assert_eq!(
@@ -604,7 +652,14 @@ items:
         names.sort();
         assert_eq!(names, vec!["ns/badip", "ns/port0", "ns/proto", "ns/schema"]);
         let text: Vec<String> = skipped.iter().map(|s| s.to_string()).collect();
-        assert!(text.iter().any(|t| t.contains("ns/proto") && t.contains("ICMP")), "{text:?}");
-        assert!(text.iter().any(|t| t.contains("ns/port0") && t.contains("out of range")));
+        assert!(
+            text.iter()
+                .any(|t| t.contains("ns/proto") && t.contains("ICMP")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("ns/port0") && t.contains("out of range"))
+        );
     }
 }

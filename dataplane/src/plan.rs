@@ -9,18 +9,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use sha2::{Digest, Sha256};
 
 use crate::render;
-use crate::ruleset::{BaseChain, Chain, Family, Key, Rule, SetDecl, Table, Verdict};
+use crate::ruleset::{Action, BaseChain, Chain, Family, Key, Match, Rule, SetDecl, Table, Verdict};
 
 /// One nftables operation inside a transaction on table `nftproxy` of the transaction's family.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     AddTable,
     DeleteTable,
-    /// Create a chain (a no-op for the kernel if it exists; its comment is updated).
+    /// Create a chain (a no-op for the kernel if it exists). The rules that follow in the same
+    /// transaction give it the content `fingerprint` describes.
     AddChain {
         name: String,
         base: Option<BaseChain>,
-        comment: String,
+        comment: Option<String>,
+        fingerprint: u64,
     },
     FlushChain {
         name: String,
@@ -94,14 +96,15 @@ impl TableState {
                 Op::AddChain {
                     name,
                     base,
-                    comment,
+                    fingerprint,
+                    ..
                 } => {
                     let entry = self.chains.entry(name.clone()).or_insert(ChainState {
                         base: *base,
                         fingerprint: None,
                         empty: true,
                     });
-                    entry.fingerprint = parse_fingerprint(comment);
+                    entry.fingerprint = Some(*fingerprint);
                 }
                 Op::FlushChain { name } => {
                     if let Some(c) = self.chains.get_mut(name) {
@@ -144,36 +147,43 @@ impl TableState {
     }
 }
 
-/// Content fingerprint of a chain: its hook, comment and rules as nft text.
+/// Content fingerprint of a chain: its hook and its rules as nft text. The comment is not part
+/// of it: comments derive from the chain's name, and the kernel keeps a chain's first comment.
 pub fn fingerprint(chain: &Chain) -> u64 {
     let mut h = Sha256::new();
-    h.update(format!("{:?}\n{:?}\n", chain.base, chain.comment));
+    h.update(format!(
+        "{:?}
+",
+        chain.base
+    ));
     for rule in &chain.rules {
         h.update(render::rule_text(rule));
-        h.update(b"\n");
+        h.update(
+            b"
+",
+        );
     }
     let digest = h.finalize();
     u64::from_be_bytes(digest[..8].try_into().expect("sha256 is 32 bytes"))
 }
 
-/// The comment written on a chain: the human comment followed by the fingerprint.
-pub fn chain_comment(chain: &Chain) -> String {
-    let fp = fingerprint(chain);
-    match &chain.comment {
-        Some(c) => format!("{c} [{fp:016x}]"),
-        None => format!("[{fp:016x}]"),
+/// Whether any rule of `chain` refers to one of `sets` (a set in use cannot be deleted).
+fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
+    if sets.is_empty() {
+        return false;
     }
-}
-
-/// Reads the fingerprint back out of a chain comment written by [`chain_comment`].
-pub fn parse_fingerprint(comment: &str) -> Option<u64> {
-    let tail = comment.strip_suffix(']')?;
-    let start = tail.rfind('[')?;
-    let hex = &tail[start + 1..];
-    if hex.len() != 16 {
-        return None;
-    }
-    u64::from_str_radix(hex, 16).ok()
+    chain.rules.iter().any(|r| {
+        let in_matches = r.matches.iter().any(|m| match m {
+            Match::DaddrInSet { set } | Match::SaddrInSet { set } => sets.contains(set),
+            _ => false,
+        });
+        let in_action = match &r.action {
+            Action::VmapAddrProtoPort { map } | Action::VmapProtoPort { map } => sets.contains(map),
+            Action::UpdateSaddr { set } => sets.contains(set),
+            _ => false,
+        };
+        in_matches || in_action
+    })
 }
 
 /// Largest number of elements per add/delete-elements operation. Keeps every netlink message well
@@ -213,7 +223,11 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
     for (name, chain) in &desired.chains {
         let fp = fingerprint(chain);
         match cur.chains.get(name) {
-            Some(c) if c.fingerprint == Some(fp) && c.base == chain.base => {}
+            Some(c)
+                if c.fingerprint == Some(fp)
+                    && c.base == chain.base
+                    && c.empty == chain.rules.is_empty()
+                    && !uses_any(chain, &recreate_sets) => {}
             Some(c) => {
                 if c.base != chain.base {
                     // Hook or priority changed: the kernel cannot alter it in place.
@@ -224,15 +238,17 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
             None => rewrite.push((name, chain, false)),
         }
     }
+    let mut flush_ops = Vec::new();
     let mut rule_ops = Vec::new();
     for (name, chain, flush) in rewrite {
         ops.push(Op::AddChain {
             name: name.clone(),
             base: chain.base,
-            comment: chain_comment(chain),
+            comment: chain.comment.clone(),
+            fingerprint: fingerprint(chain),
         });
         if flush {
-            rule_ops.push(Op::FlushChain { name: name.clone() });
+            flush_ops.push(Op::FlushChain { name: name.clone() });
         }
         for rule in &chain.rules {
             rule_ops.push(Op::AddRule {
@@ -278,25 +294,27 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
     // set; stale chains are emptied so nothing refers to anything stale any more.
     for (name, state) in &cur.chains {
         if !desired.chains.contains_key(name) && !state.empty {
-            rule_ops.push(Op::FlushChain { name: name.clone() });
+            flush_ops.push(Op::FlushChain { name: name.clone() });
         }
     }
-    ops.extend(rule_ops);
+    // Flushes before recreating sets (a set in use cannot be deleted), rules after (they may
+    // refer to the recreated sets).
+    ops.extend(flush_ops);
+    let mut recreate_ops = Vec::new();
     for name in &recreate_sets {
-        ops.push(Op::DeleteSet { name: name.clone() });
+        recreate_ops.push(Op::DeleteSet { name: name.clone() });
         let set = &desired.sets[name];
-        ops.push(Op::AddSet {
+        recreate_ops.push(Op::AddSet {
             name: name.clone(),
             decl: set.decl.clone(),
         });
         add_elements.push((
             name.clone(),
-            set.elements
-                .iter()
-                .map(|(k, v)| (*k, v.clone()))
-                .collect(),
+            set.elements.iter().map(|(k, v)| (*k, v.clone())).collect(),
         ));
     }
+    ops.extend(recreate_ops);
+    ops.extend(rule_ops);
     for (name, add) in add_elements {
         for chunk in add.chunks(ELEMENTS_PER_OP) {
             ops.push(Op::AddElements {

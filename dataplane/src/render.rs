@@ -5,10 +5,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::plan::{Op, Transaction, chain_comment};
+use crate::plan::{Op, Transaction};
 use crate::ruleset::{
-    Action, BaseChain, ChainType, Family, Key, KeyType, Match, Rule, SetDecl, TABLE,
-    TABLE_COMMENT, Table, Verdict,
+    Action, BaseChain, ChainType, Family, Key, KeyType, Match, Rule, SetDecl, TABLE, TABLE_COMMENT,
+    Table, Verdict,
 };
 
 fn addr_keyword(family: Family) -> &'static str {
@@ -175,7 +175,9 @@ pub fn table_text(table: &Table) -> String {
     }
     for (name, chain) in &table.chains {
         let _ = writeln!(out, "\tchain {name} {{");
-        let _ = writeln!(out, "\t\tcomment {}", quote(&chain_comment(chain)));
+        if let Some(c) = &chain.comment {
+            let _ = writeln!(out, "\t\tcomment {}", quote(c));
+        }
         if let Some(b) = &chain.base {
             let _ = writeln!(out, "\t\t{}", base_chain_text(b));
         }
@@ -203,14 +205,22 @@ pub fn transaction_text(tx: &Transaction) -> String {
                 name,
                 base,
                 comment,
-            } => match base {
-                Some(b) => format!(
-                    "add chain {f} {TABLE} {name} {{ {} comment {} ; }}",
-                    base_chain_text(b),
-                    quote(comment)
-                ),
-                None => format!("add chain {f} {TABLE} {name} {{ comment {} ; }}", quote(comment)),
-            },
+                ..
+            } => {
+                let mut spec = String::new();
+                if let Some(b) = base {
+                    spec.push_str(&base_chain_text(b));
+                    spec.push(' ');
+                }
+                if let Some(c) = comment {
+                    spec.push_str(&format!("comment {} ; ", quote(c)));
+                }
+                if spec.is_empty() {
+                    format!("add chain {f} {TABLE} {name}")
+                } else {
+                    format!("add chain {f} {TABLE} {name} {{ {spec}}}")
+                }
+            }
             Op::FlushChain { name } => format!("flush chain {f} {TABLE} {name}"),
             Op::DeleteChain { name } => format!("delete chain {f} {TABLE} {name}"),
             Op::AddRule { chain, rule } => format!(
@@ -233,7 +243,10 @@ pub fn transaction_text(tx: &Transaction) -> String {
             }
             Op::DeleteElements { set, keys } => {
                 let elems: Vec<String> = keys.iter().map(key_text).collect();
-                format!("delete element {f} {TABLE} {set} {{ {} }}", elems.join(", "))
+                format!(
+                    "delete element {f} {TABLE} {set} {{ {} }}",
+                    elems.join(", ")
+                )
             }
         };
         out.push_str(&line);

@@ -197,13 +197,20 @@ pub enum Match {
 pub enum Action {
     Verdict(Verdict),
     /// `ip daddr . meta l4proto . th dport vmap @MAP`
-    VmapAddrProtoPort { map: String },
+    VmapAddrProtoPort {
+        map: String,
+    },
     /// `meta l4proto . th dport vmap @MAP`
-    VmapProtoPort { map: String },
+    VmapProtoPort {
+        map: String,
+    },
     /// `reject` (ICMP port unreachable, so TCP clients see "connection refused")
     Reject,
     /// `dnat to ADDR:PORT` (the rule must also match `meta l4proto`)
-    Dnat { addr: IpAddr, port: u16 },
+    Dnat {
+        addr: IpAddr,
+        port: u16,
+    },
     /// `masquerade fully-random`
     Masquerade,
     /// `meta mark set meta mark | BITS`
@@ -211,7 +218,9 @@ pub enum Action {
     /// `meta mark set meta mark ^ BITS`
     MarkXor(u32),
     /// `update @SET { ip saddr }`: records the client for session affinity.
-    UpdateSaddr { set: String },
+    UpdateSaddr {
+        set: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -99,7 +99,11 @@ fn available(e: &PortEndpoint, mode: TopologyMode, topo: &NodeTopology<'_>) -> b
 }
 
 /// kube-proxy's `CategorizeEndpoints`.
-pub fn categorize(endpoints: &[PortEndpoint], usage: Usage, topo: &NodeTopology<'_>) -> Categorized {
+pub fn categorize(
+    endpoints: &[PortEndpoint],
+    usage: Usage,
+    topo: &NodeTopology<'_>,
+) -> Categorized {
     let mut out = Categorized::default();
     if endpoints.is_empty() {
         return out;
@@ -232,7 +236,10 @@ mod tests {
         assert_eq!(addrs(&c.cluster), vec![5]);
         assert!(c.local.is_empty());
         // "no usable endpoints"
-        let eps = vec![ep(5, false, false, true, true), ep(6, false, false, true, false)];
+        let eps = vec![
+            ep(5, false, false, true, true),
+            ep(6, false, false, true, false),
+        ];
         let c = categorize(&eps, Usage::new(false, true, true), &TOPO);
         assert!(!c.has_any);
     }
@@ -243,7 +250,11 @@ mod tests {
         a.zone_hints = vec!["zone-a".into()];
         let mut b = ep(2, true, true, false, false);
         b.zone_hints = vec!["zone-b".into()];
-        let c = categorize(&[a.clone(), b.clone()], Usage::new(false, false, false), &TOPO);
+        let c = categorize(
+            &[a.clone(), b.clone()],
+            Usage::new(false, false, false),
+            &TOPO,
+        );
         assert_eq!(addrs(&c.cluster), vec![1]);
         let unhinted = ep(3, true, true, false, false);
         let c = categorize(&[a, b, unhinted], Usage::new(false, false, false), &TOPO);
@@ -252,7 +263,10 @@ mod tests {
 
     #[test]
     fn internal_local_uses_only_local() {
-        let eps = vec![ep(1, true, true, false, true), ep(2, true, true, false, false)];
+        let eps = vec![
+            ep(1, true, true, false, true),
+            ep(2, true, true, false, false),
+        ];
         let c = categorize(&eps, Usage::new(true, false, false), &TOPO);
         assert!(c.cluster.is_empty());
         assert_eq!(addrs(&c.local), vec![1]);

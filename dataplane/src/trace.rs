@@ -37,7 +37,10 @@ impl Host {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Outcome {
     /// Translated to this endpoint; `masquerade` says whether the source is rewritten.
-    Endpoint { addr: SocketAddr, masquerade: bool },
+    Endpoint {
+        addr: SocketAddr,
+        masquerade: bool,
+    },
     Drop,
     Reject,
     /// nftproxy's rules do not touch the packet.
@@ -48,7 +51,11 @@ impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Outcome::Endpoint { addr, masquerade } => {
-                write!(f, "{addr}{}", if *masquerade { " (masqueraded)" } else { "" })
+                write!(
+                    f,
+                    "{addr}{}",
+                    if *masquerade { " (masqueraded)" } else { "" }
+                )
             }
             Outcome::Drop => f.write_str("DROP"),
             Outcome::Reject => f.write_str("REJECT"),
@@ -109,7 +116,9 @@ impl Tracer<'_> {
             self.trace.chains.push(name.to_string());
         }
         if let Some(c) = &chain.comment
-            && (name.starts_with("service-") || name.starts_with("local-") || name.starts_with("external-"))
+            && (name.starts_with("service-")
+                || name.starts_with("local-")
+                || name.starts_with("external-"))
         {
             self.trace.services.insert(c.clone());
         }
@@ -199,7 +208,14 @@ impl Tracer<'_> {
         vec![End::Continue(state)]
     }
 
-    fn verdict(&mut self, chain: &Chain, i: usize, v: &Verdict, state: State, depth: usize) -> Vec<End> {
+    fn verdict(
+        &mut self,
+        chain: &Chain,
+        i: usize,
+        v: &Verdict,
+        state: State,
+        depth: usize,
+    ) -> Vec<End> {
         match v {
             Verdict::Accept => vec![End::Accept(state)],
             Verdict::Drop => vec![End::Drop],
@@ -218,7 +234,14 @@ impl Tracer<'_> {
         }
     }
 
-    fn action(&mut self, chain: &Chain, i: usize, action: &Action, mut state: State, depth: usize) -> Vec<End> {
+    fn action(
+        &mut self,
+        chain: &Chain,
+        i: usize,
+        action: &Action,
+        mut state: State,
+        depth: usize,
+    ) -> Vec<End> {
         let dst = state.dnat.map(|d| d.ip()).unwrap_or(self.pkt.dst.ip());
         let port = self.pkt.dst.port();
         let proto = self.pkt.proto;
@@ -254,7 +277,12 @@ impl Tracer<'_> {
     }
 
     /// Runs one base chain over every state; terminal drops and rejects are final.
-    fn hook(&mut self, name: &str, states: Vec<State>, finals: &mut BTreeSet<Outcome>) -> Vec<State> {
+    fn hook(
+        &mut self,
+        name: &str,
+        states: Vec<State>,
+        finals: &mut BTreeSet<Outcome>,
+    ) -> Vec<State> {
         let mut out = Vec::new();
         for s in states {
             for end in self.chain(name, s, 0) {
@@ -283,7 +311,10 @@ pub fn trace(table: &Table, host: &Host, pkt: &Packet) -> Trace {
         trace: Trace::default(),
     };
     let mut finals = BTreeSet::new();
-    let start = vec![State { mark: 0, dnat: None }];
+    let start = vec![State {
+        mark: 0,
+        dnat: None,
+    }];
     let (pre, nat) = if from_host {
         ("filter-output-pre-dnat", "nat-output")
     } else {

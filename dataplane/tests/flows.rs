@@ -36,16 +36,31 @@ fn check(cluster: &Cluster, src: &str, proto: Proto, dst: &str, expected: &str, 
     let family = Family::of(&src);
     let table = build(cluster, &config(), family).table;
     let host = Host {
-        local_addresses: vec!["192.168.0.2".parse().unwrap(), "2001:db8::1".parse().unwrap()],
+        local_addresses: vec![
+            "192.168.0.2".parse().unwrap(),
+            "2001:db8::1".parse().unwrap(),
+        ],
     };
-    let t = trace(&table, &host, &Packet { src, dst, proto, iif: None });
+    let t = trace(
+        &table,
+        &host,
+        &Packet {
+            src,
+            dst,
+            proto,
+            iif: None,
+        },
+    );
     let want: BTreeSet<Outcome> = match expected {
         "REJECT" => [Outcome::Reject].into(),
         "DROP" => [Outcome::Drop].into(),
         "" => [Outcome::Untouched].into(),
         list => list
             .split(", ")
-            .map(|a| Outcome::Endpoint { addr: a.parse().unwrap(), masquerade: masq })
+            .map(|a| Outcome::Endpoint {
+                addr: a.parse().unwrap(),
+                masquerade: masq,
+            })
             .collect(),
     };
     assert_eq!(t.outcomes, want, "{src} -> {dst} ({proto})");
@@ -55,19 +70,82 @@ fn check(cluster: &Cluster, src: &str, proto: Proto, dst: &str, expected: &str, 
 fn cluster_ip_general_ipv4() {
     let c = fixture();
     use Proto::*;
-    check(&c, "10.180.0.2", Tcp, "172.30.0.41:80", "10.180.0.1:80", false);
-    check(&c, "10.180.0.1", Tcp, "172.30.0.41:80", "10.180.0.1:80", true);
-    check(&c, "10.180.0.2", Tcp, "172.30.0.42:80", "10.180.0.1:80, 10.180.2.1:80", false);
-    check(&c, "10.180.0.2", Tcp, "172.30.0.42:443", "10.180.0.1:8443, 10.180.2.1:8443", false);
-    check(&c, "10.180.0.2", Tcp, "172.30.0.42:53", "10.180.0.1:5353, 10.180.2.1:5353", false);
-    check(&c, "10.180.0.2", Udp, "172.30.0.42:53", "10.180.0.1:53, 10.180.2.1:53", false);
-    check(&c, "10.180.0.2", Sctp, "172.30.0.42:53", "10.180.0.1:53, 10.180.2.1:53", false);
+    check(
+        &c,
+        "10.180.0.2",
+        Tcp,
+        "172.30.0.41:80",
+        "10.180.0.1:80",
+        false,
+    );
+    check(
+        &c,
+        "10.180.0.1",
+        Tcp,
+        "172.30.0.41:80",
+        "10.180.0.1:80",
+        true,
+    );
+    check(
+        &c,
+        "10.180.0.2",
+        Tcp,
+        "172.30.0.42:80",
+        "10.180.0.1:80, 10.180.2.1:80",
+        false,
+    );
+    check(
+        &c,
+        "10.180.0.2",
+        Tcp,
+        "172.30.0.42:443",
+        "10.180.0.1:8443, 10.180.2.1:8443",
+        false,
+    );
+    check(
+        &c,
+        "10.180.0.2",
+        Tcp,
+        "172.30.0.42:53",
+        "10.180.0.1:5353, 10.180.2.1:5353",
+        false,
+    );
+    check(
+        &c,
+        "10.180.0.2",
+        Udp,
+        "172.30.0.42:53",
+        "10.180.0.1:53, 10.180.2.1:53",
+        false,
+    );
+    check(
+        &c,
+        "10.180.0.2",
+        Sctp,
+        "172.30.0.42:53",
+        "10.180.0.1:53, 10.180.2.1:53",
+        false,
+    );
     check(&c, "10.180.0.2", Udp, "172.30.0.42:80", "REJECT", false);
     check(&c, "10.180.0.2", Tcp, "172.30.0.41:443", "REJECT", false);
     check(&c, "10.180.0.2", Tcp, "172.30.0.50:80", "DROP", false);
     // From outside the cluster CIDR: masqueraded. From the node itself: output hooks, same.
-    check(&c, "203.0.113.2", Tcp, "172.30.0.41:80", "10.180.0.1:80", true);
-    check(&c, "192.168.0.2", Tcp, "172.30.0.41:80", "10.180.0.1:80", true);
+    check(
+        &c,
+        "203.0.113.2",
+        Tcp,
+        "172.30.0.41:80",
+        "10.180.0.1:80",
+        true,
+    );
+    check(
+        &c,
+        "192.168.0.2",
+        Tcp,
+        "172.30.0.41:80",
+        "10.180.0.1:80",
+        true,
+    );
     check(&c, "192.168.0.2", Tcp, "172.30.0.50:80", "DROP", false);
 }
 
@@ -76,25 +154,109 @@ fn cluster_ip_general_ipv6() {
     let c = fixture();
     use Proto::*;
     let two = |p: u16| format!("[fd00:10:180::1]:{p}, [fd00:10:180::2:1]:{p}");
-    check(&c, "fd00:10:180::2", Tcp, "[fd00:172:30::41]:80", "[fd00:10:180::1]:80", false);
-    check(&c, "fd00:10:180::1", Tcp, "[fd00:172:30::41]:80", "[fd00:10:180::1]:80", true);
-    check(&c, "fd00:10:180::2", Tcp, "[fd00:172:30::42]:80", &two(80), false);
-    check(&c, "fd00:10:180::2", Tcp, "[fd00:172:30::42]:443", &two(8443), false);
-    check(&c, "fd00:10:180::2", Tcp, "[fd00:172:30::42]:53", &two(5353), false);
-    check(&c, "fd00:10:180::2", Udp, "[fd00:172:30::42]:53", &two(53), false);
-    check(&c, "fd00:10:180::2", Sctp, "[fd00:172:30::42]:53", &two(53), false);
-    check(&c, "fd00:10:180::2", Udp, "[fd00:172:30::42]:80", "REJECT", false);
-    check(&c, "fd00:10:180::2", Tcp, "[fd00:172:30::41]:443", "REJECT", false);
-    check(&c, "fd00:10:180::2", Tcp, "[fd00:172:30::50]:80", "DROP", false);
+    check(
+        &c,
+        "fd00:10:180::2",
+        Tcp,
+        "[fd00:172:30::41]:80",
+        "[fd00:10:180::1]:80",
+        false,
+    );
+    check(
+        &c,
+        "fd00:10:180::1",
+        Tcp,
+        "[fd00:172:30::41]:80",
+        "[fd00:10:180::1]:80",
+        true,
+    );
+    check(
+        &c,
+        "fd00:10:180::2",
+        Tcp,
+        "[fd00:172:30::42]:80",
+        &two(80),
+        false,
+    );
+    check(
+        &c,
+        "fd00:10:180::2",
+        Tcp,
+        "[fd00:172:30::42]:443",
+        &two(8443),
+        false,
+    );
+    check(
+        &c,
+        "fd00:10:180::2",
+        Tcp,
+        "[fd00:172:30::42]:53",
+        &two(5353),
+        false,
+    );
+    check(
+        &c,
+        "fd00:10:180::2",
+        Udp,
+        "[fd00:172:30::42]:53",
+        &two(53),
+        false,
+    );
+    check(
+        &c,
+        "fd00:10:180::2",
+        Sctp,
+        "[fd00:172:30::42]:53",
+        &two(53),
+        false,
+    );
+    check(
+        &c,
+        "fd00:10:180::2",
+        Udp,
+        "[fd00:172:30::42]:80",
+        "REJECT",
+        false,
+    );
+    check(
+        &c,
+        "fd00:10:180::2",
+        Tcp,
+        "[fd00:172:30::41]:443",
+        "REJECT",
+        false,
+    );
+    check(
+        &c,
+        "fd00:10:180::2",
+        Tcp,
+        "[fd00:172:30::50]:80",
+        "DROP",
+        false,
+    );
 }
 
 #[test]
 fn dual_stack_and_no_endpoints() {
     let c = fixture();
     use Proto::*;
-    check(&c, "10.180.0.2", Tcp, "172.30.0.43:80", "10.180.0.1:80, 10.180.2.1:80", false);
+    check(
+        &c,
+        "10.180.0.2",
+        Tcp,
+        "172.30.0.43:80",
+        "10.180.0.1:80, 10.180.2.1:80",
+        false,
+    );
     let both6 = "[fd00:10:180::1]:80, [fd00:10:180::2:1]:80";
-    check(&c, "fd00:10:180::2", Tcp, "[fd00:172:30::43]:80", both6, false);
+    check(
+        &c,
+        "fd00:10:180::2",
+        Tcp,
+        "[fd00:172:30::43]:80",
+        both6,
+        false,
+    );
     check(&c, "10.180.0.2", Tcp, "172.30.0.44:80", "REJECT", false);
     check(&c, "203.0.113.2", Tcp, "192.168.99.11:80", "REJECT", false);
     check(&c, "10.180.0.2", Tcp, "192.168.0.2:3001", "REJECT", false);

@@ -115,7 +115,11 @@ fn step(state: &mut Option<TableState>, t: &Table) -> usize {
 fn specs() -> impl Strategy<Value = Vec<SvcSpec>> {
     prop::collection::btree_map(
         1u8..40,
-        (prop::collection::btree_set(1u8..20, 0..5), any::<bool>(), any::<bool>()),
+        (
+            prop::collection::btree_set(1u8..20, 0..5),
+            any::<bool>(),
+            any::<bool>(),
+        ),
         0..12,
     )
     .prop_map(|m: BTreeMap<u8, _>| {

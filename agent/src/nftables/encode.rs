@@ -1,0 +1,972 @@
+//! Planner operations to nf_tables netlink messages.
+//!
+//! Everything the typed `netlink-packet-netfilter` crate models (tables, chains, rules, sets,
+//! elements and the `payload`/`cmp`/`bitwise`/`meta`/`lookup`/`immediate` expressions) is built
+//! with its types. The expressions it does not model (`ct`, `fib`, `numgen`, `reject`, `nat`,
+//! `masq`, `dynset`) go through its `Expressions::Other` escape hatch: their attributes are flat
+//! lists of big-endian `u32`s or strings, built by [`u32_attr`] / [`str_attr`].
+//!
+//! The encodings are the ones `nft` 1.0.6 produces (checked with `nft --debug=netlink`), so that
+//! `nft list` prints every rule exactly as `dataplane::render::rule_text_in` renders it.
+
+use std::net::IpAddr;
+
+use dataplane::plan::{Op, Transaction};
+use dataplane::ruleset::{
+    Action, BaseChain, ChainType, Family, Hook, Key, KeyType, Match, Rule, SetDecl, TABLE,
+    TABLE_COMMENT, Verdict,
+};
+use ipnet::IpNet;
+use netlink_packet_core::{
+    DefaultNla, Emitable, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST, NetlinkMessage,
+};
+use netlink_packet_netfilter::nftables::{
+    Bitwise, ChainAttribute, ChainMessage, Cmp, DataAttribute, ExpressionAttribute, Expressions,
+    Hook as NlHook, HookNumber, Immediate, InetHookNumber, ListAttribute, Lookup, Meta, MetaKey,
+    NfTablesMessage, Operator, Payload, Register, RuleAttribute, RuleMessage, SetAttribute,
+    SetElementAttribute, SetElementList, SetElementMessage, SetFlags, SetMessage, TableAttribute,
+    TableFlags, TableMessage, Verdict as NlVerdict, VerdictAttribute,
+};
+use netlink_packet_netfilter::none::ControlMessage;
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+
+// --- Constants from the kernel's uapi headers that the typed crate does not export. ---
+
+/// `NFNL_SUBSYS_NFTABLES`: the batch messages carry it as their resource id.
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+
+pub(super) const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
+pub(super) const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+
+/// `NF_DROP` / `NF_ACCEPT`: verdict codes the typed `Verdict` only knows as `Other`.
+pub(super) const NF_DROP: u32 = 0;
+pub(super) const NF_ACCEPT: u32 = 1;
+
+pub(super) const NFTA_CT_DREG: u16 = 1;
+pub(super) const NFTA_CT_KEY: u16 = 2;
+pub(super) const NFT_CT_STATE: u32 = 0;
+/// `IP_CT_NEW` as a `ct state` bit (`NF_CT_STATE_BIT(IP_CT_NEW)`).
+pub(super) const CT_STATE_NEW_BIT: u32 = 1 << 3;
+
+pub(super) const NFTA_FIB_DREG: u16 = 1;
+pub(super) const NFTA_FIB_RESULT: u16 = 2;
+pub(super) const NFTA_FIB_FLAGS: u16 = 3;
+pub(super) const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
+pub(super) const NFTA_FIB_F_SADDR: u32 = 1;
+pub(super) const NFTA_FIB_F_DADDR: u32 = 2;
+/// `RTN_LOCAL`, compared host-endian against the fib result.
+pub(super) const RTN_LOCAL: u32 = 2;
+
+pub(super) const NFTA_NG_DREG: u16 = 1;
+pub(super) const NFTA_NG_MODULUS: u16 = 2;
+pub(super) const NFTA_NG_TYPE: u16 = 3;
+pub(super) const NFTA_NG_OFFSET: u16 = 4;
+pub(super) const NFT_NG_RANDOM: u32 = 1;
+
+pub(super) const NFTA_REJECT_TYPE: u16 = 1;
+pub(super) const NFTA_REJECT_ICMP_CODE: u16 = 2;
+pub(super) const NFT_REJECT_ICMP_UNREACH: u32 = 0;
+pub(super) const ICMP_PORT_UNREACH: u8 = 3;
+pub(super) const ICMPV6_PORT_UNREACH: u8 = 4;
+
+pub(super) const NFTA_NAT_TYPE: u16 = 1;
+pub(super) const NFTA_NAT_FAMILY: u16 = 2;
+pub(super) const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
+pub(super) const NFTA_NAT_REG_ADDR_MAX: u16 = 4;
+pub(super) const NFTA_NAT_REG_PROTO_MIN: u16 = 5;
+pub(super) const NFTA_NAT_REG_PROTO_MAX: u16 = 6;
+pub(super) const NFTA_NAT_FLAGS: u16 = 7;
+pub(super) const NFT_NAT_DNAT: u32 = 1;
+pub(super) const NF_NAT_RANGE_MAP_IPS: u32 = 0x1;
+pub(super) const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 0x2;
+
+pub(super) const NFTA_MASQ_FLAGS: u16 = 1;
+pub(super) const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
+
+pub(super) const NFTA_DYNSET_SET_NAME: u16 = 1;
+pub(super) const NFTA_DYNSET_OP: u16 = 3;
+pub(super) const NFTA_DYNSET_SREG_KEY: u16 = 4;
+pub(super) const NFTA_DYNSET_SREG_DATA: u16 = 5;
+pub(super) const NFTA_DYNSET_TIMEOUT: u16 = 6;
+pub(super) const NFTA_DYNSET_FLAGS: u16 = 9;
+pub(super) const NFT_DYNSET_OP_UPDATE: u32 = 1;
+
+/// `NFT_DATA_VERDICT`: the data type of a verdict map.
+pub(super) const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
+
+/// nft's data type ids (`NFTA_SET_KEY_TYPE`; only `nft` reads them, to print keys).
+pub(super) const TYPE_IPV4_ADDR: u32 = 7;
+pub(super) const TYPE_IPV6_ADDR: u32 = 8;
+pub(super) const TYPE_INET_PROTO: u32 = 12;
+pub(super) const TYPE_INET_SERVICE: u32 = 13;
+/// nft composes the type id of a concatenation 6 bits per field.
+const CONCAT_TYPE_BITS: u32 = 6;
+
+/// libnftnl user-data TLV types (`[type, len, value...]`, strings NUL-terminated).
+pub(super) const UDATA_TABLE_COMMENT: u8 = 0;
+pub(super) const UDATA_CHAIN_COMMENT: u8 = 0;
+pub(super) const UDATA_RULE_COMMENT: u8 = 0;
+pub(super) const UDATA_SET_KEYBYTEORDER: u8 = 0;
+pub(super) const UDATA_SET_COMMENT: u8 = 7;
+/// nft's `BYTEORDER_BIG_ENDIAN`, written for address sets as nft does.
+const BYTEORDER_BIG_ENDIAN: u32 = 2;
+/// The kernel's `NFT_USERDATA_MAXLEN`.
+const USERDATA_MAXLEN: usize = 256;
+
+/// Netlink attribute lengths are 16 bits: a message never exceeds this, so no attribute inside it
+/// can overflow. The element chunker aims well below it.
+pub(super) const MAX_MESSAGE_BYTES: usize = 65_535;
+const ELEMENT_LIST_TARGET_BYTES: usize = 60_000;
+
+pub(super) fn nfproto(family: Family) -> NetfilterProtoFamily {
+    match family {
+        Family::V4 => NetfilterProtoFamily::IPv4,
+        Family::V6 => NetfilterProtoFamily::IPv6,
+    }
+}
+
+/// Offsets of the source and destination address in the network header, and their length.
+pub(super) fn addr_layout(family: Family) -> (u32, u32, u32) {
+    match family {
+        Family::V4 => (12, 16, 4),
+        Family::V6 => (8, 24, 16),
+    }
+}
+
+pub(super) fn hook_number(hook: Hook) -> InetHookNumber {
+    match hook {
+        Hook::Prerouting => InetHookNumber::PreRouting,
+        Hook::Input => InetHookNumber::LocalIn,
+        Hook::Forward => InetHookNumber::Forward,
+        Hook::Output => InetHookNumber::LocalOut,
+        Hook::Postrouting => InetHookNumber::PostRouting,
+    }
+}
+
+pub(super) fn chain_type_name(t: ChainType) -> &'static str {
+    match t {
+        ChainType::Filter => "filter",
+        ChainType::Nat => "nat",
+    }
+}
+
+/// `NFTA_SET_KEY_TYPE` and `NFTA_SET_KEY_LEN` of a key type. Concatenated fields are each padded
+/// to 4 bytes, the width of the 32-bit registers they are loaded into.
+pub(super) fn key_layout(family: Family, key: KeyType) -> (u32, u32) {
+    let (addr_type, addr_len) = match family {
+        Family::V4 => (TYPE_IPV4_ADDR, 4),
+        Family::V6 => (TYPE_IPV6_ADDR, 16),
+    };
+    let concat = |types: &[u32]| types.iter().fold(0, |acc, t| (acc << CONCAT_TYPE_BITS) | t);
+    match key {
+        KeyType::Addr => (addr_type, addr_len),
+        KeyType::AddrProtoPort => (
+            concat(&[addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE]),
+            addr_len + 8,
+        ),
+        KeyType::ProtoPort => (concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]), 8),
+    }
+}
+
+fn addr_bytes(addr: &IpAddr) -> Vec<u8> {
+    match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn check_family(family: Family, addr: &IpAddr) -> Result<(), String> {
+    if Family::of(addr) == family {
+        Ok(())
+    } else {
+        Err(format!(
+            "address {addr} does not belong in a table of family {}",
+            family.nft_name()
+        ))
+    }
+}
+
+/// The bytes of a set element key: fields in order, protocol and port each padded to 4 bytes.
+pub(super) fn key_bytes(family: Family, key: &Key) -> Result<Vec<u8>, String> {
+    let proto_port = |out: &mut Vec<u8>, proto: dataplane::ruleset::Proto, port: u16| {
+        out.extend_from_slice(&[proto.number(), 0, 0, 0]);
+        out.extend_from_slice(&port.to_be_bytes());
+        out.extend_from_slice(&[0, 0]);
+    };
+    let mut out = Vec::with_capacity(24);
+    match key {
+        Key::Addr(a) => {
+            check_family(family, a)?;
+            out.extend(addr_bytes(a));
+        }
+        Key::AddrProtoPort(a, proto, port) => {
+            check_family(family, a)?;
+            out.extend(addr_bytes(a));
+            proto_port(&mut out, *proto, *port);
+        }
+        Key::ProtoPort(proto, port) => proto_port(&mut out, *proto, *port),
+    }
+    Ok(out)
+}
+
+pub(super) fn verdict_attrs(v: &Verdict) -> Vec<VerdictAttribute> {
+    match v {
+        Verdict::Accept => vec![VerdictAttribute::Code(NlVerdict::Other(NF_ACCEPT))],
+        Verdict::Drop => vec![VerdictAttribute::Code(NlVerdict::Other(NF_DROP))],
+        Verdict::Return => vec![VerdictAttribute::Code(NlVerdict::Return)],
+        Verdict::Jump(c) => vec![
+            VerdictAttribute::Code(NlVerdict::Jump),
+            VerdictAttribute::Chain(c.clone()),
+        ],
+        Verdict::Goto(c) => vec![
+            VerdictAttribute::Code(NlVerdict::Goto),
+            VerdictAttribute::Chain(c.clone()),
+        ],
+    }
+}
+
+/// One libnftnl user-data TLV holding a NUL-terminated string.
+fn udata_string(kind: u8, text: &str) -> Result<Vec<u8>, String> {
+    if text.contains('\0') {
+        return Err("comment contains a NUL byte".to_string());
+    }
+    let len = text.len() + 1;
+    // The TLV length is one byte, and the kernel caps the whole user data at 256 bytes.
+    if len > usize::from(u8::MAX) || len + 2 > USERDATA_MAXLEN {
+        return Err(format!(
+            "comment of {} bytes is longer than nftables allows (254)",
+            text.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(len + 2);
+    out.push(kind);
+    out.push(len as u8);
+    out.extend_from_slice(text.as_bytes());
+    out.push(0);
+    Ok(out)
+}
+
+fn u32_attr(kind: u16, value: u32) -> DefaultNla {
+    DefaultNla::new(kind, value.to_be_bytes().to_vec())
+}
+
+fn str_attr(kind: u16, value: &str) -> DefaultNla {
+    let mut bytes = Vec::with_capacity(value.len() + 1);
+    bytes.extend_from_slice(value.as_bytes());
+    bytes.push(0);
+    DefaultNla::new(kind, bytes)
+}
+
+type Expr = ListAttribute<ExpressionAttribute>;
+
+fn other(name: &str, attributes: Vec<DefaultNla>) -> Expr {
+    Expressions::Other {
+        expression_type: name.to_string(),
+        attributes,
+    }
+    .into()
+}
+
+fn payload(base: u32, offset: u32, len: u32, dreg: Register) -> Expr {
+    Expressions::Payload(vec![
+        Payload::DestinationRegister(dreg),
+        Payload::Base(base),
+        Payload::Offset(offset),
+        Payload::Len(len),
+    ])
+    .into()
+}
+
+fn cmp(op: Operator, data: Vec<u8>) -> Expr {
+    Expressions::Cmp(vec![
+        Cmp::SourceRegister(Register::Reg1),
+        Cmp::Op(op),
+        Cmp::Data(DataAttribute::Value(data)),
+    ])
+    .into()
+}
+
+fn bitwise(mask: Vec<u8>, xor: Vec<u8>) -> Expr {
+    Expressions::Bitwise(vec![
+        Bitwise::SourceRegister(Register::Reg1),
+        Bitwise::DestinationRegister(Register::Reg1),
+        Bitwise::Length(mask.len() as u32),
+        Bitwise::Mask(DataAttribute::Value(mask)),
+        Bitwise::Xor(DataAttribute::Value(xor)),
+    ])
+    .into()
+}
+
+fn meta_load(key: MetaKey, dreg: Register) -> Expr {
+    Expressions::Meta(vec![Meta::Key(key), Meta::DestinationRegister(dreg)]).into()
+}
+
+fn immediate(dreg: Register, data: DataAttribute) -> Expr {
+    Expressions::Immediate(vec![
+        Immediate::DestinationRegister(dreg),
+        Immediate::Data(data),
+    ])
+    .into()
+}
+
+fn lookup(set: &str, sreg: Register, verdict: bool) -> Expr {
+    let mut attrs = vec![Lookup::Set(set.to_string()), Lookup::SourceRegister(sreg)];
+    if verdict {
+        attrs.push(Lookup::DestinationRegister(Register::Verdict));
+    }
+    Expressions::Lookup(attrs).into()
+}
+
+fn op_of(negate: bool) -> Operator {
+    if negate {
+        Operator::NotEqual
+    } else {
+        Operator::Equal
+    }
+}
+
+/// `ip daddr [!=] NET`: an exact compare for a host, a masked compare for a prefix.
+fn addr_match(family: Family, net: &IpNet, dest: bool, negate: bool, out: &mut Vec<Expr>) {
+    let (saddr_off, daddr_off, len) = addr_layout(family);
+    let offset = if dest { daddr_off } else { saddr_off };
+    out.push(payload(
+        NFT_PAYLOAD_NETWORK_HEADER,
+        offset,
+        len,
+        Register::Reg1,
+    ));
+    if net.prefix_len() != net.max_prefix_len() {
+        out.push(bitwise(addr_bytes(&net.netmask()), vec![0; len as usize]));
+    }
+    out.push(cmp(op_of(negate), addr_bytes(&net.trunc().addr())));
+}
+
+const IFNAMSIZ: usize = 16;
+
+fn match_exprs(family: Family, m: &Match, out: &mut Vec<Expr>) -> Result<(), String> {
+    let (saddr_off, daddr_off, alen) = addr_layout(family);
+    match m {
+        Match::CtStateNew => {
+            out.push(other(
+                "ct",
+                vec![
+                    u32_attr(NFTA_CT_DREG, Register::Reg1.into()),
+                    u32_attr(NFTA_CT_KEY, NFT_CT_STATE),
+                ],
+            ));
+            // ct state is a host-endian bit field, tested like nft does: state & new != 0.
+            out.push(bitwise(CT_STATE_NEW_BIT.to_ne_bytes().to_vec(), vec![0; 4]));
+            out.push(cmp(Operator::NotEqual, vec![0; 4]));
+        }
+        Match::Daddr { net, negate } | Match::Saddr { net, negate } => {
+            check_family(family, &net.addr())?;
+            let dest = matches!(m, Match::Daddr { .. });
+            addr_match(family, net, dest, *negate, out);
+        }
+        Match::DaddrInSet { set } | Match::SaddrInSet { set } => {
+            let offset = if matches!(m, Match::DaddrInSet { .. }) {
+                daddr_off
+            } else {
+                saddr_off
+            };
+            out.push(payload(
+                NFT_PAYLOAD_NETWORK_HEADER,
+                offset,
+                alen,
+                Register::Reg1,
+            ));
+            out.push(lookup(set, Register::Reg1, false));
+        }
+        Match::FibSaddrLocal | Match::FibDaddrLocal => {
+            let flags = if matches!(m, Match::FibSaddrLocal) {
+                NFTA_FIB_F_SADDR
+            } else {
+                NFTA_FIB_F_DADDR
+            };
+            out.push(other(
+                "fib",
+                vec![
+                    u32_attr(NFTA_FIB_DREG, Register::Reg1.into()),
+                    u32_attr(NFTA_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE),
+                    u32_attr(NFTA_FIB_FLAGS, flags),
+                ],
+            ));
+            out.push(cmp(Operator::Equal, RTN_LOCAL.to_ne_bytes().to_vec()));
+        }
+        Match::L4Proto(p) => {
+            out.push(meta_load(MetaKey::L4Proto, Register::Reg1));
+            out.push(cmp(Operator::Equal, vec![p.number()]));
+        }
+        Match::Numgen { modulus, value } => {
+            if *modulus == 0 || value >= modulus {
+                return Err(format!(
+                    "numgen value {value} is not below modulus {modulus}"
+                ));
+            }
+            out.push(other(
+                "numgen",
+                vec![
+                    u32_attr(NFTA_NG_DREG, Register::Reg1.into()),
+                    u32_attr(NFTA_NG_MODULUS, *modulus),
+                    u32_attr(NFTA_NG_TYPE, NFT_NG_RANDOM),
+                ],
+            ));
+            // numgen writes a host-endian u32.
+            out.push(cmp(Operator::Equal, value.to_ne_bytes().to_vec()));
+        }
+        Match::MarkUnset { mask } => {
+            out.push(meta_load(MetaKey::Mark, Register::Reg1));
+            out.push(bitwise(mask.to_ne_bytes().to_vec(), vec![0; 4]));
+            out.push(cmp(Operator::Equal, vec![0; 4]));
+        }
+        Match::IifName {
+            name,
+            prefix,
+            negate,
+        } => {
+            if name.is_empty() || name.len() >= IFNAMSIZ || name.contains('\0') {
+                return Err(format!("invalid interface name {name:?}"));
+            }
+            out.push(meta_load(MetaKey::Iifname, Register::Reg1));
+            let mut data = name.as_bytes().to_vec();
+            if !prefix {
+                // An exact name compares the whole NUL-padded IFNAMSIZ buffer, as nft does.
+                data.resize(IFNAMSIZ, 0);
+            }
+            out.push(cmp(op_of(*negate), data));
+        }
+    }
+    Ok(())
+}
+
+/// 32-bit register `n` (`NFT_REG32_00 + n`): concatenations are loaded field after field into
+/// consecutive 32-bit registers.
+fn reg32(n: u32) -> Register {
+    Register::from(8 + n)
+}
+
+fn action_exprs(family: Family, action: &Action, out: &mut Vec<Expr>) -> Result<(), String> {
+    let (saddr_off, daddr_off, alen) = addr_layout(family);
+    match action {
+        Action::Verdict(v) => out.push(immediate(
+            Register::Verdict,
+            DataAttribute::Verdict(verdict_attrs(v)),
+        )),
+        Action::VmapAddrProtoPort { map } => {
+            let words = alen / 4;
+            out.push(payload(
+                NFT_PAYLOAD_NETWORK_HEADER,
+                daddr_off,
+                alen,
+                reg32(0),
+            ));
+            out.push(meta_load(MetaKey::L4Proto, reg32(words)));
+            out.push(payload(
+                NFT_PAYLOAD_TRANSPORT_HEADER,
+                2,
+                2,
+                reg32(words + 1),
+            ));
+            out.push(lookup(map, reg32(0), true));
+        }
+        Action::VmapProtoPort { map } => {
+            out.push(meta_load(MetaKey::L4Proto, reg32(0)));
+            out.push(payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, reg32(1)));
+            out.push(lookup(map, reg32(0), true));
+        }
+        Action::Reject => {
+            let code = match family {
+                Family::V4 => ICMP_PORT_UNREACH,
+                Family::V6 => ICMPV6_PORT_UNREACH,
+            };
+            out.push(other(
+                "reject",
+                vec![
+                    u32_attr(NFTA_REJECT_TYPE, NFT_REJECT_ICMP_UNREACH),
+                    DefaultNla::new(NFTA_REJECT_ICMP_CODE, vec![code]),
+                ],
+            ));
+        }
+        Action::Dnat { addr, port } => {
+            check_family(family, addr)?;
+            out.push(immediate(
+                Register::Reg1,
+                DataAttribute::Value(addr_bytes(addr)),
+            ));
+            out.push(immediate(
+                Register::Reg2,
+                DataAttribute::Value(port.to_be_bytes().to_vec()),
+            ));
+            out.push(other(
+                "nat",
+                vec![
+                    u32_attr(NFTA_NAT_TYPE, NFT_NAT_DNAT),
+                    u32_attr(NFTA_NAT_FAMILY, u8::from(nfproto(family)).into()),
+                    u32_attr(NFTA_NAT_REG_ADDR_MIN, Register::Reg1.into()),
+                    u32_attr(NFTA_NAT_REG_PROTO_MIN, Register::Reg2.into()),
+                    u32_attr(NFTA_NAT_FLAGS, NF_NAT_RANGE_PROTO_SPECIFIED),
+                ],
+            ));
+        }
+        Action::Masquerade => out.push(other(
+            "masq",
+            vec![u32_attr(NFTA_MASQ_FLAGS, NF_NAT_RANGE_PROTO_RANDOM_FULLY)],
+        )),
+        Action::MarkOr(bits) | Action::MarkXor(bits) => {
+            // mark | bits == (mark & !bits) ^ bits; mark ^ bits == (mark & all) ^ bits.
+            let mask = if matches!(action, Action::MarkOr(_)) {
+                !bits
+            } else {
+                u32::MAX
+            };
+            out.push(meta_load(MetaKey::Mark, Register::Reg1));
+            out.push(bitwise(
+                mask.to_ne_bytes().to_vec(),
+                bits.to_ne_bytes().to_vec(),
+            ));
+            out.push(
+                Expressions::Meta(vec![
+                    Meta::Key(MetaKey::Mark),
+                    Meta::SourceRegister(Register::Reg1),
+                ])
+                .into(),
+            );
+        }
+        Action::UpdateSaddr { set } => {
+            out.push(payload(
+                NFT_PAYLOAD_NETWORK_HEADER,
+                saddr_off,
+                alen,
+                Register::Reg1,
+            ));
+            out.push(other(
+                "dynset",
+                vec![
+                    str_attr(NFTA_DYNSET_SET_NAME, set),
+                    u32_attr(NFTA_DYNSET_OP, NFT_DYNSET_OP_UPDATE),
+                    u32_attr(NFTA_DYNSET_SREG_KEY, Register::Reg1.into()),
+                ],
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The expression list of a rule.
+pub(super) fn rule_exprs(family: Family, rule: &Rule) -> Result<Vec<Expr>, String> {
+    let mut out = Vec::with_capacity(rule.matches.len() * 3 + 4);
+    for m in &rule.matches {
+        match_exprs(family, m, &mut out)?;
+    }
+    action_exprs(family, &rule.action, &mut out)?;
+    Ok(out)
+}
+
+/// One nf_tables message and the netlink flags it is sent with (besides `NLM_F_REQUEST`).
+pub(super) struct Command {
+    pub msg: NfTablesMessage,
+    pub flags: u16,
+}
+
+fn table_message() -> Result<Command, String> {
+    Ok(Command {
+        msg: NfTablesMessage::NewTable(TableMessage {
+            attributes: vec![
+                TableAttribute::Name(TABLE.to_string()),
+                TableAttribute::Flags(TableFlags::empty()),
+                TableAttribute::UserData(udata_string(UDATA_TABLE_COMMENT, TABLE_COMMENT)?),
+            ],
+        }),
+        // No NLM_F_EXCL: adding an existing table is a no-op.
+        flags: NLM_F_CREATE,
+    })
+}
+
+fn chain_message(
+    name: &str,
+    base: &Option<BaseChain>,
+    comment: Option<&str>,
+) -> Result<Command, String> {
+    let mut attributes = vec![
+        ChainAttribute::Table(TABLE.to_string()),
+        ChainAttribute::Name(name.to_string()),
+    ];
+    if let Some(b) = base {
+        attributes.push(ChainAttribute::Hook(vec![
+            NlHook::Number(HookNumber::Inet(hook_number(b.hook))),
+            // The kernel reads the priority as a big-endian s32.
+            NlHook::Priority(b.priority as u32),
+        ]));
+        attributes.push(ChainAttribute::Policy(NF_ACCEPT));
+        attributes.push(ChainAttribute::Type(
+            chain_type_name(b.chain_type).to_string(),
+        ));
+    }
+    if let Some(comment) = comment {
+        attributes.push(ChainAttribute::UserData(udata_string(
+            UDATA_CHAIN_COMMENT,
+            comment,
+        )?));
+    }
+    Ok(Command {
+        msg: NfTablesMessage::NewChain(ChainMessage { attributes }),
+        // No NLM_F_EXCL: re-adding an existing chain is not an error.
+        flags: NLM_F_CREATE,
+    })
+}
+
+fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Command, String> {
+    let (key_type, key_len) = key_layout(family, decl.key);
+    let mut flags = SetFlags::empty();
+    if decl.is_vmap {
+        flags |= SetFlags::Map;
+    }
+    if decl.timeout_secs.is_some() {
+        flags |= SetFlags::Timeout | SetFlags::Eval;
+    }
+    let mut attributes = vec![
+        SetAttribute::Table(TABLE.to_string()),
+        SetAttribute::Name(name.to_string()),
+        SetAttribute::Flags(flags),
+        SetAttribute::KeyType(key_type),
+        SetAttribute::KeyLen(key_len),
+    ];
+    if decl.is_vmap {
+        // Verdict data needs no NFTA_SET_DATA_LEN: the kernel knows a verdict's size.
+        attributes.push(SetAttribute::DataType(NFT_DATA_VERDICT));
+    }
+    attributes.push(SetAttribute::Id(id));
+    if let Some(secs) = decl.timeout_secs {
+        attributes.push(SetAttribute::Timeout(u64::from(secs) * 1000));
+    }
+    let mut udata = Vec::new();
+    if decl.key == KeyType::Addr {
+        // nft records the key byte order of address sets; without it nft still prints them, but
+        // writing what nft writes keeps `nft list` output identical.
+        udata.extend_from_slice(&[UDATA_SET_KEYBYTEORDER, 4]);
+        udata.extend_from_slice(&BYTEORDER_BIG_ENDIAN.to_ne_bytes());
+    }
+    if let Some(c) = &decl.comment {
+        udata.extend(udata_string(UDATA_SET_COMMENT, c)?);
+    }
+    if udata.len() > USERDATA_MAXLEN {
+        return Err("set user data exceeds 256 bytes".to_string());
+    }
+    if !udata.is_empty() {
+        attributes.push(SetAttribute::UserData(udata));
+    }
+    Ok(Command {
+        msg: NfTablesMessage::NewSet(SetMessage { attributes }),
+        flags: NLM_F_CREATE,
+    })
+}
+
+/// Element messages for `set`, split so that each element list stays well below the 64 KiB
+/// attribute limit whatever the planner's chunk size.
+fn element_messages(
+    set: &str,
+    elements: Vec<Expr2>,
+    make: fn(SetElementMessage) -> NfTablesMessage,
+    flags: u16,
+) -> Vec<Command> {
+    let mut out = Vec::new();
+    let mut chunk: Vec<Expr2> = Vec::new();
+    let mut chunk_bytes = 0;
+    let flush = |chunk: Vec<Expr2>, out: &mut Vec<Command>| {
+        out.push(Command {
+            msg: make(SetElementMessage {
+                attributes: vec![
+                    SetElementList::Table(TABLE.to_string()),
+                    SetElementList::Set(set.to_string()),
+                    SetElementList::Elements(chunk),
+                ],
+            }),
+            flags,
+        });
+    };
+    for e in elements {
+        let len = e.buffer_len();
+        if !chunk.is_empty() && chunk_bytes + len > ELEMENT_LIST_TARGET_BYTES {
+            flush(std::mem::take(&mut chunk), &mut out);
+            chunk_bytes = 0;
+        }
+        chunk_bytes += len;
+        chunk.push(e);
+    }
+    if !chunk.is_empty() {
+        flush(chunk, &mut out);
+    }
+    out
+}
+
+type Expr2 = ListAttribute<SetElementAttribute>;
+
+fn element(family: Family, key: &Key, value: Option<&Verdict>) -> Result<Expr2, String> {
+    let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key_bytes(
+        family, key,
+    )?))];
+    if let Some(v) = value {
+        attrs.push(SetElementAttribute::Data(DataAttribute::Verdict(
+            verdict_attrs(v),
+        )));
+    }
+    Ok(ListAttribute::Element(attrs))
+}
+
+/// The messages of one operation. `next_set_id` numbers the sets created in the batch.
+pub(super) fn encode_op(
+    family: Family,
+    op: &Op,
+    next_set_id: &mut u32,
+) -> Result<Vec<Command>, String> {
+    let table_only = || TABLE.to_string();
+    Ok(match op {
+        Op::AddTable => vec![table_message()?],
+        Op::DeleteTable => vec![Command {
+            msg: NfTablesMessage::DeleteTable(TableMessage {
+                attributes: vec![TableAttribute::Name(table_only())],
+            }),
+            flags: 0,
+        }],
+        Op::AddChain {
+            name,
+            base,
+            comment,
+            ..
+        } => vec![chain_message(name, base, comment.as_deref())?],
+        Op::FlushChain { name } => vec![Command {
+            // DELRULE with a chain and no handle deletes all rules of the chain.
+            msg: NfTablesMessage::DeleteRule(RuleMessage {
+                attributes: vec![
+                    RuleAttribute::Table(table_only()),
+                    RuleAttribute::Chain(name.clone()),
+                ],
+            }),
+            flags: 0,
+        }],
+        Op::DeleteChain { name } => vec![Command {
+            msg: NfTablesMessage::DeleteChain(ChainMessage {
+                attributes: vec![
+                    ChainAttribute::Table(table_only()),
+                    ChainAttribute::Name(name.clone()),
+                ],
+            }),
+            flags: 0,
+        }],
+        Op::AddRule { chain, rule } => {
+            let mut attributes = vec![
+                RuleAttribute::Table(table_only()),
+                RuleAttribute::Chain(chain.clone()),
+                RuleAttribute::Expressions(rule_exprs(family, rule)?),
+            ];
+            if let Some(c) = &rule.comment {
+                attributes.push(RuleAttribute::UserData(udata_string(
+                    UDATA_RULE_COMMENT,
+                    c,
+                )?));
+            }
+            vec![Command {
+                msg: NfTablesMessage::NewRule(RuleMessage { attributes }),
+                flags: NLM_F_CREATE | NLM_F_APPEND,
+            }]
+        }
+        Op::AddSet { name, decl } => {
+            *next_set_id += 1;
+            vec![set_message(family, name, decl, *next_set_id)?]
+        }
+        Op::DeleteSet { name } => vec![Command {
+            msg: NfTablesMessage::DeleteSet(SetMessage {
+                attributes: vec![
+                    SetAttribute::Table(table_only()),
+                    SetAttribute::Name(name.clone()),
+                ],
+            }),
+            flags: 0,
+        }],
+        Op::AddElements { set, elements } => {
+            let elems = elements
+                .iter()
+                .map(|(k, v)| element(family, k, v.as_ref()))
+                .collect::<Result<Vec<_>, _>>()?;
+            element_messages(set, elems, NfTablesMessage::NewSetElement, NLM_F_CREATE)
+        }
+        Op::DeleteElements { set, keys } => {
+            let elems = keys
+                .iter()
+                .map(|k| element(family, k, None))
+                .collect::<Result<Vec<_>, _>>()?;
+            element_messages(set, elems, NfTablesMessage::DeleteSetElement, 0)
+        }
+    })
+}
+
+/// Appends one netlink message to `buf`; returns its length.
+pub(super) fn push_message(
+    buf: &mut Vec<u8>,
+    header: NetfilterHeader,
+    inner: NetfilterMessageInner,
+    flags: u16,
+    seq: u32,
+) -> usize {
+    let mut msg = NetlinkMessage::from(NetfilterMessage::new(header, inner));
+    msg.header.flags = NLM_F_REQUEST | flags;
+    msg.header.sequence_number = seq;
+    msg.finalize();
+    let len = msg.buffer_len();
+    let start = buf.len();
+    buf.resize(start + len, 0);
+    msg.serialize(&mut buf[start..]);
+    len
+}
+
+/// A whole transaction as one `NFNL_MSG_BATCH_BEGIN .. NFNL_MSG_BATCH_END` buffer.
+pub(super) struct Batch {
+    pub buf: Vec<u8>,
+    /// Sequence number of `BATCH_BEGIN`; commands follow it, then `BATCH_END`.
+    pub begin_seq: u32,
+    /// Index into the transaction's ops of each command message, in sequence order.
+    pub op_of_message: Vec<usize>,
+}
+
+impl Batch {
+    pub fn command_seq(&self, i: usize) -> u32 {
+        self.begin_seq.wrapping_add(1).wrapping_add(i as u32)
+    }
+
+    pub fn last_command_seq(&self) -> u32 {
+        self.command_seq(self.op_of_message.len() - 1)
+    }
+
+    pub fn end_seq(&self) -> u32 {
+        self.command_seq(self.op_of_message.len())
+    }
+
+    /// The op that produced the message with sequence number `seq`, if any.
+    pub fn op_of_seq(&self, seq: u32) -> Option<usize> {
+        let i = seq.wrapping_sub(self.begin_seq).checked_sub(1)? as usize;
+        self.op_of_message.get(i).copied()
+    }
+
+    /// Number of netlink messages, `BATCH_BEGIN` and `BATCH_END` included.
+    pub fn messages(&self) -> usize {
+        self.op_of_message.len() + 2
+    }
+}
+
+/// Why an op could not be encoded: its index and the reason.
+pub(super) struct EncodeError {
+    pub index: usize,
+    pub reason: String,
+}
+
+/// Encodes a non-empty transaction. Only the last command asks for an ACK: the kernel reports
+/// every failing message anyway, and one ACK per message would flood the receive buffer.
+pub(super) fn encode_transaction(tx: &Transaction, begin_seq: u32) -> Result<Batch, EncodeError> {
+    let family = nfproto(tx.family);
+    let mut next_set_id = 0;
+    let mut commands = Vec::with_capacity(tx.ops.len());
+    for (index, op) in tx.ops.iter().enumerate() {
+        let cmds = encode_op(tx.family, op, &mut next_set_id)
+            .map_err(|reason| EncodeError { index, reason })?;
+        for c in cmds {
+            commands.push((index, c));
+        }
+    }
+    let batch_header =
+        || NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
+    let mut buf = Vec::with_capacity(commands.len() * 160 + 64);
+    push_message(
+        &mut buf,
+        batch_header(),
+        ControlMessage::BatchBegin.into(),
+        0,
+        begin_seq,
+    );
+    let last = commands.len().saturating_sub(1);
+    let mut op_of_message = Vec::with_capacity(commands.len());
+    for (i, (index, cmd)) in commands.into_iter().enumerate() {
+        let ack = if i == last { NLM_F_ACK } else { 0 };
+        let seq = begin_seq.wrapping_add(1).wrapping_add(i as u32);
+        let len = push_message(
+            &mut buf,
+            NetfilterHeader::new(family, 0, 0),
+            cmd.msg.into(),
+            cmd.flags | ack,
+            seq,
+        );
+        if len > MAX_MESSAGE_BYTES {
+            return Err(EncodeError {
+                index,
+                reason: format!(
+                    "message of {len} bytes exceeds the 64 KiB netlink attribute limit"
+                ),
+            });
+        }
+        op_of_message.push(index);
+    }
+    let end_seq = begin_seq
+        .wrapping_add(1)
+        .wrapping_add(op_of_message.len() as u32);
+    push_message(
+        &mut buf,
+        batch_header(),
+        ControlMessage::BatchEnd.into(),
+        0,
+        end_seq,
+    );
+    Ok(Batch {
+        buf,
+        begin_seq,
+        op_of_message,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concat_key_types_match_nft() {
+        assert_eq!(key_layout(Family::V4, KeyType::AddrProtoPort), (0x730d, 12));
+        assert_eq!(key_layout(Family::V6, KeyType::AddrProtoPort), (0x830d, 24));
+        assert_eq!(key_layout(Family::V4, KeyType::ProtoPort), (0x30d, 8));
+        assert_eq!(key_layout(Family::V6, KeyType::Addr), (8, 16));
+    }
+
+    #[test]
+    fn keys_are_padded_per_field() {
+        let k = Key::AddrProtoPort(
+            "10.0.0.1".parse().unwrap(),
+            dataplane::ruleset::Proto::Tcp,
+            80,
+        );
+        assert_eq!(
+            key_bytes(Family::V4, &k).unwrap(),
+            vec![10, 0, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0]
+        );
+        assert!(key_bytes(Family::V6, &k).is_err());
+    }
+
+    #[test]
+    fn large_element_lists_are_split() {
+        let elements: Vec<(Key, Option<Verdict>)> = (0..2000u32)
+            .map(|i| {
+                (
+                    Key::Addr(IpAddr::V6(std::net::Ipv6Addr::from(u128::from(i)))),
+                    Some(Verdict::Goto(format!("a-rather-long-chain-name-{i:08}"))),
+                )
+            })
+            .collect();
+        let op = Op::AddElements {
+            set: "m".to_string(),
+            elements,
+        };
+        let cmds = encode_op(Family::V6, &op, &mut 0).unwrap();
+        assert!(cmds.len() > 1);
+        for c in &cmds {
+            assert!(c.msg.buffer_len() < MAX_MESSAGE_BYTES);
+        }
+    }
+}
