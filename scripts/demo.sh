@@ -39,11 +39,16 @@ mkns() {
 
 mkns "$node"
 nsx "$node" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
-# The node's own address lives on a veth whose peer stays in the node too.
-nsx "$node" ip link add uplink type veth peer name uplink-peer
+# The node's uplink leads to a "world" namespace; the node's default route points there, as a
+# real node's does (without one, traffic to unknown Service IPs fails in routing).
+mkns "$p-world"
+ip link add uplink netns "$node" type veth peer name eth0 netns "$p-world"
 nsx "$node" ip link set uplink up
-nsx "$node" ip link set uplink-peer up
+nsx "$p-world" ip link set eth0 up
 nsx "$node" ip addr add 192.168.0.2/32 dev uplink
+nsx "$node" ip route add default dev uplink
+nsx "$node" ip -6 addr add 2001:db8::2/128 dev uplink nodad
+nsx "$node" ip -6 route add default dev uplink
 
 # pod NAME IPv4 [IPv6]: a namespace behind the node, Calico-style (link-local gateway).
 pod() {
@@ -95,7 +100,7 @@ nsx "$node" "$bin" run --once --from-file examples/cluster.yaml --config "/tmp/$
 
 ask() { # description, socat address
   local out
-  out=$(nsx "$p-client" timeout 2 socat -T1 - "$2" </dev/null 2>&1 || true)
+  out=$(echo hello | nsx "$p-client" timeout 2 socat -T1 - "$2" 2>&1 | head -1 || true)
   [ -n "$out" ] || out="(no answer)"
   printf '  %-36s %s\n' "$1" "$out"
 }
