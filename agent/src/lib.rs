@@ -6,3 +6,5 @@ pub mod explain;
 pub mod nftables;
 pub mod source;
 pub mod sync;
+pub mod syncloop;
+pub mod watch;

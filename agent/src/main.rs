@@ -4,17 +4,22 @@ use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 use dataplane::build::build;
 use dataplane::model::Cluster;
 use dataplane::render;
+use dataplane::tracker::Tracker;
 use dataplane::ruleset::{Family, Proto};
 use dataplane::trace::{Host, Packet, trace};
 use nftproxy::config::{KubeProxyConfiguration, Overrides, Settings};
 use nftproxy::source;
+use nftproxy::nftables::monitor::Monitor;
 use nftproxy::sync::Syncer;
+use nftproxy::syncloop::{self, Shared, Wake};
+use nftproxy::{addresses, watch};
 
 #[derive(Parser)]
 #[command(
@@ -46,10 +51,14 @@ enum Command {
     Run {
         #[command(flatten)]
         common: Common,
-        /// Kubernetes YAML (Services, EndpointSlices, Nodes, ServiceCIDRs) to proxy, re-read
-        /// when it changes.
+        /// Kubernetes YAML (Services, EndpointSlices, Nodes, ServiceCIDRs) to proxy instead of
+        /// an API server, re-read when it changes.
         #[arg(long)]
-        from_file: PathBuf,
+        from_file: Option<PathBuf>,
+        /// kubeconfig of the API server (default: the config's clientConnection.kubeconfig,
+        /// $KUBECONFIG, ~/.kube/config, or the in-cluster service account).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
         /// Sync once, then exit (rules stay in place).
         #[arg(long)]
         once: bool,
@@ -143,45 +152,136 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-fn run(common: &Common, from_file: &Path, once: bool) -> Result<(), Failure> {
-    let mut settings = settings(common)?;
-    let mut cluster = load(from_file, &mut settings)?;
-    let mut syncer = Syncer::new().map_err(runtime)?;
-    syncer
-        .sync(&cluster, &settings.build, true)
-        .map_err(runtime)?;
-    if once {
-        return Ok(());
-    }
-    // Follow the file: re-sync when it changes, retry after syncPeriod when a sync fails.
-    let mut seen = modified(from_file);
-    let mut failed = false;
+fn kube_client(
+    rt: &tokio::runtime::Runtime,
+    flag: Option<&Path>,
+    settings: &Settings,
+) -> Result<kube::Client, Failure> {
+    let path = flag
+        .map(Path::to_path_buf)
+        .or_else(|| settings.kubeconfig.as_ref().map(PathBuf::from));
+    rt.block_on(async {
+        let config = match &path {
+            Some(p) => {
+                let kubeconfig = kube::config::Kubeconfig::read_from(p)
+                    .map_err(|e| usage(format!("{}: {e}", p.display())))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .map_err(|e| usage(format!("{}: {e}", p.display())))?
+            }
+            // $KUBECONFIG, ~/.kube/config, or the in-cluster service account.
+            None => kube::Config::infer().await.map_err(|e| {
+                usage(format!(
+                    "no API server configured ({e}); use --kubeconfig, $KUBECONFIG, \
+                     clientConnection.kubeconfig, run in a cluster, or use --from-file"
+                ))
+            })?,
+        };
+        kube::Client::try_from(config).map_err(|e| runtime(format!("API client: {e}")))
+    })
+}
+
+/// Follows a YAML file: re-reads it into the tracker whenever its modification time changes.
+fn follow_file(shared: Arc<Shared>, path: PathBuf) {
+    let mut seen = modified(&path);
     loop {
-        std::thread::sleep(if failed {
-            settings.sync_period
-        } else {
-            settings.min_sync_period.max(Duration::from_millis(200))
-        });
-        let now = modified(from_file);
-        if now == seen && !failed {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = modified(&path);
+        if now == seen {
             continue;
         }
         seen = now;
-        match load(from_file, &mut settings) {
-            Ok(c) => cluster = c,
-            Err(e) => {
-                tracing::error!(error = %e.message, "keeping the previous rules");
-                continue;
-            }
+        match shared.with_tracker(|t| source::load_into(t, &path)) {
+            Ok(()) => shared.changed(),
+            Err(e) => tracing::error!(error = %e, "cannot read the file; keeping the previous rules"),
         }
-        match syncer.sync(&cluster, &settings.build, failed) {
-            Ok(_) => failed = false,
+    }
+}
+
+/// Wakes the sync loop whenever someone else changes nftproxy's tables.
+fn monitor_drift(shared: Arc<Shared>, ignore_portid: u32) {
+    let mut monitor = match Monitor::open(ignore_portid) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch nftables changes; drift is repaired by periodic full syncs only");
+            return;
+        }
+    };
+    loop {
+        match monitor.next() {
+            Ok(event) => {
+                // Let the foreign change finish, then repair once for all of it.
+                std::thread::sleep(Duration::from_millis(100));
+                monitor.drain();
+                tracing::warn!(?event, "nftproxy's tables were changed by someone else; repairing");
+                shared.wake(Wake::Drift);
+            }
             Err(e) => {
-                tracing::error!(error = %e, retry_in = ?settings.sync_period, "sync failed");
-                failed = true;
+                tracing::warn!(error = %e, "nftables change monitor failed");
+                std::thread::sleep(Duration::from_secs(1));
             }
         }
     }
+}
+
+fn run(
+    common: &Common,
+    from_file: Option<&Path>,
+    kubeconfig: Option<&Path>,
+    once: bool,
+) -> Result<(), Failure> {
+    let settings = settings(common)?;
+    let (shared, rx) = Shared::new(Tracker::new(&settings.node_name, ""));
+    let shared = Arc::new(shared);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(runtime)?;
+    match from_file {
+        Some(path) => shared
+            .with_tracker(|t| source::load_into(t, path))
+            .map_err(usage)?,
+        None => {
+            let client = kube_client(&rt, kubeconfig, &settings)?;
+            rt.spawn(watch::run(client, settings.node_name.clone(), shared.clone()));
+        }
+    }
+    let mut syncer = Syncer::new().map_err(runtime)?;
+    if once {
+        while !shared.with_tracker(|t| t.ready()) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let cluster = shared.with_tracker(|t| t.cluster().clone());
+        let mut config = settings.build.clone();
+        config.local_addresses = addresses::local_addresses();
+        syncer.sync(&cluster, &config, true).map_err(runtime)?;
+        return Ok(());
+    }
+    if let Some(path) = from_file {
+        let (shared, path) = (shared.clone(), path.to_path_buf());
+        std::thread::spawn(move || follow_file(shared, path));
+    }
+    {
+        let (shared, portid) = (shared.clone(), syncer.portid());
+        std::thread::spawn(move || monitor_drift(shared, portid));
+    }
+    shared.changed();
+    {
+        let shared = shared.clone();
+        let settings = settings.clone();
+        std::thread::spawn(move || syncloop::run(&shared, rx, &settings, &mut syncer, &mut ()));
+    }
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(runtime)?;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: exiting; the rules stay in place"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: exiting; the rules stay in place"),
+        }
+        Ok::<(), Failure>(())
+    })?;
+    Ok(())
 }
 
 /// Writes to stdout; a closed pipe (`nftproxy render | head`) is not an error.
@@ -241,8 +341,9 @@ fn main() -> ExitCode {
         Command::Run {
             common,
             from_file,
+            kubeconfig,
             once,
-        } => run(common, from_file, *once),
+        } => run(common, from_file.as_deref(), kubeconfig.as_deref(), *once),
         Command::Render { common, from_file } => render_cmd(common, from_file),
         Command::Trace {
             common,

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use dataplane::convert::{self, Skipped};
 use dataplane::model::Cluster;
+use dataplane::tracker::{Kind, Tracker};
 
 /// Reads and converts a YAML file. An unreadable or unparseable file is an error (naming the
 /// file and line); invalid objects inside it are returned as skipped and otherwise ignored.
@@ -13,15 +14,7 @@ pub fn load_file(
     proxy_name: &str,
 ) -> Result<(Cluster, Vec<Skipped>), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let (objects, mut skipped) = convert::parse_yaml(&text).map_err(|e| match e.location() {
-        Some(l) => format!(
-            "{}: line {} column {}: {e}",
-            path.display(),
-            l.line(),
-            l.column()
-        ),
-        None => format!("{}: {e}", path.display()),
-    })?;
+    let (objects, mut skipped) = convert::parse_yaml(&text).map_err(|e| yaml_error(path, &e))?;
     let (cluster, more) = convert::cluster(&objects, node_name, proxy_name);
     skipped.extend(more);
     Ok((cluster, skipped))
@@ -31,5 +24,40 @@ pub fn load_file(
 pub fn report_skipped(skipped: &[Skipped]) {
     for s in skipped {
         tracing::warn!(kind = %s.kind, name = %s.name, reason = %s.skip, "skipping invalid object");
+    }
+}
+
+/// Replaces the tracker's content with the objects of a YAML file, as a re-list of every kind
+/// would: objects missing from the file are deleted, unchanged ones cause no sync.
+pub fn load_into(tracker: &mut Tracker, path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (objects, skipped) = convert::parse_yaml(&text).map_err(|e| yaml_error(path, &e))?;
+    report_skipped(&skipped);
+    let mut invalid = Vec::new();
+    tracker.begin_list(Kind::Service);
+    invalid.extend(objects.services.iter().filter_map(|o| tracker.apply_service(o)));
+    tracker.end_list(Kind::Service);
+    tracker.begin_list(Kind::EndpointSlice);
+    invalid.extend(objects.slices.iter().filter_map(|o| tracker.apply_slice(o)));
+    tracker.end_list(Kind::EndpointSlice);
+    tracker.begin_list(Kind::Node);
+    invalid.extend(objects.nodes.iter().filter_map(|o| tracker.apply_node(o)));
+    tracker.end_list(Kind::Node);
+    tracker.begin_list(Kind::ServiceCidr);
+    invalid.extend(objects.service_cidrs.iter().filter_map(|o| tracker.apply_service_cidr(o)));
+    tracker.end_list(Kind::ServiceCidr);
+    report_skipped(&invalid);
+    Ok(())
+}
+
+fn yaml_error(path: &Path, e: &serde_yaml_ng::Error) -> String {
+    match e.location() {
+        Some(l) => format!(
+            "{}: line {} column {}: {e}",
+            path.display(),
+            l.line(),
+            l.column()
+        ),
+        None => format!("{}: {e}", path.display()),
     }
 }

@@ -99,6 +99,11 @@ impl Syncer {
         Ok(report)
     }
 
+    /// The netlink port id of the kernel connection (to recognise our own changes).
+    pub fn portid(&self) -> u32 {
+        self.nft.portid()
+    }
+
     /// Removes nftproxy's tables from the kernel.
     pub fn cleanup(&mut self) -> Result<(), NftError> {
         for family in Family::ALL {

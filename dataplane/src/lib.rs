@@ -2,10 +2,12 @@
 //! its planner and its renderer. No I/O, no async runtime, no kernel access.
 
 pub mod build;
+pub mod conntrack;
 pub mod convert;
 pub mod model;
 pub mod plan;
 pub mod render;
 pub mod ruleset;
 pub mod topology;
+pub mod tracker;
 pub mod trace;

@@ -31,6 +31,7 @@
 
 mod dump;
 mod encode;
+pub mod monitor;
 mod socket;
 
 use std::io;
@@ -186,6 +187,11 @@ impl Nftables {
     pub fn open() -> Result<Nftables, NftError> {
         let sock = NlSocket::open().map_err(NftError::io("socket setup"))?;
         Ok(Nftables { sock, seq: 1 })
+    }
+
+    /// The netlink port id of this connection (nf_tables notifications name their cause by it).
+    pub fn portid(&self) -> u32 {
+        self.sock.portid()
     }
 
     /// Reads back table `nftproxy` of `family`; `Ok(None)` if the table does not exist.

@@ -95,6 +95,9 @@ pub(super) fn messages(datagram: &[u8]) -> Result<Vec<RawMessage<'_>>, String> {
 
 pub(super) struct NlSocket {
     sock: Socket,
+    /// The netlink port id the kernel gave this socket; nf_tables change notifications carry
+    /// the port id of the socket that caused them.
+    portid: u32,
     sndbuf: usize,
     rcvbuf: usize,
     recv_buf: Vec<u8>,
@@ -138,7 +141,7 @@ fn set_buffer(
 impl NlSocket {
     pub fn open() -> io::Result<NlSocket> {
         let mut sock = Socket::new(NETLINK_NETFILTER)?;
-        sock.bind_auto()?;
+        let addr = sock.bind_auto()?;
         // Errors then carry only the header of the failed request, not the request itself:
         // a failing 100k-message batch can answer with many errors.
         sock.set_cap_ack(true)?;
@@ -160,6 +163,7 @@ impl NlSocket {
             return Err(io::Error::last_os_error());
         }
         let mut s = NlSocket {
+            portid: addr.port_number(),
             sock,
             sndbuf: 0,
             rcvbuf: 0,
@@ -167,6 +171,10 @@ impl NlSocket {
         };
         s.ensure_buffers(0, 0)?;
         Ok(s)
+    }
+
+    pub fn portid(&self) -> u32 {
+        self.portid
     }
 
     /// Makes room for sending `send_len` bytes at once and for `replies` queued replies.

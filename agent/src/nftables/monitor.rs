@@ -1,0 +1,180 @@
+//! Watches nf_tables change notifications for changes to nftproxy's tables made by anyone else
+//! (`nft delete table ip nftproxy`, `nft flush ruleset`, a hand-edited rule), so the agent can
+//! repair them within moments instead of at the next periodic full sync.
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+use dataplane::ruleset::TABLE;
+use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
+
+/// `NFNLGRP_NFTABLES`: the multicast group of nf_tables change notifications.
+const NFNLGRP_NFTABLES: u32 = 7;
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFT_MSG_GETGEN: u16 = 16;
+/// First attribute of table, chain, rule, set and element messages: the table's name.
+const NFTA_TABLE_ATTR: u16 = 1;
+const NLMSG_HDRLEN: usize = 16;
+const NFGENMSG_LEN: usize = 4;
+/// Our own large transactions produce one notification per object; a roomy buffer keeps them
+/// from overflowing it (an overflow is treated as possible drift, which is safe but costly).
+const RCVBUF: usize = 64 << 20;
+
+/// What the monitor saw.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Someone other than `ignore_portid` changed table `nftproxy` (either family).
+    Foreign,
+    /// Notifications were lost (receive buffer overflow): anything may have changed.
+    Overflow,
+}
+
+pub struct Monitor {
+    sock: Socket,
+    ignore_portid: u32,
+    buf: Vec<u8>,
+}
+
+impl Monitor {
+    /// Subscribes in the calling thread's network namespace. Changes caused by the netlink
+    /// socket with port id `ignore_portid` (the agent's own) are not reported.
+    pub fn open(ignore_portid: u32) -> io::Result<Monitor> {
+        let mut sock = Socket::new(NETLINK_NETFILTER)?;
+        sock.bind_auto()?;
+        sock.add_membership(NFNLGRP_NFTABLES)?;
+        let size = RCVBUF as libc::c_int;
+        for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+            // SAFETY: setsockopt with a pointer to a live c_int and its size.
+            let rc = unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&size as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                break;
+            }
+        }
+        Ok(Monitor {
+            sock,
+            ignore_portid,
+            buf: vec![0; 1 << 16],
+        })
+    }
+
+    /// Blocks until a relevant notification arrives.
+    pub fn next(&mut self) -> io::Result<Event> {
+        loop {
+            self.buf.resize(1 << 16, 0);
+            let n = match self.sock.recv(&mut &mut self.buf[..], 0) {
+                Ok(n) => n,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => return Ok(Event::Overflow),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if foreign_change(&self.buf[..n], self.ignore_portid) {
+                return Ok(Event::Foreign);
+            }
+        }
+    }
+}
+
+impl Monitor {
+    /// Discards the notifications queued so far (one change, such as `nft flush ruleset`,
+    /// produces many; one repair covers them all).
+    pub fn drain(&mut self) {
+        loop {
+            self.buf.resize(1 << 16, 0);
+            match self.sock.recv(&mut &mut self.buf[..], libc::MSG_DONTWAIT) {
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Whether a datagram of notifications holds a change to table `nftproxy` not made by
+/// `ignore_portid`.
+fn foreign_change(datagram: &[u8], ignore_portid: u32) -> bool {
+    let mut off = 0;
+    while off + NLMSG_HDRLEN <= datagram.len() {
+        let h = &datagram[off..];
+        let len = u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        if len < NLMSG_HDRLEN || off + len > datagram.len() {
+            return false;
+        }
+        let kind = u16::from_ne_bytes([h[4], h[5]]);
+        let pid = u32::from_ne_bytes([h[12], h[13], h[14], h[15]]);
+        let (subsys, msg) = (kind >> 8, kind & 0xff);
+        if subsys == NFNL_SUBSYS_NFTABLES
+            && msg != NFT_MSG_NEWGEN
+            && msg != NFT_MSG_GETGEN
+            && pid != ignore_portid
+            && table_name(&h[NLMSG_HDRLEN..len]) == Some(TABLE.as_bytes())
+        {
+            return true;
+        }
+        off += (len + 3) & !3;
+    }
+    false
+}
+
+/// The table name attribute of an nf_tables message body (after the netlink header).
+fn table_name(body: &[u8]) -> Option<&[u8]> {
+    let mut off = NFGENMSG_LEN;
+    while off + 4 <= body.len() {
+        let len = u16::from_ne_bytes([body[off], body[off + 1]]) as usize;
+        let kind = u16::from_ne_bytes([body[off + 2], body[off + 3]]) & 0x3fff;
+        if len < 4 || off + len > body.len() {
+            return None;
+        }
+        if kind == NFTA_TABLE_ATTR {
+            let value = &body[off + 4..off + len];
+            return Some(value.strip_suffix(&[0]).unwrap_or(value));
+        }
+        off += (len + 3) & !3;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(msg: u16, pid: u32, table: &str) -> Vec<u8> {
+        let mut attr = Vec::new();
+        let name = [table.as_bytes(), &[0]].concat();
+        attr.extend(((4 + name.len()) as u16).to_ne_bytes());
+        attr.extend(NFTA_TABLE_ATTR.to_ne_bytes());
+        attr.extend(&name);
+        while attr.len() % 4 != 0 {
+            attr.push(0);
+        }
+        let len = NLMSG_HDRLEN + NFGENMSG_LEN + attr.len();
+        let mut m = Vec::new();
+        m.extend((len as u32).to_ne_bytes());
+        m.extend(((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
+        m.extend(0u16.to_ne_bytes());
+        m.extend(0u32.to_ne_bytes());
+        m.extend(pid.to_ne_bytes());
+        m.extend([2, 0, 0, 0]);
+        m.extend(attr);
+        m
+    }
+
+    #[test]
+    fn only_foreign_changes_to_our_table_count() {
+        assert!(foreign_change(&message(2, 99, "nftproxy"), 7));
+        assert!(!foreign_change(&message(2, 7, "nftproxy"), 7));
+        assert!(!foreign_change(&message(2, 99, "filter"), 7));
+        assert!(!foreign_change(&message(NFT_MSG_NEWGEN, 99, "nftproxy"), 7));
+        let two = [message(6, 7, "nftproxy"), message(8, 5, "nftproxy")].concat();
+        assert!(foreign_change(&two, 7));
+        assert!(!foreign_change(&[1, 2, 3], 7));
+    }
+}

@@ -1,0 +1,139 @@
+//! The sync loop: turns tracked changes into kernel syncs, at most one per `minSyncPeriod`,
+//! retrying after `syncPeriod` when a sync fails (with a full sync), and re-reading the kernel
+//! state periodically and whenever someone else touches nftproxy's tables.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use dataplane::tracker::Tracker;
+
+use crate::config::Settings;
+use crate::sync::{FamilyReport, Syncer};
+
+/// How often a full sync (read back, repair drift) runs when nothing asks for one sooner. Like
+/// kube-proxy's nftables mode: full syncs cost O(cluster), so they are rare.
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+
+/// Why the sync loop should wake up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// The tracker may hold changes.
+    Changed,
+    /// The kernel state may differ from what we committed: re-read it.
+    Drift,
+}
+
+/// State shared between the sources (watchers, file) and the sync loop.
+pub struct Shared {
+    tracker: Mutex<Tracker>,
+    wake: Sender<Wake>,
+}
+
+impl Shared {
+    pub fn new(tracker: Tracker) -> (Shared, Receiver<Wake>) {
+        let (wake, rx) = channel();
+        (
+            Shared {
+                tracker: Mutex::new(tracker),
+                wake,
+            },
+            rx,
+        )
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Tracker> {
+        // A panic while holding the lock cannot leave the tracker half-updated in a way that
+        // matters more than stopping would: keep going with what it holds.
+        self.tracker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn with_tracker<R>(&self, f: impl FnOnce(&mut Tracker) -> R) -> R {
+        f(&mut self.lock())
+    }
+
+    /// Tells the sync loop the tracker may hold changes.
+    pub fn changed(&self) {
+        let _ = self.wake.send(Wake::Changed);
+    }
+
+    pub fn wake(&self, why: Wake) {
+        let _ = self.wake.send(why);
+    }
+}
+
+/// Called after every sync attempt (metrics, health).
+pub trait Observer {
+    fn synced(&mut self, full: bool, elapsed: Duration, result: &Result<Vec<FamilyReport>, String>);
+}
+
+impl Observer for () {
+    fn synced(&mut self, _: bool, _: Duration, _: &Result<Vec<FamilyReport>, String>) {}
+}
+
+/// Runs until every sender of `rx` is gone.
+pub fn run(
+    shared: &Shared,
+    rx: Receiver<Wake>,
+    settings: &Settings,
+    syncer: &mut Syncer,
+    observer: &mut dyn Observer,
+) {
+    let mut config = settings.build.clone();
+    // The first sync reads the kernel back, adopting the rules a previous run left.
+    let mut need_full = true;
+    let mut failed = false;
+    let mut last_end: Option<Instant> = None;
+    let mut next_full = Instant::now() + FULL_SYNC_PERIOD;
+    let mut retry_at = Instant::now();
+    loop {
+        let deadline = if failed { retry_at } else { next_full };
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Wake::Changed) => {}
+            Ok(Wake::Drift) => need_full = true,
+            Err(RecvTimeoutError::Timeout) => need_full = true,
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if let Some(end) = last_end {
+            std::thread::sleep(settings.min_sync_period.saturating_sub(end.elapsed()));
+        }
+        while let Ok(w) = rx.try_recv() {
+            need_full |= w == Wake::Drift;
+        }
+        let snapshot = shared.with_tracker(|t| {
+            if !t.ready() {
+                return None;
+            }
+            let changes = t.take_changes();
+            let worth_it = !changes.is_empty() || need_full || failed;
+            worth_it.then(|| t.cluster().clone())
+        });
+        let Some(cluster) = snapshot else {
+            continue;
+        };
+        let full = need_full || failed;
+        config.local_addresses = crate::addresses::local_addresses();
+        let start = Instant::now();
+        let result = syncer
+            .sync(&cluster, &config, full)
+            .map(|r| r.into_values().collect::<Vec<_>>())
+            .map_err(|e| e.to_string());
+        let elapsed = start.elapsed();
+        match &result {
+            Ok(_) => {
+                failed = false;
+                need_full = false;
+                if full {
+                    next_full = Instant::now() + FULL_SYNC_PERIOD;
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, retry_in = ?settings.sync_period, "sync failed; the previous rules stay in place");
+                failed = true;
+                retry_at = Instant::now() + settings.sync_period;
+            }
+        }
+        observer.synced(full, elapsed, &result);
+        last_end = Some(Instant::now());
+    }
+}

@@ -1,0 +1,607 @@
+//! UDP conntrack cleanup, the pure part: which conntrack entries outlived the endpoint they were
+//! load-balanced to (kube-proxy's `pkg/proxy/conntrack/cleanup.go`).
+//!
+//! UDP has no connection end, so a conntrack entry created while a client talked to an endpoint
+//! keeps the client's flow DNATed to that endpoint for as long as the client keeps sending, even
+//! after the endpoint is gone. After every sync that changed a UDP Service, the agent lists the
+//! UDP entries of the family and deletes those [`is_stale`] picks, so that the next packet is
+//! load-balanced afresh (or rejected, when no endpoint is left).
+//!
+//! The decision works on [`Frontends`]: for every UDP Service port, each address it is reached on
+//! (ClusterIP, external IPs, LoadBalancer IPs of the family) with its port, and its NodePort, map
+//! to the IPs of the port's *serving* endpoints (regardless of traffic policy, topology or
+//! terminating, as kube-proxy: UDP behaves like TCP, whose established connections survive until
+//! the endpoint stops serving). Differences from kube-proxy:
+//! * frontends are keyed by address **and port** (kube-proxy keys by address only, so one UDP
+//!   port's endpoints decided for all UDP ports of the same address);
+//! * Services scaled to zero count as frontends with no endpoint (kube-proxy fixed that late);
+//! * frontends of the previous sync that no longer exist (deleted Services, removed ports,
+//!   external IPs) are cleaned too, but only entries that were DNATed (reply source other than
+//!   the original destination): after the Service is gone, an untranslated flow to the same
+//!   address is somebody else's;
+//! * an address frontend decides alone: a NodePort number that happens to equal a Service port
+//!   does not make that Service's own entries stale.
+//!
+//! TCP (and SCTP) entries are never stale: graceful termination relies on existing connections.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use crate::build::port_endpoints;
+use crate::convert::slices_by_service;
+use crate::model::{Cluster, EndpointSlice};
+use crate::plan::TableState;
+use crate::ruleset::{Family, Key, Proto};
+
+/// One direction of a conntrack entry, as the kernel reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tuple {
+    /// IP protocol number (17 for UDP).
+    pub proto: u8,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// 0 for protocols without ports.
+    pub src_port: u16,
+    pub dst_port: u16,
+}
+
+/// The UDP frontends of one family and, for each, the IPs of the serving endpoints behind it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Frontends {
+    /// `(Service address, Service port)` → serving endpoint IPs.
+    pub addrs: BTreeMap<(IpAddr, u16), BTreeSet<IpAddr>>,
+    /// NodePort (on any address) → serving endpoint IPs.
+    pub node_ports: BTreeMap<u16, BTreeSet<IpAddr>>,
+}
+
+impl Frontends {
+    /// The UDP frontends `cluster` gives `family`. Services without a ClusterIP of the family
+    /// are not proxied in it and have none. Two Services claiming one frontend share it: the
+    /// endpoints of both count.
+    pub fn of(cluster: &Cluster, family: Family) -> Frontends {
+        let by_service = slices_by_service(&cluster.slices);
+        let mut out = Frontends::default();
+        for svc in cluster.services.values() {
+            let Some(cluster_ip) = svc.cluster_ip(family) else {
+                continue;
+            };
+            let slices: &[&EndpointSlice] =
+                by_service.get(&svc.name).map(Vec::as_slice).unwrap_or(&[]);
+            let addrs: Vec<IpAddr> = std::iter::once(cluster_ip)
+                .chain(svc.external_ips.iter().copied())
+                .chain(svc.load_balancer_ips.iter().copied())
+                .filter(|ip| Family::of(ip) == family)
+                .collect();
+            for port in svc.ports.iter().filter(|p| p.protocol == Proto::Udp) {
+                // The node name only decides `local`, which does not matter here.
+                let serving: BTreeSet<IpAddr> = port_endpoints(slices, port, family, "")
+                    .into_iter()
+                    .filter(|e| e.serving)
+                    .map(|e| e.addr)
+                    .collect();
+                for addr in &addrs {
+                    out.addrs
+                        .entry((*addr, port.port))
+                        .or_default()
+                        .extend(&serving);
+                }
+                if let Some(np) = port.node_port {
+                    out.node_ports.entry(np).or_default().extend(&serving);
+                }
+            }
+        }
+        out
+    }
+
+    /// The UDP frontends programmed in a table read back from the kernel (the map keys of
+    /// `service-ips`, `service-nodeports`, `no-endpoint-services`, ...), with their endpoints
+    /// unknown (empty). After a restart this is what the previous run served, so that entries
+    /// to Services deleted while the agent was down are still recognised.
+    pub fn from_table_state(state: Option<&TableState>) -> Frontends {
+        let mut out = Frontends::default();
+        let keys = state
+            .into_iter()
+            .flat_map(|s| s.sets.values())
+            .flat_map(|s| s.elements.keys());
+        for key in keys {
+            match *key {
+                Key::AddrProtoPort(addr, Proto::Udp, port) => {
+                    out.addrs.entry((addr, port)).or_default();
+                }
+                Key::ProtoPort(Proto::Udp, port) => {
+                    out.node_ports.entry(port).or_default();
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.addrs.is_empty() && self.node_ports.is_empty()
+    }
+}
+
+/// Whether the conntrack entry `orig`/`reply` must be deleted now that `current` holds the
+/// frontends, `previous` those of the sync before (see the module documentation).
+pub fn is_stale(orig: &Tuple, reply: &Tuple, current: &Frontends, previous: &Frontends) -> bool {
+    if orig.proto != Proto::Udp.number() {
+        return false;
+    }
+    // The endpoint the entry translates to (the address replies come from).
+    let endpoint = reply.src;
+    if let Some(serving) = current.addrs.get(&(orig.dst, orig.dst_port)) {
+        return !serving.contains(&endpoint);
+    }
+    if let Some(serving) = current.node_ports.get(&orig.dst_port) {
+        return !serving.contains(&endpoint);
+    }
+    let was_frontend = previous.addrs.contains_key(&(orig.dst, orig.dst_port))
+        || previous.node_ports.contains_key(&orig.dst_port);
+    was_frontend && endpoint != orig.dst
+}
+
+/// Whether a sync that moved from `previous` to `current` calls for a cleanup: when any UDP
+/// frontend or its serving endpoints changed. When the previous endpoints are unknown
+/// (`previous_exact` false: the first sync of the process, `previous` read back from the kernel),
+/// whenever there is a UDP frontend, before or now.
+pub fn cleanup_needed(previous: &Frontends, previous_exact: bool, current: &Frontends) -> bool {
+    if previous_exact {
+        previous != current
+    } else {
+        !previous.is_empty() || !current.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::model::{
+        Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
+    };
+    use crate::plan::SetState;
+    use crate::ruleset::{KeyType, SetDecl, Verdict};
+
+    const UDP: u8 = 17;
+    const TCP: u8 = 6;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn service(
+        name: &str,
+        cluster_ips: &[&str],
+        ports: &[(&str, Proto, u16, Option<u16>)],
+    ) -> Service {
+        Service {
+            name: ObjectName::new("ns", name),
+            service_type: ServiceType::ClusterIp,
+            cluster_ips: cluster_ips.iter().map(|s| ip(s)).collect(),
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            affinity_timeout: None,
+            ports: ports
+                .iter()
+                .map(|(n, protocol, port, node_port)| ServicePort {
+                    name: n.to_string(),
+                    protocol: *protocol,
+                    port: *port,
+                    node_port: *node_port,
+                })
+                .collect(),
+        }
+    }
+
+    fn endpoint(addr: &str, serving: bool) -> Endpoint {
+        Endpoint {
+            addr: ip(addr),
+            ready: serving,
+            serving,
+            terminating: false,
+            node_name: Some("other-node".into()),
+            zone_hints: vec![],
+            node_hints: vec![],
+        }
+    }
+
+    fn slice(
+        svc: &str,
+        name: &str,
+        ports: &[(&str, Proto, u16)],
+        eps: Vec<Endpoint>,
+    ) -> EndpointSlice {
+        let family = Family::of(&eps.first().map(|e| e.addr).unwrap_or(ip("0.0.0.0")));
+        EndpointSlice {
+            name: ObjectName::new("ns", name),
+            service: ObjectName::new("ns", svc),
+            family,
+            ports: ports
+                .iter()
+                .map(|(n, protocol, port)| EndpointPort {
+                    name: n.to_string(),
+                    protocol: *protocol,
+                    port: *port,
+                })
+                .collect(),
+            endpoints: eps,
+            trigger_time: None,
+        }
+    }
+
+    fn cluster(services: Vec<Service>, slices: Vec<EndpointSlice>) -> Cluster {
+        Cluster {
+            services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
+            slices: slices.into_iter().map(|s| (s.name.clone(), s)).collect(),
+            node: None,
+            service_cidrs: BTreeMap::new(),
+        }
+    }
+
+    fn tuple(proto: u8, src: &str, sport: u16, dst: &str, dport: u16) -> Tuple {
+        Tuple {
+            proto,
+            src: ip(src),
+            dst: ip(dst),
+            src_port: sport,
+            dst_port: dport,
+        }
+    }
+
+    /// An entry from `client` to `frontend`, translated to `endpoint` (reply tuple).
+    fn entry(
+        proto: u8,
+        client: &str,
+        frontend: (&str, u16),
+        endpoint: (&str, u16),
+    ) -> (Tuple, Tuple) {
+        let orig = tuple(proto, client, 40000, frontend.0, frontend.1);
+        let reply = tuple(proto, endpoint.0, endpoint.1, client, 40000);
+        (orig, reply)
+    }
+
+    fn stale(e: &(Tuple, Tuple), current: &Frontends, previous: &Frontends) -> bool {
+        is_stale(&e.0, &e.1, current, previous)
+    }
+
+    fn set(ips: &[&str]) -> BTreeSet<IpAddr> {
+        ips.iter().map(|s| ip(s)).collect()
+    }
+
+    /// kube-proxy's TestCleanStaleEntries layout: a UDP Service with ClusterIP, external IP,
+    /// LoadBalancer IP and NodePort, two endpoints of which one stopped serving.
+    fn udp_cluster(serving_b: bool) -> Cluster {
+        let mut svc = service(
+            "dns",
+            &["172.30.0.10", "fd00:172:30::10"],
+            &[
+                ("dns", Proto::Udp, 53, Some(30053)),
+                ("dns-tcp", Proto::Tcp, 53, Some(30054)),
+            ],
+        );
+        svc.service_type = ServiceType::LoadBalancer;
+        svc.external_ips = vec![ip("192.0.2.10"), ip("2001:db8::10")];
+        svc.load_balancer_ips = vec![ip("198.51.100.10")];
+        let ports = [("dns", Proto::Udp, 5353), ("dns-tcp", Proto::Tcp, 5353)];
+        cluster(
+            vec![svc],
+            vec![
+                slice(
+                    "dns",
+                    "dns-v4",
+                    &ports,
+                    vec![endpoint("10.0.0.1", true), endpoint("10.0.0.2", serving_b)],
+                ),
+                slice("dns", "dns-v6", &ports, vec![endpoint("fd00:10::1", true)]),
+            ],
+        )
+    }
+
+    #[test]
+    fn frontends_of_a_udp_service() {
+        let f = Frontends::of(&udp_cluster(false), Family::V4);
+        let a = set(&["10.0.0.1"]);
+        let want_addrs: BTreeMap<(IpAddr, u16), BTreeSet<IpAddr>> = [
+            ((ip("172.30.0.10"), 53), a.clone()),
+            ((ip("192.0.2.10"), 53), a.clone()),
+            ((ip("198.51.100.10"), 53), a.clone()),
+        ]
+        .into();
+        assert_eq!(f.addrs, want_addrs);
+        assert_eq!(f.node_ports, [(30053, a)].into());
+
+        let f6 = Frontends::of(&udp_cluster(false), Family::V6);
+        let want6: BTreeMap<(IpAddr, u16), BTreeSet<IpAddr>> = [
+            ((ip("fd00:172:30::10"), 53), set(&["fd00:10::1"])),
+            ((ip("2001:db8::10"), 53), set(&["fd00:10::1"])),
+        ]
+        .into();
+        assert_eq!(f6.addrs, want6);
+        assert_eq!(f6.node_ports, [(30053, set(&["fd00:10::1"]))].into());
+    }
+
+    #[test]
+    fn serving_counts_not_ready_or_policy() {
+        let mut c = udp_cluster(true);
+        // Terminating but serving: still a valid target for existing flows.
+        let s = c.slices.values_mut().next().unwrap();
+        s.endpoints[1].ready = false;
+        s.endpoints[1].terminating = true;
+        let svc = c.services.values_mut().next().unwrap();
+        svc.internal_policy_local = true;
+        svc.external_policy_local = true;
+        let f = Frontends::of(&c, Family::V4);
+        assert_eq!(
+            f.addrs[&(ip("172.30.0.10"), 53)],
+            set(&["10.0.0.1", "10.0.0.2"])
+        );
+        // Not serving (e.g. failing readiness, not terminating): not a target.
+        let s = c.slices.values_mut().next().unwrap();
+        s.endpoints[1].serving = false;
+        s.endpoints[1].terminating = false;
+        let f = Frontends::of(&c, Family::V4);
+        assert_eq!(f.addrs[&(ip("172.30.0.10"), 53)], set(&["10.0.0.1"]));
+    }
+
+    /// kube-proxy's cases: an entry to each frontend, one to a serving endpoint (kept) and one
+    /// to the endpoint that stopped serving (deleted).
+    #[test]
+    fn kube_proxy_cases() {
+        let current = Frontends::of(&udp_cluster(false), Family::V4);
+        let previous = Frontends::of(&udp_cluster(true), Family::V4);
+        for frontend in [
+            ("172.30.0.10", 53),    // ClusterIP
+            ("198.51.100.10", 53),  // LoadBalancer VIP
+            ("192.0.2.10", 53),     // ExternalIP
+            ("192.168.0.2", 30053), // NodePort, on the node's address
+            ("127.0.0.1", 30053),   // NodePort, on any address
+        ] {
+            let good = entry(UDP, "10.0.5.5", frontend, ("10.0.0.1", 5353));
+            let gone = entry(UDP, "10.0.5.5", frontend, ("10.0.0.2", 5353));
+            assert!(
+                !stale(&good, &current, &previous),
+                "{frontend:?} to a serving endpoint"
+            );
+            assert!(
+                stale(&gone, &current, &previous),
+                "{frontend:?} to a gone endpoint"
+            );
+            // TCP is never touched, even to the gone endpoint.
+            let tcp = entry(TCP, "10.0.5.5", frontend, ("10.0.0.2", 5353));
+            assert!(!stale(&tcp, &current, &previous), "{frontend:?} TCP");
+        }
+        // Another port of the same address, and unrelated traffic: untouched.
+        let other_port = entry(UDP, "10.0.5.5", ("172.30.0.10", 54), ("10.0.0.2", 54));
+        assert!(!stale(&other_port, &current, &previous));
+        let unrelated = entry(UDP, "10.0.5.5", ("8.8.8.8", 53), ("8.8.8.8", 53));
+        assert!(!stale(&unrelated, &current, &previous));
+        // Pod to pod, bypassing the Service.
+        let direct = entry(UDP, "10.0.5.5", ("10.0.0.2", 5353), ("10.0.0.2", 5353));
+        assert!(!stale(&direct, &current, &previous));
+    }
+
+    #[test]
+    fn untranslated_entry_to_a_frontend_is_stale() {
+        // Created before the Service had endpoints (or existed): it would keep the client's
+        // packets away from the new endpoints.
+        let current = Frontends::of(&udp_cluster(true), Family::V4);
+        let e = entry(UDP, "10.0.5.5", ("172.30.0.10", 53), ("172.30.0.10", 53));
+        assert!(stale(&e, &current, &Frontends::default()));
+        let np = entry(
+            UDP,
+            "203.0.113.9",
+            ("192.168.0.2", 30053),
+            ("192.168.0.2", 30053),
+        );
+        assert!(stale(&np, &current, &Frontends::default()));
+    }
+
+    #[test]
+    fn scale_to_zero_cleans_every_entry() {
+        let previous = Frontends::of(&udp_cluster(true), Family::V4);
+        let mut c = udp_cluster(true);
+        c.slices.clear();
+        let current = Frontends::of(&c, Family::V4);
+        assert_eq!(current.addrs[&(ip("172.30.0.10"), 53)], BTreeSet::new());
+        for ep in ["10.0.0.1", "10.0.0.2"] {
+            for frontend in [("172.30.0.10", 53), ("192.168.0.2", 30053)] {
+                let e = entry(UDP, "10.0.5.5", frontend, (ep, 5353));
+                assert!(stale(&e, &current, &previous));
+            }
+        }
+        assert!(cleanup_needed(&previous, true, &current));
+    }
+
+    #[test]
+    fn deleted_service_frontends_are_cleaned() {
+        let previous = Frontends::of(&udp_cluster(true), Family::V4);
+        let current = Frontends::of(&cluster(vec![], vec![]), Family::V4);
+        assert!(current.is_empty());
+        for frontend in [
+            ("172.30.0.10", 53),
+            ("198.51.100.10", 53),
+            ("192.0.2.10", 53),
+            ("192.168.0.2", 30053),
+        ] {
+            let e = entry(UDP, "10.0.5.5", frontend, ("10.0.0.1", 5353));
+            assert!(stale(&e, &current, &previous), "{frontend:?}");
+            // Not translated: somebody else's flow to that address now.
+            let plain = entry(UDP, "10.0.5.5", frontend, (frontend.0, frontend.1));
+            assert!(
+                !stale(&plain, &current, &previous),
+                "{frontend:?} untranslated"
+            );
+        }
+        assert!(cleanup_needed(&previous, true, &current));
+    }
+
+    #[test]
+    fn address_frontend_decides_over_an_equal_node_port() {
+        // Service b listens on port 30053 of its ClusterIP, a has NodePort 30053.
+        let a = service("a", &["172.30.0.10"], &[("p", Proto::Udp, 53, Some(30053))]);
+        let b = service("b", &["172.30.0.11"], &[("p", Proto::Udp, 30053, None)]);
+        let c = cluster(
+            vec![a, b],
+            vec![
+                slice(
+                    "a",
+                    "a1",
+                    &[("p", Proto::Udp, 53)],
+                    vec![endpoint("10.0.0.1", true)],
+                ),
+                slice(
+                    "b",
+                    "b1",
+                    &[("p", Proto::Udp, 30053)],
+                    vec![endpoint("10.0.0.9", true)],
+                ),
+            ],
+        );
+        let f = Frontends::of(&c, Family::V4);
+        let to_b = entry(UDP, "10.0.5.5", ("172.30.0.11", 30053), ("10.0.0.9", 30053));
+        assert!(!stale(&to_b, &f, &f));
+        let via_np = entry(UDP, "10.0.5.5", ("192.168.0.2", 30053), ("10.0.0.9", 30053));
+        assert!(stale(&via_np, &f, &f));
+    }
+
+    #[test]
+    fn shared_frontend_counts_both_services() {
+        let mut a = service("a", &["172.30.0.10"], &[("p", Proto::Udp, 53, None)]);
+        a.external_ips = vec![ip("192.0.2.10")];
+        let mut b = service("b", &["172.30.0.11"], &[("p", Proto::Udp, 53, None)]);
+        b.external_ips = vec![ip("192.0.2.10")];
+        let c = cluster(
+            vec![a, b],
+            vec![
+                slice(
+                    "a",
+                    "a1",
+                    &[("p", Proto::Udp, 53)],
+                    vec![endpoint("10.0.0.1", true)],
+                ),
+                slice(
+                    "b",
+                    "b1",
+                    &[("p", Proto::Udp, 53)],
+                    vec![endpoint("10.0.0.2", true)],
+                ),
+            ],
+        );
+        let f = Frontends::of(&c, Family::V4);
+        assert_eq!(
+            f.addrs[&(ip("192.0.2.10"), 53)],
+            set(&["10.0.0.1", "10.0.0.2"])
+        );
+    }
+
+    #[test]
+    fn tcp_only_services_have_no_frontends() {
+        let s = service(
+            "web",
+            &["172.30.0.20"],
+            &[("http", Proto::Tcp, 80, Some(30080))],
+        );
+        let c = cluster(
+            vec![s],
+            vec![slice(
+                "web",
+                "w",
+                &[("http", Proto::Tcp, 80)],
+                vec![endpoint("10.0.0.1", true)],
+            )],
+        );
+        assert!(Frontends::of(&c, Family::V4).is_empty());
+        assert!(!cleanup_needed(
+            &Frontends::default(),
+            false,
+            &Frontends::of(&c, Family::V4)
+        ));
+    }
+
+    #[test]
+    fn cleanup_needed_on_changes_only() {
+        let a = Frontends::of(&udp_cluster(true), Family::V4);
+        let b = Frontends::of(&udp_cluster(false), Family::V4);
+        assert!(!cleanup_needed(&a, true, &a.clone()));
+        assert!(cleanup_needed(&a, true, &b));
+        assert!(cleanup_needed(&Frontends::default(), true, &a));
+        assert!(cleanup_needed(&a, true, &Frontends::default()));
+        assert!(!cleanup_needed(
+            &Frontends::default(),
+            true,
+            &Frontends::default()
+        ));
+        // Unknown endpoints: a cleanup whenever UDP is around, before or now.
+        assert!(cleanup_needed(&a, false, &a.clone()));
+        assert!(cleanup_needed(&Frontends::default(), false, &a));
+        assert!(cleanup_needed(&a, false, &Frontends::default()));
+        assert!(!cleanup_needed(
+            &Frontends::default(),
+            false,
+            &Frontends::default()
+        ));
+    }
+
+    #[test]
+    fn frontends_from_a_table_read_back() {
+        let decl = |key| SetDecl {
+            key,
+            is_vmap: true,
+            comment: None,
+            timeout_secs: None,
+        };
+        let goto = Some(Verdict::Goto("reject-chain".into()));
+        let mut state = TableState::default();
+        state.sets.insert(
+            "service-ips".into(),
+            SetState {
+                decl: decl(KeyType::AddrProtoPort),
+                elements: [
+                    (
+                        Key::AddrProtoPort(ip("172.30.0.10"), Proto::Udp, 53),
+                        goto.clone(),
+                    ),
+                    (
+                        Key::AddrProtoPort(ip("172.30.0.10"), Proto::Tcp, 53),
+                        goto.clone(),
+                    ),
+                ]
+                .into(),
+            },
+        );
+        state.sets.insert(
+            "no-endpoint-nodeports".into(),
+            SetState {
+                decl: decl(KeyType::ProtoPort),
+                elements: [
+                    (Key::ProtoPort(Proto::Udp, 30053), goto.clone()),
+                    (Key::ProtoPort(Proto::Sctp, 30054), goto.clone()),
+                ]
+                .into(),
+            },
+        );
+        state.sets.insert(
+            "cluster-ips".into(),
+            SetState {
+                decl: SetDecl {
+                    is_vmap: false,
+                    ..decl(KeyType::Addr)
+                },
+                elements: [(Key::Addr(ip("172.30.0.10")), None)].into(),
+            },
+        );
+        let f = Frontends::from_table_state(Some(&state));
+        assert_eq!(f.addrs, [((ip("172.30.0.10"), 53), BTreeSet::new())].into());
+        assert_eq!(f.node_ports, [(30053, BTreeSet::new())].into());
+        assert!(Frontends::from_table_state(None).is_empty());
+        // What a restarted agent makes of an entry to a Service deleted meanwhile.
+        let e = entry(UDP, "10.0.5.5", ("172.30.0.10", 53), ("10.0.0.1", 5353));
+        assert!(stale(&e, &Frontends::default(), &f));
+    }
+}

@@ -1,0 +1,361 @@
+//! The change tracker: keeps the cluster model up to date from watch events and tells the sync
+//! which Services changed since the last sync. Updates that change nothing the proxy uses are
+//! dropped here, so they never cause a sync.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
+
+use crate::convert::{self, Skip, Skipped, object_name};
+use crate::model::{Cluster, ObjectName};
+
+/// The kinds of object the proxy watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Node,
+    ServiceCidr,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
+        }
+    }
+}
+
+/// What changed since the last [`Tracker::take_changes`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Services whose rules may differ (their object or one of their slices changed).
+    pub services: BTreeSet<ObjectName>,
+    /// Something every Service depends on changed (the Node, ServiceCIDRs): sync everything.
+    pub all: bool,
+    /// `endpoints.kubernetes.io/last-change-trigger-time` values of the slice changes.
+    pub trigger_times: Vec<String>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && !self.all
+    }
+}
+
+/// Holds the current cluster model and the changes not yet synced.
+#[derive(Debug)]
+pub struct Tracker {
+    node_name: String,
+    proxy_name: String,
+    cluster: Cluster,
+    changes: Changes,
+    /// Kinds whose initial list is complete.
+    listed: BTreeSet<Kind>,
+    /// Objects seen during a re-list in progress, per kind.
+    relisting: BTreeMap<Kind, BTreeSet<ObjectName>>,
+    /// Objects skipped as invalid, by kind and name, with the reason (for metrics and logs).
+    invalid: BTreeMap<(Kind, ObjectName), Skip>,
+}
+
+impl Tracker {
+    pub fn new(node_name: &str, proxy_name: &str) -> Tracker {
+        Tracker {
+            node_name: node_name.to_string(),
+            proxy_name: proxy_name.to_string(),
+            cluster: Cluster::default(),
+            changes: Changes::default(),
+            listed: BTreeSet::new(),
+            relisting: BTreeMap::new(),
+            invalid: BTreeMap::new(),
+        }
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Services and EndpointSlices have both been listed completely once: syncing may start.
+    pub fn ready(&self) -> bool {
+        self.listed.contains(&Kind::Service) && self.listed.contains(&Kind::EndpointSlice)
+    }
+
+    pub fn has_changes(&self) -> bool {
+        !self.changes.is_empty()
+    }
+
+    /// Hands the accumulated changes to the sync and starts a new batch.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Invalid objects currently skipped, per kind.
+    pub fn invalid_counts(&self) -> BTreeMap<Kind, usize> {
+        let mut out = BTreeMap::new();
+        for (kind, _) in self.invalid.keys() {
+            *out.entry(*kind).or_default() += 1;
+        }
+        out
+    }
+
+    fn note_invalid(&mut self, kind: Kind, name: &ObjectName, skip: Option<Skip>) -> Option<Skipped> {
+        let key = (kind, name.clone());
+        match skip {
+            Some(skip @ Skip::Invalid(_)) => {
+                let fresh = self.invalid.get(&key) != Some(&skip);
+                self.invalid.insert(key, skip.clone());
+                fresh.then(|| Skipped {
+                    kind: kind.name().to_string(),
+                    name: name.to_string(),
+                    skip,
+                })
+            }
+            _ => {
+                self.invalid.remove(&key);
+                None
+            }
+        }
+    }
+
+    fn seen(&mut self, kind: Kind, name: &ObjectName) {
+        if let Some(set) = self.relisting.get_mut(&kind) {
+            set.insert(name.clone());
+        }
+    }
+
+    /// A (re-)list of `kind` begins: objects it does not mention are deleted at its end.
+    pub fn begin_list(&mut self, kind: Kind) {
+        self.relisting.insert(kind, BTreeSet::new());
+    }
+
+    /// A (re-)list of `kind` is complete.
+    pub fn end_list(&mut self, kind: Kind) {
+        if let Some(seen) = self.relisting.remove(&kind) {
+            let stale: Vec<ObjectName> = match kind {
+                Kind::Service => self.cluster.services.keys().cloned().collect(),
+                Kind::EndpointSlice => self.cluster.slices.keys().cloned().collect(),
+                Kind::Node => self
+                    .cluster
+                    .node
+                    .iter()
+                    .map(|n| ObjectName::new("", &n.name))
+                    .collect(),
+                Kind::ServiceCidr => self
+                    .cluster
+                    .service_cidrs
+                    .keys()
+                    .map(|n| ObjectName::new("", n))
+                    .collect(),
+            };
+            for name in stale.into_iter().filter(|n| !seen.contains(n)) {
+                self.delete(kind, &name);
+            }
+            self.invalid
+                .retain(|(k, name), _| *k != kind || seen.contains(name));
+        }
+        self.listed.insert(kind);
+    }
+
+    /// Records a created or updated Service. Returns the reason if it is invalid (it is then
+    /// removed, as it no longer describes anything the proxy can program).
+    pub fn apply_service(&mut self, svc: &core::Service) -> Option<Skipped> {
+        let name = object_name(&svc.metadata);
+        self.seen(Kind::Service, &name);
+        let result = convert::service(svc, &self.proxy_name);
+        let (new, skip) = match result {
+            Ok(s) => (Some(s), None),
+            Err(e) => (None, Some(e)),
+        };
+        if self.cluster.services.get(&name) != new.as_ref() {
+            match new {
+                Some(s) => self.cluster.services.insert(name.clone(), s),
+                None => self.cluster.services.remove(&name),
+            };
+            self.changes.services.insert(name.clone());
+        }
+        self.note_invalid(Kind::Service, &name, skip)
+    }
+
+    pub fn apply_slice(&mut self, slice: &discovery::EndpointSlice) -> Option<Skipped> {
+        let name = object_name(&slice.metadata);
+        self.seen(Kind::EndpointSlice, &name);
+        let (new, skip) = match convert::endpoint_slice(slice) {
+            Ok(s) => (Some(s), None),
+            Err(e) => (None, Some(e)),
+        };
+        let old = self.cluster.slices.get(&name);
+        let same = match (old, &new) {
+            (Some(o), Some(n)) => {
+                // The trigger time alone changes nothing in the rules.
+                o.service == n.service
+                    && o.family == n.family
+                    && o.ports == n.ports
+                    && o.endpoints == n.endpoints
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            if let Some(o) = old {
+                self.changes.services.insert(o.service.clone());
+            }
+            match new {
+                Some(s) => {
+                    self.changes.services.insert(s.service.clone());
+                    if let Some(t) = &s.trigger_time {
+                        self.changes.trigger_times.push(t.clone());
+                    }
+                    self.cluster.slices.insert(name.clone(), s);
+                }
+                None => {
+                    self.cluster.slices.remove(&name);
+                }
+            }
+        } else if let (Some(n), Some(o)) = (new, self.cluster.slices.get_mut(&name)) {
+            o.trigger_time = n.trigger_time;
+        }
+        self.note_invalid(Kind::EndpointSlice, &name, skip)
+    }
+
+    pub fn apply_node(&mut self, node: &core::Node) -> Option<Skipped> {
+        let name = object_name(&node.metadata);
+        if name.name != self.node_name {
+            return None;
+        }
+        self.seen(Kind::Node, &name);
+        let (new, skip) = match convert::node(node) {
+            Ok(n) => (Some(n), None),
+            Err(e) => (None, Some(e)),
+        };
+        if self.cluster.node != new {
+            self.cluster.node = new;
+            self.changes.all = true;
+        }
+        self.note_invalid(Kind::Node, &name, skip)
+    }
+
+    pub fn apply_service_cidr(&mut self, cidr: &networking::ServiceCIDR) -> Option<Skipped> {
+        let name = object_name(&cidr.metadata);
+        self.seen(Kind::ServiceCidr, &name);
+        let (new, skip) = match convert::service_cidr(cidr) {
+            Ok((_, nets)) => (Some(nets), None),
+            Err(e) => (None, Some(e)),
+        };
+        if self.cluster.service_cidrs.get(&name.name) != new.as_ref() {
+            match new {
+                Some(nets) => self.cluster.service_cidrs.insert(name.name.clone(), nets),
+                None => self.cluster.service_cidrs.remove(&name.name),
+            };
+            self.changes.all = true;
+        }
+        self.note_invalid(Kind::ServiceCidr, &name, skip)
+    }
+
+    /// Records a deletion.
+    pub fn delete(&mut self, kind: Kind, name: &ObjectName) {
+        self.invalid.remove(&(kind, name.clone()));
+        match kind {
+            Kind::Service => {
+                if self.cluster.services.remove(name).is_some() {
+                    self.changes.services.insert(name.clone());
+                }
+            }
+            Kind::EndpointSlice => {
+                if let Some(s) = self.cluster.slices.remove(name) {
+                    self.changes.services.insert(s.service);
+                }
+            }
+            Kind::Node => {
+                if self.cluster.node.as_ref().is_some_and(|n| n.name == name.name) {
+                    self.cluster.node = None;
+                    self.changes.all = true;
+                }
+            }
+            Kind::ServiceCidr => {
+                if self.cluster.service_cidrs.remove(&name.name).is_some() {
+                    self.changes.all = true;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str, ip: &str, port: i32) -> core::Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
+            "spec": {"clusterIP": ip, "ports": [{"name": "p", "port": port}]}
+        }))
+        .unwrap()
+    }
+
+    fn slice(name: &str, svc: &str, ips: &[&str], trigger: &str) -> discovery::EndpointSlice {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns",
+                "labels": {"kubernetes.io/service-name": svc},
+                "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": trigger}},
+            "addressType": "IPv4",
+            "ports": [{"name": "p", "port": 8080}],
+            "endpoints": ips.iter().map(|ip| serde_json::json!({"addresses": [ip]})).collect::<Vec<_>>()
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn no_op_updates_are_dropped() {
+        let mut t = Tracker::new("node", "");
+        t.apply_service(&svc("a", "172.30.0.1", 80));
+        t.apply_slice(&slice("a-1", "a", &["10.0.0.1"], "t1"));
+        assert_eq!(t.take_changes().services.len(), 1);
+        let mut again = svc("a", "172.30.0.1", 80);
+        again.metadata.resource_version = Some("2".into());
+        t.apply_service(&again);
+        t.apply_slice(&slice("a-1", "a", &["10.0.0.1"], "t2"));
+        assert!(t.take_changes().is_empty());
+        t.apply_slice(&slice("a-1", "a", &["10.0.0.2"], "t3"));
+        let c = t.take_changes();
+        assert_eq!(c.services, [ObjectName::new("ns", "a")].into());
+        assert_eq!(c.trigger_times, vec!["t3".to_string()]);
+    }
+
+    #[test]
+    fn relist_removes_what_disappeared() {
+        let mut t = Tracker::new("node", "");
+        t.begin_list(Kind::Service);
+        t.apply_service(&svc("a", "172.30.0.1", 80));
+        t.apply_service(&svc("b", "172.30.0.2", 80));
+        t.end_list(Kind::Service);
+        assert!(!t.ready());
+        t.begin_list(Kind::EndpointSlice);
+        t.end_list(Kind::EndpointSlice);
+        assert!(t.ready());
+        t.take_changes();
+        t.begin_list(Kind::Service);
+        t.apply_service(&svc("b", "172.30.0.2", 80));
+        t.end_list(Kind::Service);
+        assert_eq!(t.cluster().services.len(), 1);
+        assert_eq!(t.take_changes().services, [ObjectName::new("ns", "a")].into());
+    }
+
+    #[test]
+    fn invalid_objects_are_reported_once_and_removed() {
+        let mut t = Tracker::new("node", "");
+        t.apply_service(&svc("a", "172.30.0.1", 80));
+        let bad = svc("a", "172.30.0.1", 0);
+        let first = t.apply_service(&bad).expect("invalid");
+        assert!(first.to_string().contains("ns/a"), "{first}");
+        assert!(t.apply_service(&bad).is_none(), "reported only once");
+        assert!(t.cluster().services.is_empty());
+        assert_eq!(t.invalid_counts()[&Kind::Service], 1);
+        t.apply_service(&svc("a", "172.30.0.1", 80));
+        assert!(t.invalid_counts().is_empty());
+    }
+}
