@@ -11,12 +11,12 @@ use clap::{Args, Parser, Subcommand};
 use dataplane::build::build;
 use dataplane::model::Cluster;
 use dataplane::render;
-use dataplane::tracker::Tracker;
 use dataplane::ruleset::{Family, Proto};
 use dataplane::trace::{Host, Packet, trace};
+use dataplane::tracker::Tracker;
 use nftproxy::config::{KubeProxyConfiguration, Overrides, Settings};
-use nftproxy::source;
 use nftproxy::nftables::monitor::Monitor;
+use nftproxy::source;
 use nftproxy::sync::Syncer;
 use nftproxy::syncloop::{self, Shared, Wake};
 use nftproxy::{addresses, watch};
@@ -91,6 +91,20 @@ enum Command {
     },
     /// Remove everything nftproxy created.
     Cleanup,
+    /// Build a throwaway lab of network namespaces, program an example cluster into it, send
+    /// traffic through its Services and show what happened (needs root).
+    Demo,
+    /// The demo's echo server (runs inside the demo's pods).
+    #[command(hide = true)]
+    DemoEcho {
+        #[arg(long)]
+        name: String,
+        /// The lab this server belongs to (lets leftover checks find it).
+        #[arg(long)]
+        lab: String,
+        #[arg(long, value_delimiter = ',')]
+        ports: Vec<u16>,
+    },
 }
 
 fn parse_proto(s: &str) -> Result<Proto, String> {
@@ -193,7 +207,9 @@ fn follow_file(shared: Arc<Shared>, path: PathBuf) {
         seen = now;
         match shared.with_tracker(|t| source::load_into(t, &path)) {
             Ok(()) => shared.changed(),
-            Err(e) => tracing::error!(error = %e, "cannot read the file; keeping the previous rules"),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the file; keeping the previous rules")
+            }
         }
     }
 }
@@ -208,12 +224,15 @@ fn monitor_drift(shared: Arc<Shared>, ignore_portid: u32) {
         }
     };
     loop {
-        match monitor.next() {
+        match monitor.wait() {
             Ok(event) => {
                 // Let the foreign change finish, then repair once for all of it.
                 std::thread::sleep(Duration::from_millis(100));
                 monitor.drain();
-                tracing::warn!(?event, "nftproxy's tables were changed by someone else; repairing");
+                tracing::warn!(
+                    ?event,
+                    "nftproxy's tables were changed by someone else; repairing"
+                );
                 shared.wake(Wake::Drift);
             }
             Err(e) => {
@@ -244,7 +263,11 @@ fn run(
             .map_err(usage)?,
         None => {
             let client = kube_client(&rt, kubeconfig, &settings)?;
-            rt.spawn(watch::run(client, settings.node_name.clone(), shared.clone()));
+            rt.spawn(watch::run(
+                client,
+                settings.node_name.clone(),
+                shared.clone(),
+            ));
         }
     }
     let mut syncer = Syncer::new().map_err(runtime)?;
@@ -363,6 +386,13 @@ fn main() -> ExitCode {
             },
             local_addresses,
         ),
+        Command::Demo => std::env::current_exe()
+            .map_err(runtime)
+            .and_then(|bin| nftproxy::demo::run(&bin).map_err(runtime))
+            .and_then(|text| print_out(&text)),
+        Command::DemoEcho { name, ports, .. } => {
+            nftproxy::demo::echo_serve(name, ports).map_err(runtime)
+        }
         Command::Cleanup => Syncer::new().and_then(|mut s| s.cleanup()).map_err(runtime),
     };
     match result {

@@ -20,6 +20,14 @@ pub fn load_file(
     Ok((cluster, skipped))
 }
 
+/// Converts YAML text already in memory (see [`load_file`]).
+pub fn load_file_text(text: &str, node_name: &str) -> Result<(Cluster, Vec<Skipped>), String> {
+    let (objects, mut skipped) = convert::parse_yaml(text).map_err(|e| e.to_string())?;
+    let (cluster, more) = convert::cluster(&objects, node_name, "");
+    skipped.extend(more);
+    Ok((cluster, skipped))
+}
+
 /// Logs each skipped object once, with its kind, name and reason.
 pub fn report_skipped(skipped: &[Skipped]) {
     for s in skipped {
@@ -35,7 +43,12 @@ pub fn load_into(tracker: &mut Tracker, path: &Path) -> Result<(), String> {
     report_skipped(&skipped);
     let mut invalid = Vec::new();
     tracker.begin_list(Kind::Service);
-    invalid.extend(objects.services.iter().filter_map(|o| tracker.apply_service(o)));
+    invalid.extend(
+        objects
+            .services
+            .iter()
+            .filter_map(|o| tracker.apply_service(o)),
+    );
     tracker.end_list(Kind::Service);
     tracker.begin_list(Kind::EndpointSlice);
     invalid.extend(objects.slices.iter().filter_map(|o| tracker.apply_slice(o)));
@@ -44,7 +57,12 @@ pub fn load_into(tracker: &mut Tracker, path: &Path) -> Result<(), String> {
     invalid.extend(objects.nodes.iter().filter_map(|o| tracker.apply_node(o)));
     tracker.end_list(Kind::Node);
     tracker.begin_list(Kind::ServiceCidr);
-    invalid.extend(objects.service_cidrs.iter().filter_map(|o| tracker.apply_service_cidr(o)));
+    invalid.extend(
+        objects
+            .service_cidrs
+            .iter()
+            .filter_map(|o| tracker.apply_service_cidr(o)),
+    );
     tracker.end_list(Kind::ServiceCidr);
     report_skipped(&invalid);
     Ok(())

@@ -67,7 +67,7 @@ impl Monitor {
     }
 
     /// Blocks until a relevant notification arrives.
-    pub fn next(&mut self) -> io::Result<Event> {
+    pub fn wait(&mut self) -> io::Result<Event> {
         loop {
             self.buf.resize(1 << 16, 0);
             let n = match self.sock.recv(&mut &mut self.buf[..], 0) {
