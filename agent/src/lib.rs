@@ -2,9 +2,13 @@
 
 pub mod addresses;
 pub mod config;
+pub mod conntrack;
+pub mod demo;
 pub mod explain;
+pub mod http;
 pub mod nftables;
 pub mod source;
 pub mod sync;
 pub mod syncloop;
+pub mod telemetry;
 pub mod watch;

@@ -289,11 +289,17 @@ fn run(
         let (shared, portid) = (shared.clone(), syncer.portid());
         std::thread::spawn(move || monitor_drift(shared, portid));
     }
+    // Metrics, /healthz and /livez, health-check node ports.
+    let mut telemetry =
+        nftproxy::telemetry::Telemetry::start(rt.handle(), &settings, shared.clone())
+            .map_err(usage)?;
     shared.changed();
     {
         let shared = shared.clone();
         let settings = settings.clone();
-        std::thread::spawn(move || syncloop::run(&shared, rx, &settings, &mut syncer, &mut ()));
+        std::thread::spawn(move || {
+            syncloop::run(&shared, rx, &settings, &mut syncer, &mut telemetry)
+        });
     }
     rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -356,7 +362,9 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // kube's client logs every failed request itself; the watchers report failures
+                // once per outage instead (see watch.rs).
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client=off")),
         )
         .init();
     let cli = Cli::parse();

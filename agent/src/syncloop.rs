@@ -2,13 +2,18 @@
 //! retrying after `syncPeriod` when a sync fails (with a full sync), and re-reading the kernel
 //! state periodically and whenever someone else touches nftproxy's tables.
 
+use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
+use dataplane::build::BuildConfig;
+use dataplane::model::Cluster;
+use dataplane::ruleset::Family;
 use dataplane::tracker::Tracker;
 
 use crate::config::Settings;
+use crate::http::health::{HealthState, node_eligible};
 use crate::sync::{FamilyReport, Syncer};
 
 /// How often a full sync (read back, repair drift) runs when nothing asks for one sooner. Like
@@ -28,6 +33,8 @@ pub enum Wake {
 pub struct Shared {
     tracker: Mutex<Tracker>,
     wake: Sender<Wake>,
+    /// Queued and completed updates, node eligibility (`/healthz`, `/livez`).
+    health: Arc<HealthState>,
 }
 
 impl Shared {
@@ -37,6 +44,7 @@ impl Shared {
             Shared {
                 tracker: Mutex::new(tracker),
                 wake,
+                health: Arc::new(HealthState::new()),
             },
             rx,
         )
@@ -52,9 +60,31 @@ impl Shared {
         f(&mut self.lock())
     }
 
-    /// Tells the sync loop the tracker may hold changes.
+    /// Tells the sync loop the tracker may hold changes. Changes that need a sync count as a
+    /// queued update for the health checks (kube-proxy's `QueuedUpdate`) and the metrics.
     pub fn changed(&self) {
+        let (pending, counts, eligible) = self.with_tracker(|t| {
+            (
+                t.has_changes(),
+                t.change_counts(),
+                node_eligible(t.cluster().node.as_ref()),
+            )
+        });
+        self.health.set_node_eligible(eligible);
+        let m = metrics::metrics();
+        m.set_changes(counts);
+        if pending {
+            for family in Family::ALL {
+                self.health.queued_update(family);
+            }
+            m.queued(SystemTime::now());
+        }
         let _ = self.wake.send(Wake::Changed);
+    }
+
+    /// The proxy's health state.
+    pub fn health(&self) -> &Arc<HealthState> {
+        &self.health
     }
 
     pub fn wake(&self, why: Wake) {
@@ -62,13 +92,26 @@ impl Shared {
     }
 }
 
+/// One sync attempt, as the observers see it.
+pub struct SyncRun<'a> {
+    pub full: bool,
+    pub elapsed: Duration,
+    /// The cluster and configuration the sync programmed.
+    pub cluster: &'a Cluster,
+    pub config: &'a BuildConfig,
+    /// `endpoints.kubernetes.io/last-change-trigger-time` of the slice changes it carried.
+    pub trigger_times: &'a [(Family, String)],
+    /// Per family; on failure the error and the family that failed (if known).
+    pub result: &'a Result<BTreeMap<Family, FamilyReport>, (Option<Family>, String)>,
+}
+
 /// Called after every sync attempt (metrics, health).
 pub trait Observer {
-    fn synced(&mut self, full: bool, elapsed: Duration, result: &Result<Vec<FamilyReport>, String>);
+    fn synced(&mut self, run: &SyncRun<'_>);
 }
 
 impl Observer for () {
-    fn synced(&mut self, _: bool, _: Duration, _: &Result<Vec<FamilyReport>, String>) {}
+    fn synced(&mut self, _: &SyncRun<'_>) {}
 }
 
 /// Runs until every sender of `rx` is gone.
@@ -106,9 +149,9 @@ pub fn run(
             }
             let changes = t.take_changes();
             let worth_it = !changes.is_empty() || need_full || failed;
-            worth_it.then(|| t.cluster().clone())
+            worth_it.then(|| (t.cluster().clone(), changes.trigger_times))
         });
-        let Some(cluster) = snapshot else {
+        let Some((cluster, trigger_times)) = snapshot else {
             continue;
         };
         let full = need_full || failed;
@@ -116,8 +159,7 @@ pub fn run(
         let start = Instant::now();
         let result = syncer
             .sync(&cluster, &config, full)
-            .map(|r| r.into_values().collect::<Vec<_>>())
-            .map_err(|e| e.to_string());
+            .map_err(|e| (syncer.failed_family(), e.to_string()));
         let elapsed = start.elapsed();
         match &result {
             Ok(_) => {
@@ -127,13 +169,20 @@ pub fn run(
                     next_full = Instant::now() + FULL_SYNC_PERIOD;
                 }
             }
-            Err(e) => {
+            Err((_, e)) => {
                 tracing::error!(error = %e, retry_in = ?settings.sync_period, "sync failed; the previous rules stay in place");
                 failed = true;
                 retry_at = Instant::now() + settings.sync_period;
             }
         }
-        observer.synced(full, elapsed, &result);
+        observer.synced(&SyncRun {
+            full,
+            elapsed,
+            cluster: &cluster,
+            config: &config,
+            trigger_times: &trigger_times,
+            result: &result,
+        });
         last_end = Some(Instant::now());
     }
 }

@@ -10,8 +10,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kube::runtime::watcher::{self, Event, watcher};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 

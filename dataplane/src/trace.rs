@@ -1,8 +1,10 @@
 //! A packet tracer over the ruleset model: what happens to the first packet of a connection.
 //!
 //! It walks the same base chains the kernel would (prerouting or, for packets the node sends
-//! itself, output; then input or forward; then postrouting) and follows every branch of the
-//! random endpoint choice, so the result is the set of endpoints a connection may reach.
+//! itself, output; then input or forward — a packet the node sends to one of its own addresses
+//! passes output, then the prerouting filter and input; then postrouting) and follows every
+//! branch of the random endpoint choice, so the result is the set of endpoints a connection may
+//! reach.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -325,14 +327,24 @@ pub fn trace(table: &Table, host: &Host, pkt: &Packet) -> Trace {
     let mut after_filter = Vec::new();
     for s in states {
         let dst = s.dnat.map(|d| d.ip()).unwrap_or(pkt.dst.ip());
-        let filter = if from_host {
-            "filter-output"
-        } else if host.is_local(&dst) {
-            "filter-input"
-        } else {
-            "filter-forward"
+        let filters: &[&str] = match (from_host, host.is_local(&dst)) {
+            // A packet the node sends to itself leaves through the output hooks and comes back
+            // in over loopback: the prerouting filter and the input hook see it as well (NAT
+            // was decided on output), so e.g. the NodePort no-endpoint check rejects it.
+            (true, true) => &[
+                "filter-output",
+                "filter-prerouting-pre-dnat",
+                "filter-input",
+            ],
+            (true, false) => &["filter-output"],
+            (false, true) => &["filter-input"],
+            (false, false) => &["filter-forward"],
         };
-        after_filter.extend(t.hook(filter, vec![s], &mut finals));
+        let mut states = vec![s];
+        for filter in filters {
+            states = t.hook(filter, states, &mut finals);
+        }
+        after_filter.extend(states);
     }
     let mark_states = t.hook("nat-postrouting", after_filter.clone(), &mut finals);
     for (before, after) in after_filter.iter().zip(&mark_states) {

@@ -10,6 +10,7 @@ use k8s_openapi::api::networking::v1 as networking;
 
 use crate::convert::{self, Skip, Skipped, object_name};
 use crate::model::{Cluster, ObjectName};
+use crate::ruleset::Family;
 
 /// The kinds of object the proxy watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -39,13 +40,35 @@ pub struct Changes {
     /// Something every Service depends on changed (the Node, ServiceCIDRs): sync everything.
     pub all: bool,
     /// `endpoints.kubernetes.io/last-change-trigger-time` values of the slice changes.
-    pub trigger_times: Vec<String>,
+    pub trigger_times: Vec<(Family, String)>,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
         self.services.is_empty() && !self.all
     }
+}
+
+/// Event and pending-change counts, for kube-proxy's `sync_proxy_rules_{service,endpoint}_changes_*`
+/// metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChangeCounts {
+    /// Service events seen (every update or deletion, also those that changed nothing).
+    pub service_events: u64,
+    /// EndpointSlice events seen.
+    pub slice_events: u64,
+    /// Services whose Service object changed since the last [`Tracker::take_changes`].
+    pub services_pending: usize,
+    /// Services whose EndpointSlices changed since the last [`Tracker::take_changes`].
+    pub endpoints_pending: usize,
+}
+
+#[derive(Debug, Default)]
+struct EventStats {
+    service_events: u64,
+    slice_events: u64,
+    pending_services: BTreeSet<ObjectName>,
+    pending_endpoints: BTreeSet<ObjectName>,
 }
 
 /// Holds the current cluster model and the changes not yet synced.
@@ -61,6 +84,7 @@ pub struct Tracker {
     relisting: BTreeMap<Kind, BTreeSet<ObjectName>>,
     /// Objects skipped as invalid, by kind and name, with the reason (for metrics and logs).
     invalid: BTreeMap<(Kind, ObjectName), Skip>,
+    events: EventStats,
 }
 
 impl Tracker {
@@ -73,6 +97,7 @@ impl Tracker {
             listed: BTreeSet::new(),
             relisting: BTreeMap::new(),
             invalid: BTreeMap::new(),
+            events: EventStats::default(),
         }
     }
 
@@ -91,7 +116,26 @@ impl Tracker {
 
     /// Hands the accumulated changes to the sync and starts a new batch.
     pub fn take_changes(&mut self) -> Changes {
+        self.events.pending_services.clear();
+        self.events.pending_endpoints.clear();
         std::mem::take(&mut self.changes)
+    }
+
+    /// Events seen so far and changes pending (for metrics).
+    pub fn change_counts(&self) -> ChangeCounts {
+        ChangeCounts {
+            service_events: self.events.service_events,
+            slice_events: self.events.slice_events,
+            services_pending: self.events.pending_services.len(),
+            endpoints_pending: self.events.pending_endpoints.len(),
+        }
+    }
+
+    /// Invalid objects currently skipped, with the reason.
+    pub fn invalid_objects(&self) -> impl Iterator<Item = (Kind, &ObjectName, &Skip)> {
+        self.invalid
+            .iter()
+            .map(|((kind, name), skip)| (*kind, name, skip))
     }
 
     /// Invalid objects currently skipped, per kind.
@@ -166,6 +210,7 @@ impl Tracker {
     pub fn apply_service(&mut self, svc: &core::Service) -> Option<Skipped> {
         let name = object_name(&svc.metadata);
         self.seen(Kind::Service, &name);
+        self.events.service_events += 1;
         let result = convert::service(svc, &self.proxy_name);
         let (new, skip) = match result {
             Ok(s) => (Some(s), None),
@@ -177,6 +222,7 @@ impl Tracker {
                 None => self.cluster.services.remove(&name),
             };
             self.changes.services.insert(name.clone());
+            self.events.pending_services.insert(name.clone());
         }
         self.note_invalid(Kind::Service, &name, skip)
     }
@@ -184,6 +230,7 @@ impl Tracker {
     pub fn apply_slice(&mut self, slice: &discovery::EndpointSlice) -> Option<Skipped> {
         let name = object_name(&slice.metadata);
         self.seen(Kind::EndpointSlice, &name);
+        self.events.slice_events += 1;
         let (new, skip) = match convert::endpoint_slice(slice) {
             Ok(s) => (Some(s), None),
             Err(e) => (None, Some(e)),
@@ -203,12 +250,14 @@ impl Tracker {
         if !same {
             if let Some(o) = old {
                 self.changes.services.insert(o.service.clone());
+                self.events.pending_endpoints.insert(o.service.clone());
             }
             match new {
                 Some(s) => {
                     self.changes.services.insert(s.service.clone());
+                    self.events.pending_endpoints.insert(s.service.clone());
                     if let Some(t) = &s.trigger_time {
-                        self.changes.trigger_times.push(t.clone());
+                        self.changes.trigger_times.push((s.family, t.clone()));
                     }
                     self.cluster.slices.insert(name.clone(), s);
                 }
@@ -261,12 +310,16 @@ impl Tracker {
         self.invalid.remove(&(kind, name.clone()));
         match kind {
             Kind::Service => {
+                self.events.service_events += 1;
                 if self.cluster.services.remove(name).is_some() {
                     self.changes.services.insert(name.clone());
+                    self.events.pending_services.insert(name.clone());
                 }
             }
             Kind::EndpointSlice => {
+                self.events.slice_events += 1;
                 if let Some(s) = self.cluster.slices.remove(name) {
+                    self.events.pending_endpoints.insert(s.service.clone());
                     self.changes.services.insert(s.service);
                 }
             }
@@ -323,7 +376,7 @@ mod tests {
         t.apply_slice(&slice("a-1", "a", &["10.0.0.2"], "t3"));
         let c = t.take_changes();
         assert_eq!(c.services, [ObjectName::new("ns", "a")].into());
-        assert_eq!(c.trigger_times, vec!["t3".to_string()]);
+        assert_eq!(c.trigger_times, vec![(Family::V4, "t3".to_string())]);
     }
 
     #[test]
@@ -343,6 +396,23 @@ mod tests {
         t.end_list(Kind::Service);
         assert_eq!(t.cluster().services.len(), 1);
         assert_eq!(t.take_changes().services, [ObjectName::new("ns", "a")].into());
+    }
+
+    #[test]
+    fn events_and_pending_changes_are_counted() {
+        let mut t = Tracker::new("node", "");
+        t.apply_service(&svc("a", "172.30.0.1", 80));
+        t.apply_service(&svc("a", "172.30.0.1", 80));
+        t.apply_slice(&slice("a-1", "a", &["10.0.0.1"], "t1"));
+        t.apply_slice(&slice("a-2", "a", &["10.0.0.2"], "t1"));
+        let c = t.change_counts();
+        assert_eq!((c.service_events, c.slice_events), (2, 2));
+        assert_eq!((c.services_pending, c.endpoints_pending), (1, 1));
+        t.take_changes();
+        t.delete(Kind::EndpointSlice, &ObjectName::new("ns", "a-1"));
+        let c = t.change_counts();
+        assert_eq!((c.service_events, c.slice_events), (2, 3));
+        assert_eq!((c.services_pending, c.endpoints_pending), (0, 1));
     }
 
     #[test]

@@ -263,4 +263,7 @@ fn dual_stack_and_no_endpoints() {
     check(&c, "203.0.113.2", Tcp, "192.168.0.2:3001", "REJECT", false);
     check(&c, "10.180.0.2", Tcp, "1.2.3.4:80", "REJECT", false);
     check(&c, "203.0.113.2", Tcp, "1.2.3.4:80", "REJECT", false);
+    // The node to its own NodePort: output hooks, then (loopback) the input hook, whose
+    // NodePort no-endpoint check rejects it, as the kernel does.
+    check(&c, "192.168.0.2", Tcp, "192.168.0.2:3001", "REJECT", false);
 }

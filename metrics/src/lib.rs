@@ -1,1 +1,666 @@
-//! Metric definitions (filled by the observability work).
+//! Every metric nftproxy exports, defined once.
+//!
+//! kube-proxy's metrics keep kube-proxy's names, types, help texts (with component-base's
+//! `[ALPHA] ` stability prefix), label sets and buckets as kube-proxy's nftables mode registers
+//! them, so dashboards and alerts written for kube-proxy work unchanged. nftproxy's own metrics
+//! are under `nftproxy_`.
+//!
+//! One process-wide registry ([`metrics`]), like Go's `legacyregistry`: any part of the agent
+//! records through it, and [`encode`] writes the exposition (text format 0.0.4, byte for byte in
+//! client_golang's form, see [`text`]).
+
+pub mod text;
+
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dataplane::build::NoLocalEndpoints;
+use dataplane::ruleset::{Family, Table};
+use prometheus::{
+    Counter, CounterVec, Gauge, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry,
+};
+
+pub use text::CONTENT_TYPE;
+
+/// `ExponentialBuckets(0.001, 2, 15)`: 1 ms to 16.384 s (kube-proxy's sync durations).
+pub fn sync_buckets() -> Vec<f64> {
+    exponential(0.001, 2.0, 15)
+}
+
+/// kube-proxy's `network_programming_duration_seconds` buckets: 0.25 s, 0.5 s, 1..59 s by 1,
+/// 60..115 s by 5, 120..300 s by 30 (80 buckets).
+pub fn network_programming_buckets() -> Vec<f64> {
+    let mut b = linear(0.25, 0.25, 2);
+    b.extend(linear(1.0, 1.0, 59));
+    b.extend(linear(60.0, 5.0, 12));
+    b.extend(linear(120.0, 30.0, 7));
+    b
+}
+
+/// Go's `prometheus.ExponentialBuckets` (same arithmetic, so the same `le` values).
+fn exponential(mut start: f64, factor: f64, count: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        out.push(start);
+        start *= factor;
+    }
+    out
+}
+
+/// Go's `prometheus.LinearBuckets`.
+fn linear(mut start: f64, width: f64, count: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        out.push(start);
+        start += width;
+    }
+    out
+}
+
+/// kube-proxy's component-base stability prefix.
+fn alpha(help: &str) -> String {
+    format!("[ALPHA] {help}")
+}
+
+/// Kernel objects in one family's table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjectCounts {
+    pub chains: usize,
+    pub rules: usize,
+    pub sets: usize,
+    pub set_elements: usize,
+}
+
+impl ObjectCounts {
+    pub fn of(table: &Table) -> ObjectCounts {
+        ObjectCounts {
+            chains: table.chains.len(),
+            rules: table.chains.values().map(|c| c.rules.len()).sum(),
+            sets: table.sets.len(),
+            set_elements: table.sets.values().map(|s| s.elements.len()).sum(),
+        }
+    }
+}
+
+/// All metrics. Obtain the process-wide instance with [`metrics`].
+pub struct Metrics {
+    registry: Registry,
+    // kube-proxy (nftables mode).
+    sync_duration: HistogramVec,
+    sync_full_duration: HistogramVec,
+    sync_partial_duration: HistogramVec,
+    last_timestamp: GaugeVec,
+    last_queued_timestamp: GaugeVec,
+    network_programming: HistogramVec,
+    endpoint_changes_pending: Gauge,
+    endpoint_changes_total: Counter,
+    service_changes_pending: Gauge,
+    service_changes_total: Counter,
+    no_local_endpoints: GaugeVec,
+    nftables_sync_failures: CounterVec,
+    nftables_cleanup_failures: CounterVec,
+    healthz: CounterVec,
+    livez: CounterVec,
+    conntrack_duration: HistogramVec,
+    conntrack_deleted: CounterVec,
+    // nftproxy's own.
+    invalid_objects: GaugeVec,
+    netlink_messages: HistogramVec,
+    netlink_bytes: HistogramVec,
+    owned_objects: GaugeVec,
+    drift_repairs: CounterVec,
+    build_info: GaugeVec,
+    /// Serialises [`Metrics::set_changes`] (read-then-add on the change counters).
+    changes: Mutex<()>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn histogram(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+    labels: &[&str],
+) -> HistogramVec {
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .expect("valid histogram definition");
+    r.register(Box::new(h.clone()))
+        .expect("metric registered once");
+    h
+}
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid gauge definition");
+    r.register(Box::new(g.clone()))
+        .expect("metric registered once");
+    g
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> CounterVec {
+    let c = CounterVec::new(Opts::new(name, help), labels).expect("valid counter definition");
+    r.register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> Gauge {
+    let g = Gauge::with_opts(Opts::new(name, help)).expect("valid gauge definition");
+    r.register(Box::new(g.clone()))
+        .expect("metric registered once");
+    g
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> Counter {
+    let c = Counter::with_opts(Opts::new(name, help)).expect("valid counter definition");
+    r.register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+const FAMILY: &[&str] = &["ip_family"];
+
+fn seconds_since_epoch(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// A short, fixed reason for an invalid object, from the converter's message (metric label).
+pub fn invalid_reason(message: &str) -> &'static str {
+    let m = message;
+    if m.contains("invalid IP") || m.contains("invalid address") {
+        "invalid_ip"
+    } else if m.contains("invalid CIDR") {
+        "invalid_cidr"
+    } else if m.contains("out of range") {
+        "port_out_of_range"
+    } else if m.contains("unknown protocol") {
+        "unknown_protocol"
+    } else if m.contains("duplicate port") {
+        "duplicate_port"
+    } else if m.contains("schema") {
+        "schema"
+    } else if m.contains("is empty") || m.contains("is missing") {
+        "missing_field"
+    } else if m.contains("unknown ") {
+        "unknown_value"
+    } else {
+        "other"
+    }
+}
+
+impl Metrics {
+    /// A fresh set of metrics in its own registry (tests; the agent uses [`metrics`]).
+    pub fn new() -> Metrics {
+        let r = Registry::new();
+        let sync = "kubeproxy_sync_proxy_rules";
+        let m = Metrics {
+            sync_duration: histogram(
+                &r,
+                "kubeproxy_sync_proxy_rules_duration_seconds",
+                &alpha("SyncProxyRules latency in seconds"),
+                sync_buckets(),
+                FAMILY,
+            ),
+            sync_full_duration: histogram(
+                &r,
+                "kubeproxy_sync_full_proxy_rules_duration_seconds",
+                &alpha("SyncProxyRules latency in seconds for full resyncs"),
+                sync_buckets(),
+                FAMILY,
+            ),
+            sync_partial_duration: histogram(
+                &r,
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+                &alpha("SyncProxyRules latency in seconds for partial resyncs"),
+                sync_buckets(),
+                FAMILY,
+            ),
+            last_timestamp: gauge_vec(
+                &r,
+                &format!("{sync}_last_timestamp_seconds"),
+                &alpha("The last time proxy rules were successfully synced"),
+                FAMILY,
+            ),
+            last_queued_timestamp: gauge_vec(
+                &r,
+                &format!("{sync}_last_queued_timestamp_seconds"),
+                &alpha("The last time a sync of proxy rules was queued"),
+                FAMILY,
+            ),
+            network_programming: histogram(
+                &r,
+                "kubeproxy_network_programming_duration_seconds",
+                &alpha("In Cluster Network Programming Latency in seconds"),
+                network_programming_buckets(),
+                FAMILY,
+            ),
+            endpoint_changes_pending: gauge(
+                &r,
+                &format!("{sync}_endpoint_changes_pending"),
+                &alpha("Pending proxy rules Endpoint changes"),
+            ),
+            endpoint_changes_total: counter(
+                &r,
+                &format!("{sync}_endpoint_changes_total"),
+                &alpha("Cumulative proxy rules Endpoint changes"),
+            ),
+            service_changes_pending: gauge(
+                &r,
+                &format!("{sync}_service_changes_pending"),
+                &alpha("Pending proxy rules Service changes"),
+            ),
+            service_changes_total: counter(
+                &r,
+                &format!("{sync}_service_changes_total"),
+                &alpha("Cumulative proxy rules Service changes"),
+            ),
+            no_local_endpoints: gauge_vec(
+                &r,
+                &format!("{sync}_no_local_endpoints_total"),
+                &alpha("Number of services with a Local traffic policy and no endpoints"),
+                &["traffic_policy", "ip_family"],
+            ),
+            nftables_sync_failures: counter_vec(
+                &r,
+                &format!("{sync}_nftables_sync_failures_total"),
+                &alpha("Cumulative proxy nftables sync failures"),
+                FAMILY,
+            ),
+            nftables_cleanup_failures: counter_vec(
+                &r,
+                &format!("{sync}_nftables_cleanup_failures_total"),
+                &alpha("Cumulative proxy nftables cleanup failures"),
+                FAMILY,
+            ),
+            healthz: counter_vec(
+                &r,
+                "kubeproxy_proxy_healthz_total",
+                &alpha("Cumulative proxy healthz HTTP status"),
+                &["code"],
+            ),
+            livez: counter_vec(
+                &r,
+                "kubeproxy_proxy_livez_total",
+                &alpha("Cumulative proxy livez HTTP status"),
+                &["code"],
+            ),
+            conntrack_duration: histogram(
+                &r,
+                "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+                &alpha("ReconcileConntrackFlowsLatency latency in seconds"),
+                sync_buckets(),
+                FAMILY,
+            ),
+            conntrack_deleted: counter_vec(
+                &r,
+                "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                &alpha("Cumulative conntrack flows deleted by conntrack reconciler"),
+                FAMILY,
+            ),
+            invalid_objects: gauge_vec(
+                &r,
+                "nftproxy_invalid_objects",
+                "Kubernetes objects currently skipped because they are invalid, by kind and reason",
+                &["kind", "reason"],
+            ),
+            netlink_messages: histogram(
+                &r,
+                "nftproxy_sync_netlink_messages",
+                "Netlink messages sent to nf_tables per sync (batch begin and end included)",
+                exponential(1.0, 4.0, 10),
+                FAMILY,
+            ),
+            netlink_bytes: histogram(
+                &r,
+                "nftproxy_sync_netlink_bytes",
+                "Netlink bytes sent to nf_tables per sync",
+                exponential(256.0, 4.0, 10),
+                FAMILY,
+            ),
+            owned_objects: gauge_vec(
+                &r,
+                "nftproxy_kernel_objects",
+                "Objects in nftproxy's nftables table after the last successful sync, by type \
+                 (chains, rules, sets, set_elements)",
+                &["ip_family", "type"],
+            ),
+            drift_repairs: counter_vec(
+                &r,
+                "nftproxy_drift_repairs_total",
+                "Full syncs that found nftproxy's table changed by someone else and repaired it",
+                FAMILY,
+            ),
+            build_info: gauge_vec(
+                &r,
+                "nftproxy_build_info",
+                "A metric with a constant '1' value labeled by the nftproxy version",
+                &["version"],
+            ),
+            registry: r,
+            changes: Mutex::new(()),
+        };
+        m.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1.0);
+        m
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> String {
+        text::encode(&self.registry.gather())
+    }
+
+    /// A sync attempt of `family` ended, successfully or not (kube-proxy's deferred
+    /// observation in `syncProxyRules`).
+    pub fn observe_sync(&self, family: Family, full: bool, elapsed: Duration) {
+        let l = [family.k8s_name()];
+        let s = elapsed.as_secs_f64();
+        self.sync_duration.with_label_values(&l).observe(s);
+        let which = if full {
+            &self.sync_full_duration
+        } else {
+            &self.sync_partial_duration
+        };
+        which.with_label_values(&l).observe(s);
+    }
+
+    /// `family` was synced successfully at `now`.
+    pub fn sync_succeeded(&self, family: Family, now: SystemTime) {
+        self.last_timestamp
+            .with_label_values(&[family.k8s_name()])
+            .set(seconds_since_epoch(now));
+    }
+
+    /// The main transaction of `family` failed.
+    pub fn sync_failed(&self, family: Family) {
+        self.nftables_sync_failures
+            .with_label_values(&[family.k8s_name()])
+            .inc();
+    }
+
+    /// The stale-chain cleanup transaction of `family` failed.
+    pub fn cleanup_failed(&self, family: Family) {
+        self.nftables_cleanup_failures
+            .with_label_values(&[family.k8s_name()])
+            .inc();
+    }
+
+    /// A sync was queued at `now` (kube-proxy's `Sync()`; also at startup).
+    pub fn queued(&self, now: SystemTime) {
+        for family in Family::ALL {
+            self.last_queued_timestamp
+                .with_label_values(&[family.k8s_name()])
+                .set(seconds_since_epoch(now));
+        }
+    }
+
+    /// The per-sync recount of Services with a Local policy and no local endpoint.
+    pub fn set_no_local_endpoints(&self, family: Family, counts: NoLocalEndpoints) {
+        for (policy, n) in [("internal", counts.internal), ("external", counts.external)] {
+            self.no_local_endpoints
+                .with_label_values(&[policy, family.k8s_name()])
+                .set(n as f64);
+        }
+    }
+
+    /// One EndpointSlice change was programmed `latency` after its trigger time.
+    pub fn observe_network_programming(&self, family: Family, latency: Duration) {
+        self.network_programming
+            .with_label_values(&[family.k8s_name()])
+            .observe(latency.as_secs_f64());
+    }
+
+    /// Brings the change counters up to the tracker's totals and sets the pending gauges.
+    pub fn set_changes(&self, counts: dataplane::tracker::ChangeCounts) {
+        let _serial = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        let add = |c: &Counter, total: u64| {
+            let now = c.get();
+            if (total as f64) > now {
+                c.inc_by(total as f64 - now);
+            }
+        };
+        add(&self.service_changes_total, counts.service_events);
+        add(&self.endpoint_changes_total, counts.slice_events);
+        self.service_changes_pending
+            .set(counts.services_pending as f64);
+        self.endpoint_changes_pending
+            .set(counts.endpoints_pending as f64);
+    }
+
+    /// A `/healthz` answer.
+    pub fn healthz(&self, code: u16) {
+        self.healthz.with_label_values(&[&code.to_string()]).inc();
+    }
+
+    /// A `/livez` answer.
+    pub fn livez(&self, code: u16) {
+        self.livez.with_label_values(&[&code.to_string()]).inc();
+    }
+
+    /// One conntrack reconcile of `family`: how long it took and how many entries it deleted.
+    pub fn observe_conntrack(&self, family: Family, elapsed: Duration, deleted: u64) {
+        let l = [family.k8s_name()];
+        self.conntrack_duration
+            .with_label_values(&l)
+            .observe(elapsed.as_secs_f64());
+        self.conntrack_deleted
+            .with_label_values(&l)
+            .inc_by(deleted as f64);
+    }
+
+    /// Replaces the invalid-object gauges: `(kind, reason, count)`.
+    pub fn set_invalid_objects<'a>(
+        &self,
+        counts: impl IntoIterator<Item = (&'a str, &'a str, usize)>,
+    ) {
+        self.invalid_objects.reset();
+        for (kind, reason, n) in counts {
+            self.invalid_objects
+                .with_label_values(&[kind, reason])
+                .add(n as f64);
+        }
+    }
+
+    /// What one family's sync sent over netlink.
+    pub fn observe_netlink(&self, family: Family, messages: usize, bytes: usize) {
+        let l = [family.k8s_name()];
+        self.netlink_messages
+            .with_label_values(&l)
+            .observe(messages as f64);
+        self.netlink_bytes
+            .with_label_values(&l)
+            .observe(bytes as f64);
+    }
+
+    /// The objects of `family`'s table after a successful sync.
+    pub fn set_kernel_objects(&self, family: Family, counts: ObjectCounts) {
+        for (kind, n) in [
+            ("chains", counts.chains),
+            ("rules", counts.rules),
+            ("sets", counts.sets),
+            ("set_elements", counts.set_elements),
+        ] {
+            self.owned_objects
+                .with_label_values(&[family.k8s_name(), kind])
+                .set(n as f64);
+        }
+    }
+
+    /// A full sync of `family` repaired changes someone else made to the table.
+    pub fn drift_repaired(&self, family: Family) {
+        self.drift_repairs
+            .with_label_values(&[family.k8s_name()])
+            .inc();
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+static METRICS: OnceLock<Metrics> = OnceLock::new();
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    METRICS.get_or_init(Metrics::new)
+}
+
+/// The process-wide exposition (`/metrics`).
+pub fn encode() -> String {
+    metrics().encode()
+}
+
+/// For the conntrack reconciler: one reconcile of `family` took `elapsed` and deleted `deleted`
+/// entries (kube-proxy observes both also when the deletion failed part-way).
+pub fn observe_conntrack(family: Family, elapsed: Duration, deleted: u64) {
+    metrics().observe_conntrack(family, elapsed, deleted);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_kube_proxys() {
+        let s = sync_buckets();
+        assert_eq!(s.len(), 15);
+        assert_eq!(text::go_float(s[0]), "0.001");
+        assert_eq!(text::go_float(s[14]), "16.384");
+        let n = network_programming_buckets();
+        assert_eq!(n.len(), 80);
+        let shown: Vec<String> = n.iter().map(|b| text::go_float(*b)).collect();
+        assert_eq!(&shown[..4], ["0.25", "0.5", "1", "2"]);
+        assert_eq!(shown[60], "59");
+        assert_eq!(shown[61], "60");
+        assert_eq!(shown[72], "115");
+        assert_eq!(shown[73], "120");
+        assert_eq!(shown[79], "300");
+    }
+
+    #[test]
+    fn exposition_has_kube_proxys_form() {
+        let m = Metrics::new();
+        m.observe_sync(Family::V4, true, Duration::from_millis(3));
+        m.sync_succeeded(
+            Family::V4,
+            UNIX_EPOCH + Duration::from_millis(1_733_400_000_500),
+        );
+        m.set_no_local_endpoints(
+            Family::V6,
+            NoLocalEndpoints {
+                internal: 1,
+                external: 0,
+            },
+        );
+        m.set_no_local_endpoints(
+            Family::V4,
+            NoLocalEndpoints {
+                internal: 2,
+                external: 0,
+            },
+        );
+        m.healthz(503);
+        m.healthz(200);
+        let text = m.encode();
+        let want_histogram = "\
+# HELP kubeproxy_sync_full_proxy_rules_duration_seconds [ALPHA] SyncProxyRules latency in seconds for full resyncs
+# TYPE kubeproxy_sync_full_proxy_rules_duration_seconds histogram
+kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.001\"} 0
+kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.002\"} 0
+kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.004\"} 1
+";
+        assert!(text.contains(want_histogram), "{text}");
+        assert!(text.contains(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"16.384\"} 1\n\
+             kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"+Inf\"} 1\n\
+             kubeproxy_sync_full_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"} 0.003\n\
+             kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1\n"
+        ));
+        assert!(text.contains(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.7334000005e+09\n"
+        ));
+        // Labels sorted by name, series by label values.
+        assert!(text.contains(
+            "# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge\n\
+             kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"} 0\n\
+             kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"internal\"} 2\n\
+             kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv6\",traffic_policy=\"external\"} 0\n"
+        ));
+        assert!(text.contains(
+            "# HELP kubeproxy_proxy_healthz_total [ALPHA] Cumulative proxy healthz HTTP status\n\
+             # TYPE kubeproxy_proxy_healthz_total counter\n\
+             kubeproxy_proxy_healthz_total{code=\"200\"} 1\n\
+             kubeproxy_proxy_healthz_total{code=\"503\"} 1\n"
+        ));
+        // Unlabelled metrics are always present; empty families are not.
+        assert!(text.contains("kubeproxy_sync_proxy_rules_service_changes_total 0\n"));
+        assert!(!text.contains("kubeproxy_proxy_livez_total"));
+        assert!(text.contains("nftproxy_build_info{version=\""));
+        // Families in name order.
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+    }
+
+    #[test]
+    fn change_counters_follow_the_tracker() {
+        let m = Metrics::new();
+        let mut c = dataplane::tracker::ChangeCounts {
+            service_events: 3,
+            slice_events: 5,
+            services_pending: 1,
+            endpoints_pending: 2,
+        };
+        m.set_changes(c);
+        c.service_events = 4;
+        c.services_pending = 0;
+        m.set_changes(c);
+        let text = m.encode();
+        assert!(text.contains("kubeproxy_sync_proxy_rules_service_changes_total 4\n"));
+        assert!(text.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total 5\n"));
+        assert!(text.contains("kubeproxy_sync_proxy_rules_service_changes_pending 0\n"));
+        assert!(text.contains("kubeproxy_sync_proxy_rules_endpoint_changes_pending 2\n"));
+    }
+
+    #[test]
+    fn invalid_reasons_are_short() {
+        for (msg, want) in [
+            ("spec.clusterIPs: invalid IP \"1.2.3\"", "invalid_ip"),
+            ("endpoints[0]: invalid address \"x\"", "invalid_ip"),
+            (
+                "spec.ports[0]: port 0 is out of range 1-65535",
+                "port_out_of_range",
+            ),
+            (
+                "spec.ports[0]: unknown protocol \"FOO\"",
+                "unknown_protocol",
+            ),
+            ("spec.podCIDRs: invalid CIDR \"x\"", "invalid_cidr"),
+            ("does not match the Service schema: x", "schema"),
+            ("metadata.name is empty", "missing_field"),
+            ("unknown spec.type \"X\"", "unknown_value"),
+            ("something else", "other"),
+        ] {
+            assert_eq!(invalid_reason(msg), want, "{msg}");
+        }
+        let m = Metrics::new();
+        m.set_invalid_objects([("Service", "invalid_ip", 2)]);
+        m.set_invalid_objects([("Service", "schema", 1)]);
+        let text = m.encode();
+        assert!(text.contains("nftproxy_invalid_objects{kind=\"Service\",reason=\"schema\"} 1\n"));
+        assert!(!text.contains("invalid_ip"));
+    }
+}

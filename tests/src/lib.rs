@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cluster;
 pub mod lab;
 pub mod probe;
 pub mod sctp;
@@ -50,3 +51,5 @@ pub fn sa(s: &str) -> std::net::SocketAddr {
     s.parse()
         .unwrap_or_else(|_| panic!("bad socket address {s:?}"))
 }
+pub mod apiserver;
+pub use apiserver::{ApiServer, RequestLog};

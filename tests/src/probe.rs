@@ -97,6 +97,9 @@ pub struct Probe {
     pub timeout: Duration,
     /// How many attempts run at the same time.
     pub parallel: usize,
+    /// Source port to bind (TCP and UDP; default: an ephemeral one per attempt). Every attempt
+    /// then is the same flow, one after the other: conntrack keeps it on one endpoint.
+    pub sport: Option<u16>,
 }
 
 impl Probe {
@@ -109,6 +112,7 @@ impl Probe {
             src: None,
             timeout: Duration::from_secs(1),
             parallel: 8,
+            sport: None,
         }
     }
 
@@ -124,6 +128,13 @@ impl Probe {
 
     pub fn parallel(mut self, parallel: usize) -> Probe {
         self.parallel = parallel.max(1);
+        self
+    }
+
+    /// Sends every attempt from source port `port`, sequentially.
+    pub fn sport(mut self, port: u16) -> Probe {
+        self.sport = Some(port);
+        self.parallel = 1;
         self
     }
 
@@ -144,6 +155,9 @@ impl Probe {
         ];
         if let Some(src) = self.src {
             a.extend(["--src".into(), src.to_string()]);
+        }
+        if let Some(sport) = self.sport {
+            a.extend(["--sport".into(), sport.to_string()]);
         }
         a
     }

@@ -21,11 +21,20 @@ use super::store::{ApiError, ChangeType, KINDS, Key, Kind};
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Serves one request (after logging it and waiting out a stall).
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    let uri = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
+pub async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let uri = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
     let entry = shared.log_request(req.method().as_str(), &uri);
     let _ = shared.stall.subscribe().wait_for(|stalled| !stalled).await;
-    let resp = route(&shared, req).await.unwrap_or_else(|e| json_response(e.code, &e.status()));
+    let resp = route(&shared, req)
+        .await
+        .unwrap_or_else(|e| json_response(e.code, &e.status()));
     shared.log_status(entry, resp.status().as_u16());
     Ok(resp)
 }
@@ -37,13 +46,19 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     let get = req.method() == Method::GET;
     let (group, version, rest) = match segs.as_slice() {
         ["version"] if get => {
-            return Ok(json_response(200, &json!({
-                "major": "1", "minor": "33", "gitVersion": "v1.33.0-nftproxy-test",
-                "platform": "linux/amd64",
-            })));
+            return Ok(json_response(
+                200,
+                &json!({
+                    "major": "1", "minor": "33", "gitVersion": "v1.33.0-nftproxy-test",
+                    "platform": "linux/amd64",
+                }),
+            ));
         }
         ["api"] if get => {
-            return Ok(json_response(200, &json!({"kind": "APIVersions", "versions": ["v1"]})));
+            return Ok(json_response(
+                200,
+                &json!({"kind": "APIVersions", "versions": ["v1"]}),
+            ));
         }
         ["apis"] if get => return Ok(json_response(200, &group_list(shared))),
         ["api", v, rest @ ..] => ("", *v, rest),
@@ -87,16 +102,31 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         (method @ (Method::POST | Method::PUT), name) => {
             let (create, replace) = (method == Method::POST, method == Method::PUT);
             if create == name.is_some() {
-                return Err(ApiError::new(405, "MethodNotAllowed", format!("{method} {path}")));
+                return Err(ApiError::new(
+                    405,
+                    "MethodNotAllowed",
+                    format!("{method} {path}"),
+                ));
             }
-            let body = req.into_body().collect().await.map_err(bad_request)?.to_bytes();
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map_err(bad_request)?
+                .to_bytes();
             let obj: Value = serde_json::from_slice(&body).map_err(bad_request)?;
-            let meta = &obj["metadata"];
+            let meta_ns = obj["metadata"]["namespace"].as_str().unwrap_or("");
             if obj["kind"] != kind.kind
-                || name.is_some_and(|n| meta["name"] != n)
-                || ns.as_ref().is_some_and(|ns| !meta["namespace"].is_null() && meta["namespace"] != **ns)
+                || name.is_some_and(|n| obj["metadata"]["name"] != n)
+                || ns
+                    .as_ref()
+                    .is_some_and(|ns| !meta_ns.is_empty() && meta_ns != ns)
             {
-                return Err(ApiError::new(400, "BadRequest", "object does not match the path"));
+                return Err(ApiError::new(
+                    400,
+                    "BadRequest",
+                    "object does not match the path",
+                ));
             }
             let mut obj = obj;
             if let Some(ns) = &ns {
@@ -105,7 +135,11 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             let stored = shared.write(obj, create, replace)?;
             Ok(json_response(if create { 201 } else { 200 }, &stored))
         }
-        (method, _) => Err(ApiError::new(405, "MethodNotAllowed", format!("{method} {path}"))),
+        (method, _) => Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!("{method} {path}"),
+        )),
     }
 }
 
@@ -135,7 +169,11 @@ fn list(
                 .parse()
                 .map_err(|_| ApiError::new(400, "BadRequest", "invalid resourceVersion"))?;
             if rv > store.rv() {
-                return Err(ApiError::new(504, "Timeout", format!("Too large resource version: {rv}, current: {}", store.rv())));
+                return Err(ApiError::new(
+                    504,
+                    "Timeout",
+                    format!("Too large resource version: {rv}, current: {}", store.rv()),
+                ));
             }
             let exact = q.get("resourceVersionMatch").map(String::as_str) == Some("Exact");
             (exact.then_some(rv), None)
@@ -152,7 +190,9 @@ fn list(
     drop(store);
     let mut items: VecDeque<(Key, Value)> = snapshot
         .into_iter()
-        .filter(|(k, o)| start.as_ref().is_none_or(|s| (&k.1, &k.2) > (&s.0, &s.1)) && filter.matches(o))
+        .filter(|(k, o)| {
+            start.as_ref().is_none_or(|s| (&k.1, &k.2) > (&s.0, &s.1)) && filter.matches(o)
+        })
         .collect();
     let page: Vec<(Key, Value)> = items.drain(..limit.min(items.len())).collect();
     let mut meta = json!({"resourceVersion": list_rv.to_string()});
@@ -161,10 +201,13 @@ fn list(
         meta["remainingItemCount"] = items.len().into();
     }
     let items: Vec<Value> = page.into_iter().map(|(_, o)| o).collect();
-    Ok(json_response(200, &json!({
-        "kind": format!("{}List", kind.kind), "apiVersion": kind.api_version(),
-        "metadata": meta, "items": items,
-    })))
+    Ok(json_response(
+        200,
+        &json!({
+            "kind": format!("{}List", kind.kind), "apiVersion": kind.api_version(),
+            "metadata": meta, "items": items,
+        }),
+    ))
 }
 
 /// The state of one watch stream, polled by the response body.
@@ -196,7 +239,10 @@ fn watch(
     q: &HashMap<String, String>,
 ) -> Result<Response<Body>, ApiError> {
     let filter = filter(ns, q)?;
-    let timeout = q.get("timeoutSeconds").and_then(|t| t.parse().ok()).unwrap_or(1800);
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1800);
     let now = Instant::now();
     shared.active_watches.fetch_add(1, Ordering::Relaxed);
     let mut w = Watch {
@@ -235,7 +281,8 @@ fn watch(
         Some((Ok::<_, Infallible>(Frame::data(data)), w))
     });
     let mut resp = Response::new(BodyExt::boxed_unsync(StreamBody::new(stream)));
-    resp.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    resp.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
     Ok(resp)
 }
 
@@ -358,7 +405,11 @@ fn resource_list(group: &str, version: &str, served: impl Fn(&&Kind) -> bool) ->
             })
         })
         .collect();
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
 
@@ -366,16 +417,25 @@ fn json_response(code: u16, body: &Value) -> Response<Body> {
     let bytes = Bytes::from(serde_json::to_vec(body).unwrap());
     let mut resp = Response::new(BodyExt::boxed_unsync(Full::new(bytes)));
     *resp.status_mut() = hyper::StatusCode::from_u16(code).unwrap();
-    resp.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    resp.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
     resp
 }
 
 fn not_found(path: &str) -> ApiError {
-    ApiError::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+    ApiError::new(
+        404,
+        "NotFound",
+        format!("the server could not find the requested resource ({path})"),
+    )
 }
 
 fn not_found_object(kind: &Kind, name: &str) -> ApiError {
-    ApiError::new(404, "NotFound", format!("{} \"{name}\" not found", kind.plural))
+    ApiError::new(
+        404,
+        "NotFound",
+        format!("{} \"{name}\" not found", kind.plural),
+    )
 }
 
 fn bad_request(e: impl std::fmt::Display) -> ApiError {
@@ -400,7 +460,9 @@ fn parse_query(q: &str) -> HashMap<String, String> {
 fn percent_decode(s: &str) -> String {
     let (b, mut out, mut i) = (s.as_bytes(), Vec::with_capacity(s.len()), 0);
     while i < b.len() {
-        let hex = b.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
         match (b[i], hex) {
             (b'%', Some(byte)) => {
                 out.push(byte);
@@ -417,7 +479,10 @@ fn percent_decode(s: &str) -> String {
 
 /// Continue tokens are opaque hex of `rv/namespace/name`.
 fn encode_continue(rv: u64, ns: &str, name: &str) -> String {
-    format!("{rv}/{ns}/{name}").bytes().map(|b| format!("{b:02x}")).collect()
+    format!("{rv}/{ns}/{name}")
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn decode_continue(token: &str) -> Result<(u64, (String, String)), ApiError> {
@@ -431,7 +496,10 @@ fn decode_continue(token: &str) -> Result<(u64, (String, String)), ApiError> {
     let (Some(rv), Some(ns), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
         return Err(bad());
     };
-    Ok((rv.parse().map_err(|_| bad())?, (ns.to_string(), name.to_string())))
+    Ok((
+        rv.parse().map_err(|_| bad())?,
+        (ns.to_string(), name.to_string()),
+    ))
 }
 
 #[cfg(test)]
@@ -444,7 +512,10 @@ mod tests {
         assert_eq!(q["labelSelector"], "!a/b,k in (x)");
         assert!(is_true(q.get("watch")));
         let t = encode_continue(7, "default", "svc-a");
-        assert_eq!(decode_continue(&t).unwrap(), (7, ("default".into(), "svc-a".into())));
+        assert_eq!(
+            decode_continue(&t).unwrap(),
+            (7, ("default".into(), "svc-a".into()))
+        );
         assert!(decode_continue("zz").is_err());
     }
 }

@@ -187,9 +187,17 @@ mod tests {
             ("tier notin (front,back)", false),
         ];
         for (sel, want) in cases {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&o), want, "{sel}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&o),
+                want,
+                "{sel}"
+            );
         }
-        assert!(LabelSelector::parse("!app").unwrap().matches(&obj(Value::Null)));
+        assert!(
+            LabelSelector::parse("!app")
+                .unwrap()
+                .matches(&obj(Value::Null))
+        );
         for bad in ["app in web", "a b", "=x", "app=(x"] {
             assert!(LabelSelector::parse(bad).is_err(), "{bad}");
         }

@@ -196,7 +196,9 @@ impl Store {
             _ => {}
         }
         self.rv += 1;
-        let meta = obj["metadata"].as_object_mut().expect("checked by identify");
+        let meta = obj["metadata"]
+            .as_object_mut()
+            .expect("checked by identify");
         meta.insert("resourceVersion".into(), self.rv.to_string().into());
         if let Some(old) = &old {
             for field in ["uid", "creationTimestamp"] {
@@ -226,7 +228,10 @@ impl Store {
     /// Deletes an object, returning its last state (with the deletion's resourceVersion).
     pub fn delete(&mut self, kind: &'static Kind, ns: &str, name: &str) -> Result<Value, ApiError> {
         let k = key(kind, ns, name);
-        let old = self.objects.remove(&k).ok_or_else(|| not_found(kind, name))?;
+        let old = self
+            .objects
+            .remove(&k)
+            .ok_or_else(|| not_found(kind, name))?;
         self.rv += 1;
         let mut last = old.clone();
         last["metadata"]["resourceVersion"] = self.rv.to_string().into();
@@ -383,7 +388,10 @@ mod tests {
         let a2 = s.write(svc("a", 2), false, false).unwrap();
         assert_eq!(a2["metadata"]["resourceVersion"], "3");
         assert_eq!(a2["metadata"]["namespace"], "default");
-        assert_eq!(a2["metadata"]["uid"], "00000000-0000-4000-8000-000000000001");
+        assert_eq!(
+            a2["metadata"]["uid"],
+            "00000000-0000-4000-8000-000000000001"
+        );
         s.delete(svcs, "default", "b").unwrap();
         let names = |v: Vec<(Key, Value)>| v.into_iter().map(|(k, _)| k.2).collect::<Vec<_>>();
         assert_eq!(names(s.snapshot(svcs, None).unwrap()), ["a"]);

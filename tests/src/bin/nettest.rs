@@ -10,9 +10,10 @@
 //!     {"event":"ready"} once everything listens.
 //!
 //! nettest probe --proto tcp|udp|sctp --dst ADDR:PORT [--count N] [--src IP]
-//!               [--timeout-ms MS] [--parallel K]
+//!               [--timeout-ms MS] [--parallel K] [--sport PORT]
 //!     N attempts, each from a fresh socket (a new source port), at most K at a time;
-//!     prints one JSON `Attempt` per line.
+//!     prints one JSON `Attempt` per line. With --sport (TCP, UDP), every attempt binds that
+//!     source port and they run one after the other: the same flow each time.
 //! ```
 
 use std::collections::BTreeSet;
@@ -221,9 +222,15 @@ struct ProbeOpts {
     src: Option<IpAddr>,
     timeout: Duration,
     parallel: usize,
+    sport: Option<u16>,
 }
 
 fn probe(opts: &Opts) -> Result<()> {
+    let sport: Option<u16> = opts
+        .get("sport")
+        .map(str::parse)
+        .transpose()
+        .context("--sport")?;
     let p = ProbeOpts {
         proto: opts.parsed("proto", None)?,
         dst: opts.parsed("dst", None)?,
@@ -234,7 +241,12 @@ fn probe(opts: &Opts) -> Result<()> {
             .transpose()
             .context("--src")?,
         timeout: Duration::from_millis(opts.parsed("timeout-ms", Some(1000))?),
-        parallel: opts.parsed::<usize>("parallel", Some(1))?.max(1),
+        // One source port: one attempt at a time.
+        parallel: match sport {
+            Some(_) => 1,
+            None => opts.parsed::<usize>("parallel", Some(1))?.max(1),
+        },
+        sport,
     };
     let next = AtomicUsize::new(0);
     let out = Mutex::new(io::BufWriter::new(io::stdout()));
@@ -342,11 +354,24 @@ fn tcp_connect(s: &Socket, p: &ProbeOpts) -> io::Result<Option<Attempt>> {
     }
 }
 
+/// Binds the probe's source address and port, if it has any.
+fn bind_source(s: &Socket, p: &ProbeOpts) -> io::Result<()> {
+    let port = p.sport.unwrap_or(0);
+    let ip = match p.src {
+        Some(ip) => ip,
+        None if port == 0 => return Ok(()),
+        None if p.dst.is_ipv6() => Ipv6Addr::UNSPECIFIED.into(),
+        None => Ipv4Addr::UNSPECIFIED.into(),
+    };
+    if port != 0 {
+        s.set_int(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    }
+    s.bind(&SocketAddr::new(ip, port))
+}
+
 fn tcp_attempt(p: &ProbeOpts) -> io::Result<Attempt> {
     let s = Socket::new(family(p.dst.ip()), libc::SOCK_STREAM, 0)?;
-    if let Some(src) = p.src {
-        s.bind(&SocketAddr::new(src, 0))?;
-    }
+    bind_source(&s, p)?;
     if let Some(failed) = tcp_connect(&s, p)? {
         return Ok(failed);
     }
@@ -376,9 +401,7 @@ fn tcp_attempt(p: &ProbeOpts) -> io::Result<Attempt> {
 
 fn udp_attempt(p: &ProbeOpts) -> io::Result<Attempt> {
     let s = Socket::new(family(p.dst.ip()), libc::SOCK_DGRAM, 0)?;
-    if let Some(src) = p.src {
-        s.bind(&SocketAddr::new(src, 0))?;
-    }
+    bind_source(&s, p)?;
     // Every ICMP error (also "unreachable", which UDP otherwise ignores) ends the attempt,
     // so a missing route does not pass for a drop.
     set_recverr(&s, p.dst)?;

@@ -1,0 +1,404 @@
+//! The agent's HTTP endpoints: `/metrics` ([`metrics`]), `/healthz` and `/livez` ([`health`]),
+//! and the per-Service health-check node ports ([`service_health`]).
+//!
+//! All of them are small answers computed from in-memory state, served by one hardened HTTP/1
+//! server loop ([`serve`]): header size and count limits, a header read timeout (which also
+//! closes idle keep-alive connections and slow-loris clients), a cap on a connection's lifetime,
+//! a cap on concurrent connections, and an accept loop that survives descriptor exhaustion.
+//! Malformed requests get hyper's 400 and the connection is closed.
+
+pub mod health;
+pub mod metrics;
+pub mod service_health;
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, DATE, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Limits that keep a misbehaving client from starving others.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Time a client gets to send a request's headers (from the connection's start, or from
+    /// the end of its previous response).
+    pub header_read_timeout: Duration,
+    /// Longest a connection may stay open, however busy.
+    pub connection_lifetime: Duration,
+    /// Bytes buffered for a request head (request line and headers).
+    pub max_header_bytes: usize,
+    /// Headers per request.
+    pub max_headers: usize,
+    /// Connections served at once; further ones are closed right after accept.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_secs(5),
+            connection_lifetime: Duration::from_secs(60),
+            max_header_bytes: 16 * 1024,
+            max_headers: 64,
+            max_connections: 16 * 1024,
+        }
+    }
+}
+
+/// A request handler: the whole answer, computed without waiting.
+pub type Handler = Arc<dyn Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync>;
+
+/// Serves `listener` until the future is dropped (a server task aborted), which also ends every
+/// connection it accepted.
+pub async fn serve(listener: TcpListener, handler: Handler, limits: Limits, what: &'static str) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .max_headers(limits.max_headers)
+        .title_case_headers(true)
+        .keep_alive(true);
+    let builder = Arc::new(builder);
+    let mut accept_errors = 0u64;
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let (stream, _peer) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                // EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the listener stays.
+                accept_errors += 1;
+                if accept_errors.is_power_of_two() {
+                    tracing::warn!(server = what, error = %e, count = accept_errors, "accept failed");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let builder = builder.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let resp = handler(&req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            // Errors are the client's (bad request, reset, timeout): nothing to report.
+            let _ = tokio::time::timeout(limits.connection_lifetime, conn).await;
+        });
+    }
+}
+
+/// A response with Go net/http's header order: the handler's headers, then `Date` and
+/// `Content-Length`.
+pub fn response(
+    status: StatusCode,
+    headers: &[(&'static str, String)],
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let body: Bytes = body.into();
+    let mut resp = Response::new(Full::new(body.clone()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    for (name, value) in headers {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.append(*name, v);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(SystemTime::now())) {
+        h.insert(DATE, v);
+    }
+    h.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    resp
+}
+
+/// Go's `http.NotFound`.
+pub fn not_found() -> Response<Full<Bytes>> {
+    response(
+        StatusCode::NOT_FOUND,
+        &[
+            (CONTENT_TYPE.as_str(), "text/plain; charset=utf-8".into()),
+            ("X-Content-Type-Options", "nosniff".into()),
+        ],
+        "404 page not found\n",
+    )
+}
+
+/// Parses a kube-proxy bind address (`0.0.0.0:10256`, `[::]:10256`, or an IP alone, which gets
+/// `default_port`). `None` for an empty address (the server is disabled).
+pub fn parse_bind_address(s: &str, default_port: u16) -> Result<Option<SocketAddr>, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Ok(Some(sa));
+    }
+    let bare = s.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(Some(SocketAddr::new(ip, default_port)));
+    }
+    Err(format!(
+        "{s:?} is not an address such as 0.0.0.0:{default_port}"
+    ))
+}
+
+/// A listening socket like Go's: `SO_REUSEADDR`, and for IPv6 wildcards `v6only` as asked.
+pub fn listen(addr: SocketAddr, v6only: bool) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(v6only)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// Binds `addr` and serves it on `rt`, retrying every 5 s while the address cannot be bound
+/// (like kube-proxy's servers, which log and retry).
+pub fn spawn_server(
+    rt: &tokio::runtime::Handle,
+    addr: SocketAddr,
+    handler: Handler,
+    what: &'static str,
+) {
+    rt.spawn(async move {
+        let mut logged = false;
+        loop {
+            // A wildcard IPv6 address serves IPv4 too, like Go's listeners.
+            match listen(addr, false).and_then(TcpListener::from_std) {
+                Ok(l) => {
+                    tracing::info!(server = what, %addr, "serving");
+                    serve(l, handler, Limits::default(), what).await;
+                    return;
+                }
+                Err(e) => {
+                    if !logged {
+                        tracing::error!(server = what, %addr, error = %e, "cannot listen; retrying every 5s");
+                        logged = true;
+                    }
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            }
+        }
+    });
+}
+
+/// Raises the soft open-files limit to the hard limit (as Go programs do at startup): every
+/// HTTP connection costs a descriptor, and the default soft limit of 1024 is easy to exhaust.
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// Formats a time like Go's `time.Time` JSON encoding (RFC 3339 with nanoseconds, trailing
+/// zeros trimmed), in UTC.
+pub fn rfc3339_nano(t: SystemTime) -> String {
+    let (secs, nanos) = match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            let mut secs = -(d.as_secs() as i64);
+            let mut nanos = d.subsec_nanos();
+            if nanos > 0 {
+                secs -= 1;
+                nanos = 1_000_000_000 - nanos;
+            }
+            (secs, nanos)
+        }
+    };
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let mut out = format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    );
+    if nanos > 0 {
+        let frac = format!("{nanos:09}");
+        out.push('.');
+        out.push_str(frac.trim_end_matches('0'));
+    }
+    out.push('Z');
+    out
+}
+
+/// Parses an RFC 3339 time as Kubernetes writes it (`2026-01-02T15:04:05Z`, optionally with a
+/// fraction and a numeric offset).
+pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = s.get(r)?;
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
+        return None;
+    }
+    let mut i = 19;
+    let mut nanos: i64 = 0;
+    if b.get(i) == Some(&b'.') {
+        let start = i + 1;
+        i = start;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        let frac = s.get(start..i)?;
+        if frac.is_empty() {
+            return None;
+        }
+        let digits = &frac[..frac.len().min(9)];
+        nanos = digits.parse::<i64>().ok()? * 10i64.pow(9 - digits.len() as u32);
+    }
+    let offset = match b.get(i)? {
+        b'Z' | b'z' if i + 1 == b.len() => 0,
+        sign @ (b'+' | b'-') if i + 6 == b.len() && b[i + 3] == b':' => {
+            let o = num(i + 1..i + 3)? * 3600 + num(i + 4..i + 6)? * 60;
+            if *sign == b'+' { o } else { -o }
+        }
+        _ => return None,
+    };
+    let secs = days_from_civil(y, mo as u32, d as u32) * 86_400 + h * 3600 + mi * 60 + se - offset;
+    let total = std::time::Duration::new(secs.unsigned_abs(), 0);
+    let base = if secs >= 0 {
+        SystemTime::UNIX_EPOCH.checked_add(total)?
+    } else {
+        SystemTime::UNIX_EPOCH.checked_sub(total)?
+    };
+    base.checked_add(Duration::from_nanos(nanos as u64))
+}
+
+/// (year, month, day) to days since 1970-01-01 (H. Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = m as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Go's zero `time.Time` in JSON.
+pub const GO_ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_format_like_go_json() {
+        let t = |s: u64, n: u32| SystemTime::UNIX_EPOCH + Duration::new(s, n);
+        assert_eq!(rfc3339_nano(t(0, 0)), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            rfc3339_nano(t(1_764_690_806, 120_000_000)),
+            "2025-12-02T15:53:26.12Z"
+        );
+        assert_eq!(
+            rfc3339_nano(t(951_782_400, 1)),
+            "2000-02-29T00:00:00.000000001Z"
+        );
+        assert_eq!(rfc3339_nano(t(4_107_542_400, 0)), "2100-03-01T00:00:00Z");
+    }
+
+    #[test]
+    fn rfc3339_round_trips() {
+        for t in [
+            "1970-01-01T00:00:00Z",
+            "2025-12-02T15:53:26.12Z",
+            "2000-02-29T00:00:00.000000001Z",
+            "2100-03-01T00:00:00Z",
+            "1960-06-15T12:00:00Z",
+        ] {
+            assert_eq!(rfc3339_nano(parse_rfc3339(t).unwrap()), t);
+        }
+        assert_eq!(
+            parse_rfc3339("2025-12-02T16:53:26+01:00"),
+            parse_rfc3339("2025-12-02T15:53:26Z")
+        );
+        for bad in [
+            "",
+            "2025-12-02",
+            "2025-13-02T15:53:26Z",
+            "2025-12-02T15:53:26",
+            "x025-12-02T15:53:26Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn bind_addresses() {
+        assert_eq!(
+            parse_bind_address("0.0.0.0:10256", 1).unwrap(),
+            Some("0.0.0.0:10256".parse().unwrap())
+        );
+        assert_eq!(
+            parse_bind_address("[::]:10256", 1).unwrap(),
+            Some("[::]:10256".parse().unwrap())
+        );
+        assert_eq!(
+            parse_bind_address("127.0.0.1", 10249).unwrap(),
+            Some("127.0.0.1:10249".parse().unwrap())
+        );
+        assert_eq!(
+            parse_bind_address("::1", 10249).unwrap(),
+            Some("[::1]:10249".parse().unwrap())
+        );
+        assert_eq!(parse_bind_address("", 1).unwrap(), None);
+        assert!(parse_bind_address("nonsense", 1).is_err());
+    }
+}

@@ -1,0 +1,144 @@
+//! Wires the sync loop to the observability surface: starts the metrics and health servers,
+//! and after every sync records kube-proxy's metrics, the proxy health and the per-Service
+//! health-check node ports (kube-proxy's post-sync steps, `syncProxyRules` step 7).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use dataplane::ruleset::Family;
+use metrics::invalid_reason;
+use tokio::runtime::Handle;
+
+use crate::config::Settings;
+use crate::http::service_health::ServiceHealth;
+use crate::http::{self, parse_bind_address, parse_rfc3339, spawn_server};
+use crate::syncloop::{Observer, Shared, SyncRun};
+
+/// kube-proxy's default ports, appended to bind addresses given without one.
+pub const METRICS_PORT: u16 = 10249;
+pub const HEALTHZ_PORT: u16 = 10256;
+
+/// The sync loop's observer: metrics, health, health-check node ports.
+pub struct Telemetry {
+    shared: Arc<Shared>,
+    service_health: ServiceHealth,
+    /// Trigger times before this are from before we started (kube-proxy ignores them too).
+    started: SystemTime,
+}
+
+impl Telemetry {
+    /// Starts the `/metrics` and `/healthz` servers on `rt` (an empty bind address disables
+    /// one) and returns the observer to hand to the sync loop.
+    pub fn start(
+        rt: &Handle,
+        settings: &Settings,
+        shared: Arc<Shared>,
+    ) -> Result<Telemetry, String> {
+        http::raise_fd_limit();
+        let timeout = health_timeout(settings);
+        let metrics_addr = parse_bind_address(&settings.metrics_bind_address, METRICS_PORT)
+            .map_err(|e| format!("metricsBindAddress: {e}"))?;
+        let healthz_addr = parse_bind_address(&settings.healthz_bind_address, HEALTHZ_PORT)
+            .map_err(|e| format!("healthzBindAddress: {e}"))?;
+        if let Some(addr) = metrics_addr {
+            spawn_server(rt, addr, http::metrics::handler("nftables"), "metrics");
+        }
+        if let Some(addr) = healthz_addr {
+            let handler = http::health::handler(shared.health().clone(), timeout);
+            spawn_server(rt, addr, handler, "healthz");
+        }
+        // kube-proxy's SyncLoop start: the proxiers count as updated, a sync as queued.
+        for family in Family::ALL {
+            shared.health().updated(family);
+        }
+        metrics::metrics().queued(SystemTime::now());
+        let service_health = ServiceHealth::new(rt.clone(), shared.health().clone(), timeout);
+        Ok(Telemetry {
+            shared,
+            service_health,
+            started: SystemTime::now(),
+        })
+    }
+
+    /// The per-Service health-check listeners.
+    pub fn service_health(&self) -> &ServiceHealth {
+        &self.service_health
+    }
+}
+
+impl Observer for Telemetry {
+    fn synced(&mut self, run: &SyncRun<'_>) {
+        let m = metrics::metrics();
+        let now = SystemTime::now();
+        let health = self.shared.health();
+        match run.result {
+            Ok(reports) => {
+                for (&family, r) in reports {
+                    m.observe_sync(family, run.full, r.elapsed);
+                    m.sync_succeeded(family, now);
+                    m.set_no_local_endpoints(family, r.no_local_endpoints);
+                    m.observe_netlink(family, r.messages, r.bytes);
+                    m.set_kernel_objects(family, r.objects);
+                    if r.cleanup_failed {
+                        m.cleanup_failed(family);
+                    }
+                    if r.drift_repaired {
+                        m.drift_repaired(family);
+                    }
+                    health.updated(family);
+                }
+                for (family, raw) in run.trigger_times {
+                    let Some(t) = parse_rfc3339(raw) else {
+                        continue;
+                    };
+                    if t < self.started {
+                        continue;
+                    }
+                    if let Ok(latency) = now.duration_since(t) {
+                        m.observe_network_programming(*family, latency);
+                    }
+                }
+                self.service_health.sync(run.cluster, run.config);
+            }
+            Err((failed, _)) => {
+                let families: Vec<Family> = match failed {
+                    Some(f) => vec![*f],
+                    None => Family::ALL.to_vec(),
+                };
+                for family in families {
+                    m.observe_sync(family, run.full, run.elapsed);
+                    m.sync_failed(family);
+                }
+                // The kernel does not hold what it should: an update is pending until a sync
+                // succeeds (kube-proxy only counts queued changes; a failing repair or periodic
+                // sync would otherwise stay "healthy" forever).
+                for family in Family::ALL {
+                    health.queued_update(family);
+                }
+            }
+        }
+        let (has_changes, counts, invalid) = self.shared.with_tracker(|t| {
+            let mut invalid: BTreeMap<(&'static str, &'static str), usize> = BTreeMap::new();
+            for (kind, _, skip) in t.invalid_objects() {
+                *invalid
+                    .entry((kind.name(), invalid_reason(&skip.to_string())))
+                    .or_default() += 1;
+            }
+            (t.has_changes(), t.change_counts(), invalid)
+        });
+        // Changes that arrived during the sync are still pending.
+        if has_changes && run.result.is_ok() {
+            for family in Family::ALL {
+                health.queued_update(family);
+            }
+        }
+        m.set_changes(counts);
+        m.set_invalid_objects(invalid.into_iter().map(|((k, r), n)| (k, r, n)));
+    }
+}
+
+/// How long the health checks tolerate a pending update (kube-proxy: `2 × syncPeriod`).
+pub fn health_timeout(settings: &Settings) -> Duration {
+    2 * settings.sync_period
+}

@@ -1,0 +1,819 @@
+//! `nftproxy-bench`: how nftproxy scales with the number of Services, against kube-proxy's
+//! nftables ruleset shape loaded with `nft -f`. See docs/performance.md.
+//!
+//! Needs root (network namespaces, nf_tables). Everything happens in namespaces named
+//! `nftpb-<pid>-…` that are connected only to each other and deleted at the end, also on
+//! failure and on Ctrl-C.
+
+mod kubeproxy;
+mod measure;
+mod netns;
+mod synth;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use dataplane::build::build;
+use dataplane::ruleset::Family;
+use serde::Serialize;
+
+use crate::measure::{
+    AgentResult, BaselineResult, LatencyResult, PhasedResult, Phases, SyncRun, SyncerResult,
+};
+use crate::synth::{ModelStats, TableStats};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "nftproxy-bench",
+    about = "Scale benchmark: sync times, memory and first-packet latency of nftproxy, \
+             with kube-proxy's nftables ruleset shape (nft -f) as the baseline"
+)]
+struct Cli {
+    /// Cluster sizes (number of Services), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,30000,50000")]
+    services: Vec<usize>,
+    /// Endpoints per Service.
+    #[arg(long, default_value_t = 5)]
+    endpoints: usize,
+    /// Largest size for which the kube-proxy-shaped baseline is loaded (it is quadratic).
+    #[arg(long, default_value_t = 10000)]
+    baseline_max: usize,
+    /// Repetitions of each partial sync (medians are reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// TCP connections per first-packet latency measurement.
+    #[arg(long, default_value_t = 2000)]
+    connections: usize,
+    /// Seconds the daemon's CPU is watched after its first sync (0: skip the daemon run).
+    #[arg(long, default_value_t = 10)]
+    idle_seconds: u64,
+    /// The nftproxy binary (default: next to this one).
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Skip the first-packet latency measurement.
+    #[arg(long)]
+    no_latency: bool,
+    /// Skip the runs of the real agent binary (peak RSS, idle CPU).
+    #[arg(long)]
+    no_agent: bool,
+    /// Print the kube-proxy-shaped baseline (nft -f text) for the first size and exit.
+    #[arg(long)]
+    print_baseline: bool,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct SizeReport {
+    services: usize,
+    endpoints_per_service: usize,
+    model: ModelStats,
+    table_v4: TableStats,
+    table_v6: TableStats,
+    generate_ms: f64,
+    syncer: Option<SyncerResult>,
+    phases: Option<PhasedResult>,
+    baseline: Option<BaselineResult>,
+    baseline_skipped: bool,
+    agent: Option<AgentResult>,
+    latency: Option<LatencyResult>,
+    errors: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Target {
+    target: String,
+    measured: String,
+    /// `None`: not measured in this run.
+    pass: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    command: String,
+    kernel: String,
+    nft: String,
+    cpus: usize,
+    /// /proc/loadavg when the run started and when it ended (the machine may be shared).
+    loadavg_start: String,
+    loadavg_end: String,
+    bench_profile: &'static str,
+    agent_binary: Option<String>,
+    sizes: Vec<SizeReport>,
+    targets: Vec<Target>,
+}
+
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("nftproxy-bench: {e:#}");
+        netns::cleanup_all();
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<()> {
+    let cli = Cli::parse();
+    // SAFETY: geteuid has no memory effects.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("needs root (network namespaces and nf_tables)");
+    }
+    if cli.services.iter().any(|&n| n < 100) {
+        bail!("--services: each size must be at least 100");
+    }
+    if cli.endpoints == 0 {
+        bail!("--endpoints must be at least 1");
+    }
+    if cli.print_baseline {
+        let n = cli.services[0];
+        let cluster = synth::to_cluster(&synth::objects(n, cli.endpoints))?;
+        let env = kubeproxy::Env {
+            node_name: synth::NODE,
+            cluster_cidr: synth::CLUSTER_CIDR_V4,
+        };
+        print!(
+            "{}",
+            kubeproxy::full_text(&cluster, &env, synth::SERVICE_CIDR_V4, synth::NODE_IP_V4)
+        );
+        return Ok(());
+    }
+    let loadavg_start = loadavg();
+    netns::install_signal_handler()?;
+    netns::remove_stale();
+    let dir = netns::TempDir::new()?;
+    let agent = if cli.no_agent {
+        None
+    } else {
+        Some(agent_binary(cli.agent.as_deref())?)
+    };
+    let config = measure::build_config()?;
+    let config_file = dir.path().join("kube-proxy-config.yaml");
+    std::fs::write(&config_file, synth::kube_proxy_config())?;
+
+    let mut sizes = Vec::new();
+    for &n in &cli.services {
+        let report = bench_size(&cli, n, &config, agent.as_deref(), &config_file, dir.path());
+        print_progress(n, "done");
+        sizes.push(report);
+    }
+    let targets = targets(&sizes, cli.endpoints);
+    let report = Report {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        kernel: command_output("uname", &["-r"]),
+        nft: command_output("nft", &["--version"]),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg_start,
+        loadavg_end: loadavg(),
+        bench_profile: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        agent_binary: agent.map(|p| p.display().to_string()),
+        sizes,
+        targets,
+    };
+    print!("{}", render(&report, &cli));
+    if let Some(path) = &cli.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn agent_binary(flag: Option<&Path>) -> Result<PathBuf> {
+    let path = match flag {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("no directory")?
+            .join("nftproxy"),
+    };
+    if !path.is_file() {
+        bail!(
+            "agent binary {} not found: build it (cargo build --release -p nftproxy -p nftproxy-bench), \
+             pass --agent PATH, or use --no-agent",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn command_output(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn print_progress(n: usize, what: &str) {
+    eprintln!("[{n} Services] {what}");
+}
+
+fn bench_size(
+    cli: &Cli,
+    n: usize,
+    config: &dataplane::build::BuildConfig,
+    agent: Option<&Path>,
+    config_file: &Path,
+    dir: &Path,
+) -> SizeReport {
+    let k = cli.endpoints;
+    let mut r = SizeReport {
+        services: n,
+        endpoints_per_service: k,
+        model: synth::stats(n, k),
+        ..SizeReport::default()
+    };
+    let record = |r: &mut SizeReport, what: &str, e: anyhow::Error| {
+        let msg = format!("{what}: {e:#}");
+        eprintln!("[{n} Services] FAILED {msg}");
+        r.errors.push(msg);
+    };
+    print_progress(n, "generating the cluster");
+    let t = Instant::now();
+    let objects = synth::objects(n, k);
+    let cluster = match synth::to_cluster(&objects) {
+        Ok(c) => c,
+        Err(e) => {
+            record(&mut r, "generating the cluster", e);
+            return r;
+        }
+    };
+    r.generate_ms = measure::ms(t.elapsed());
+    r.table_v4 = synth::table_stats(&build(&cluster, config, Family::V4).table);
+    r.table_v6 = synth::table_stats(&build(&cluster, config, Family::V6).table);
+    let objects_file = dir.join(format!("cluster-{n}.yaml"));
+    let file_bytes = if agent.is_some() {
+        match synth::write_file(&objects_file, &objects) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                record(&mut r, "writing the cluster file", e);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    drop(objects);
+
+    print_progress(n, "nftproxy: cold full sync and partial syncs (Syncer)");
+    match measure::syncer_bench(&format!("sync{n}"), &cluster, config, n, k, cli.reps) {
+        Ok(v) => r.syncer = Some(v),
+        Err(e) => record(&mut r, "Syncer", e),
+    }
+    print_progress(n, "nftproxy: the same syncs, phase by phase");
+    match measure::phased_bench(&format!("phases{n}"), &cluster, config, n, k, cli.reps) {
+        Ok(v) => r.phases = Some(v),
+        Err(e) => record(&mut r, "phases", e),
+    }
+    if n <= cli.baseline_max {
+        print_progress(n, "baseline: kube-proxy shape with nft -f");
+        let reps = cli.reps.min(3);
+        match measure::baseline_bench(&format!("kp{n}"), &cluster, n, k, reps, dir) {
+            Ok(v) => r.baseline = Some(v),
+            Err(e) => record(&mut r, "baseline", e),
+        }
+    } else {
+        r.baseline_skipped = true;
+    }
+    if let (Some(agent), Some(file_bytes)) = (agent, file_bytes) {
+        print_progress(n, "agent process: run --once, then the daemon idle");
+        let idle = Duration::from_secs(cli.idle_seconds);
+        match measure::agent_bench(
+            &format!("agent{n}"),
+            agent,
+            &objects_file,
+            config_file,
+            file_bytes,
+            idle,
+            dir,
+        ) {
+            Ok(v) => r.agent = Some(v),
+            Err(e) => record(&mut r, "agent", e),
+        }
+        let _ = std::fs::remove_file(&objects_file);
+    }
+    if !cli.no_latency {
+        print_progress(n, "first-packet latency");
+        match measure::latency_bench(&format!("lat{n}"), &cluster, config, cli.connections) {
+            Ok(v) => r.latency = Some(v),
+            Err(e) => record(&mut r, "latency", e),
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// Targets
+
+fn size<'a>(sizes: &'a [SizeReport], n: usize) -> Option<&'a SizeReport> {
+    sizes.iter().find(|s| s.services == n)
+}
+
+fn v4_cold(s: &SizeReport) -> Option<&Phases> {
+    s.phases.as_ref()?.cold.get("IPv4")
+}
+
+fn partial<'a>(s: &'a SizeReport, op: &str) -> Option<&'a SyncRun> {
+    s.syncer.as_ref()?.partial.get(op)
+}
+
+fn targets(sizes: &[SizeReport], k: usize) -> Vec<Target> {
+    let mut out = Vec::new();
+    let mut push = |target: &str, v: Option<(String, bool)>| {
+        out.push(match v {
+            Some((measured, pass)) => Target {
+                target: target.into(),
+                measured,
+                pass: Some(pass),
+            },
+            None => Target {
+                target: target.into(),
+                measured: "not measured in this run".into(),
+                pass: None,
+            },
+        })
+    };
+    let k_note = if k == 5 { "" } else { " (run with --endpoints 5)" };
+    push(
+        &format!("cold full sync, IPv4, 30k Services x 5 endpoints <= 1.0 s{k_note}"),
+        size(sizes, 30000)
+            .and_then(v4_cold)
+            .filter(|_| k == 5)
+            .map(|p| (format!("{:.0} ms", p.total_ms), p.total_ms <= 1000.0)),
+    );
+    push(
+        "at 10k Services, >= 10x faster than kube-proxy's shape with nft -f (IPv4)",
+        size(sizes, 10000).and_then(|s| {
+            let ours = v4_cold(s)?.total_ms;
+            let base = s.baseline.as_ref()?.full.wall_ms;
+            let ratio = base / ours;
+            Some((
+                format!("{:.0} ms vs {:.0} ms: {ratio:.1}x", base, ours),
+                ratio >= 10.0,
+            ))
+        }),
+    );
+    let ep: Vec<(usize, f64)> = sizes
+        .iter()
+        .filter_map(|s| {
+            let a = partial(s, "endpoint_added")?.wall_ms;
+            let b = partial(s, "endpoint_removed")?.wall_ms;
+            Some((s.services, a.max(b)))
+        })
+        .collect();
+    push(
+        "partial sync of one endpoint change <= 10 ms (every size)",
+        (!ep.is_empty()).then(|| {
+            let worst = ep.iter().map(|(_, v)| *v).fold(0.0, f64::max);
+            let list: Vec<String> = ep
+                .iter()
+                .map(|(n, v)| format!("{}: {v:.1} ms", short(*n)))
+                .collect();
+            (list.join(", "), worst <= 10.0)
+        }),
+    );
+    push(
+        "partial sync of one endpoint change within +-50% between 1k and 50k",
+        ep.iter()
+            .find(|(n, _)| *n == 1000)
+            .zip(ep.iter().find(|(n, _)| *n == 50000))
+            .map(|((_, a), (_, b))| {
+                let ratio = b / a;
+                (
+                    format!("{a:.1} ms -> {b:.1} ms ({ratio:.1}x)"),
+                    (0.5..=1.5).contains(&ratio),
+                )
+            }),
+    );
+    push(
+        &format!("peak RSS of the agent <= 200 MiB at 30k x 5 (run --once){k_note}"),
+        size(sizes, 30000)
+            .filter(|_| k == 5)
+            .and_then(|s| s.agent.as_ref())
+            .map(|a| {
+                let mib = a.once.max_rss_kib as f64 / 1024.0;
+                (
+                    format!(
+                        "{mib:.0} MiB (daemon after its first sync: {:.0} MiB)",
+                        a.daemon_rss_mib
+                    ),
+                    mib <= 200.0,
+                )
+            }),
+    );
+    push(
+        "first-packet p50 at 30k within 20% of 1 Service",
+        size(sizes, 30000)
+            .and_then(|s| s.latency.as_ref())
+            .map(|l| {
+                let ratio = l.loaded.p50_us / l.one_service.p50_us;
+                (
+                    format!(
+                        "{:.0} us vs {:.0} us ({:+.0}%)",
+                        l.loaded.p50_us,
+                        l.one_service.p50_us,
+                        (ratio - 1.0) * 100.0
+                    ),
+                    ratio <= 1.2,
+                )
+            }),
+    );
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table
+
+fn short(n: usize) -> String {
+    if n >= 1000 && n.is_multiple_of(1000) {
+        format!("{}k", n / 1000)
+    } else {
+        n.to_string()
+    }
+}
+
+fn f(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v < 10.0 {
+        format!("{v:.2}")
+    } else if v < 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn mib(bytes: f64) -> String {
+    f(bytes / (1024.0 * 1024.0))
+}
+
+struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn section(&mut self, title: &str) {
+        self.rows.push(vec![title.to_string()]);
+    }
+
+    fn row(&mut self, label: &str, cells: Vec<String>) {
+        let mut r = vec![format!("  {label}")];
+        r.extend(cells);
+        self.rows.push(r);
+    }
+
+    fn render(&self) -> String {
+        let cols = self.header.len();
+        let mut width = vec![0; cols];
+        for r in std::iter::once(&self.header).chain(self.rows.iter().filter(|r| r.len() > 1)) {
+            for (i, c) in r.iter().enumerate() {
+                width[i] = width[i].max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let line = |out: &mut String, r: &[String]| {
+            for (i, c) in r.iter().enumerate() {
+                if i == 0 {
+                    let _ = write!(out, "{c:<w$}", w = width[0]);
+                } else {
+                    let _ = write!(out, "  {c:>w$}", w = width[i]);
+                }
+            }
+            out.push('\n');
+        };
+        line(&mut out, &self.header);
+        for r in &self.rows {
+            if r.len() == 1 {
+                let _ = writeln!(out, "{}", r[0]);
+            } else {
+                line(&mut out, r);
+            }
+        }
+        out
+    }
+}
+
+fn render(report: &Report, cli: &Cli) -> String {
+    let sizes = &report.sizes;
+    let mut t = Table {
+        header: std::iter::once("Services".to_string())
+            .chain(sizes.iter().map(|s| short(s.services)))
+            .collect(),
+        rows: Vec::new(),
+    };
+    let col = |g: &dyn Fn(&SizeReport) -> Option<String>| -> Vec<String> {
+        sizes
+            .iter()
+            .map(|s| g(s).unwrap_or_else(|| "-".into()))
+            .collect()
+    };
+    let v4 = |s: &SizeReport| v4_cold(s).cloned();
+    let ops = |s: &SizeReport, op: &str| partial(s, op).cloned();
+    let phase_op =
+        |s: &SizeReport, op: &str| s.phases.as_ref()?.partial.get(op)?.get("IPv4").cloned();
+
+    t.section("Cluster");
+    t.row(
+        "endpoints (IPv4 / IPv6)",
+        col(&|s| Some(format!("{} / {}", s.model.endpoints_v4, s.model.endpoints_v6))),
+    );
+    t.row(
+        "IPv4 table: chains / rules / elements",
+        col(&|s| {
+            Some(format!(
+                "{} / {} / {}",
+                s.table_v4.chains, s.table_v4.rules, s.table_v4.elements
+            ))
+        }),
+    );
+
+    t.section("Cold full sync, nftproxy (netlink), model -> committed kernel state");
+    t.row(
+        "IPv4 wall, ms",
+        col(&|s| v4(s).map(|p| f(p.total_ms))),
+    );
+    t.row(
+        "both families wall (Syncer::sync), ms",
+        col(&|s| s.syncer.as_ref().map(|r| f(r.cold.wall_ms))),
+    );
+    t.row(
+        "sync thread CPU user / sys, ms",
+        col(&|s| {
+            s.syncer
+                .as_ref()
+                .map(|r| format!("{} / {}", f(r.cold.user_ms), f(r.cold.sys_ms)))
+        }),
+    );
+    t.row(
+        "IPv4 netlink messages / MiB",
+        col(&|s| {
+            s.syncer.as_ref().map(|r| {
+                format!(
+                    "{} / {}",
+                    r.cold.v4_messages,
+                    mib(r.cold.v4_bytes as f64)
+                )
+            })
+        }),
+    );
+    t.row(
+        "all netlink messages / MiB",
+        col(&|s| {
+            s.syncer
+                .as_ref()
+                .map(|r| format!("{} / {}", r.cold.messages, mib(r.cold.bytes as f64)))
+        }),
+    );
+    t.row(
+        "IPv4 build / read / plan / kernel / other, ms",
+        col(&|s| {
+            v4(s).map(|p| {
+                format!(
+                    "{} / {} / {} / {} / {}",
+                    f(p.build_ms),
+                    f(p.state_ms),
+                    f(p.plan_ms),
+                    f(p.kernel_ms),
+                    f(p.other_ms)
+                )
+            })
+        }),
+    );
+
+    t.section("Baseline: kube-proxy's shape, nft -f (IPv4, table ip kube-proxy)");
+    let base = |s: &SizeReport| -> Option<Result<BaselineResult, &'static str>> {
+        if s.baseline_skipped {
+            Some(Err("skipped"))
+        } else {
+            s.baseline.clone().map(Ok)
+        }
+    };
+    let base_cell = |s: &SizeReport, g: &dyn Fn(&BaselineResult) -> Option<String>| match base(s)? {
+        Ok(b) => g(&b),
+        Err(e) => Some(e.to_string()),
+    };
+    t.row(
+        "full load wall, ms",
+        col(&|s| base_cell(s, &|b| Some(f(b.full.wall_ms)))),
+    );
+    t.row(
+        "nft CPU user / sys, ms",
+        col(&|s| {
+            base_cell(s, &|b| {
+                Some(format!("{} / {}", f(b.full.user_ms), f(b.full.sys_ms)))
+            })
+        }),
+    );
+    t.row(
+        "nft -f text lines / MiB",
+        col(&|s| {
+            base_cell(s, &|b| {
+                Some(format!("{} / {}", b.text_lines, mib(b.text_bytes as f64)))
+            })
+        }),
+    );
+    t.row(
+        "ratio baseline / nftproxy (IPv4 full)",
+        col(&|s| {
+            base_cell(s, &|b| {
+                v4(s).map(|p| format!("{:.1}x", b.full.wall_ms / p.total_ms))
+            })
+        }),
+    );
+    t.row(
+        "add 1 Service with nft -f, ms",
+        col(&|s| base_cell(s, &|b| Some(f(b.add_service_ms)))),
+    );
+    t.row(
+        "ratio baseline / nftproxy (add Service, IPv4)",
+        col(&|s| {
+            base_cell(s, &|b| {
+                phase_op(s, "service_added")
+                    .map(|p| format!("{:.1}x", b.add_service_ms / p.total_ms))
+            })
+        }),
+    );
+
+    t.section(&format!(
+        "Partial syncs, nftproxy (Syncer::sync, full=false), median of {}: wall ms / messages",
+        cli.reps
+    ));
+    for op in measure::PartialOp::ALL {
+        t.row(
+            op.name(),
+            col(&|s| ops(s, op.key()).map(|r| format!("{} / {}", f(r.wall_ms), r.messages))),
+        );
+    }
+    t.row(
+        "endpoint added: thread CPU user / sys, ms",
+        col(&|s| {
+            ops(s, "endpoint_added").map(|r| format!("{} / {}", f(r.user_ms), f(r.sys_ms)))
+        }),
+    );
+    t.row(
+        "endpoint added, IPv4: build / clone / plan / kernel / other",
+        col(&|s| {
+            phase_op(s, "endpoint_added").map(|p| {
+                format!(
+                    "{} / {} / {} / {} / {}",
+                    f(p.build_ms),
+                    f(p.state_ms),
+                    f(p.plan_ms),
+                    f(p.kernel_ms),
+                    f(p.other_ms)
+                )
+            })
+        }),
+    );
+    t.row(
+        "endpoint added, IPv6 (unchanged family) total",
+        col(&|s| {
+            s.phases
+                .as_ref()?
+                .partial
+                .get("endpoint_added")?
+                .get("IPv6")
+                .map(|p| f(p.total_ms))
+        }),
+    );
+
+    t.section("Agent process (nftproxy run --from-file)");
+    t.row(
+        "--once: wall, ms",
+        col(&|s| s.agent.as_ref().map(|a| f(a.once.wall_ms))),
+    );
+    t.row(
+        "--once: peak RSS (ru_maxrss), MiB",
+        col(&|s| s.agent.as_ref().map(|a| f(a.once.max_rss_kib as f64 / 1024.0))),
+    );
+    t.row(
+        "--once: CPU user / sys, ms",
+        col(&|s| {
+            s.agent
+                .as_ref()
+                .map(|a| format!("{} / {}", f(a.once.user_ms), f(a.once.sys_ms)))
+        }),
+    );
+    t.row(
+        "input file, MiB",
+        col(&|s| s.agent.as_ref().map(|a| mib(a.file_bytes as f64))),
+    );
+    t.row(
+        "daemon: first sync done after, ms",
+        col(&|s| {
+            s.agent
+                .as_ref()
+                .filter(|a| a.idle_window_s > 0.0)
+                .map(|a| f(a.daemon_first_sync_ms))
+        }),
+    );
+    t.row(
+        "daemon: RSS after first sync / peak, MiB",
+        col(&|s| {
+            s.agent
+                .as_ref()
+                .filter(|a| a.idle_window_s > 0.0)
+                .map(|a| format!("{} / {}", f(a.daemon_rss_mib), f(a.daemon_peak_rss_mib)))
+        }),
+    );
+    t.row(
+        &format!("daemon: CPU while idle for {} s, ms", cli.idle_seconds),
+        col(&|s| {
+            s.agent
+                .as_ref()
+                .filter(|a| a.idle_window_s > 0.0)
+                .map(|a| f(a.idle_cpu_ms))
+        }),
+    );
+
+    t.section(&format!(
+        "First-packet latency: TCP connect() through a ClusterIP, {} connections, us",
+        cli.connections
+    ));
+    t.row(
+        "1 Service: p50 / p99",
+        col(&|s| {
+            s.latency
+                .as_ref()
+                .map(|l| format!("{} / {}", f(l.one_service.p50_us), f(l.one_service.p99_us)))
+        }),
+    );
+    t.row(
+        "N Services: p50 / p99",
+        col(&|s| {
+            s.latency
+                .as_ref()
+                .map(|l| format!("{} / {}", f(l.loaded.p50_us), f(l.loaded.p99_us)))
+        }),
+    );
+    t.row(
+        "p50 N / 1",
+        col(&|s| {
+            s.latency
+                .as_ref()
+                .map(|l| format!("{:+.0}%", (l.loaded.p50_us / l.one_service.p50_us - 1.0) * 100.0))
+        }),
+    );
+    t.row(
+        "direct to the pod (no DNAT), 1 / N: p50",
+        col(&|s| {
+            s.latency.as_ref().map(|l| {
+                format!(
+                    "{} / {}",
+                    f(l.direct_one_service.p50_us),
+                    f(l.direct_loaded.p50_us)
+                )
+            })
+        }),
+    );
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "nftproxy-bench: {} endpoints per Service; kernel {}; {}; {} CPUs; bench built {}",
+        cli.endpoints, report.kernel, report.nft, report.cpus, report.bench_profile
+    );
+    let _ = writeln!(
+        out,
+        "load average (1/5/15 min) at start: {}; at end: {}",
+        report.loadavg_start, report.loadavg_end
+    );
+    out.push('\n');
+    out.push_str(&t.render());
+    out.push_str("\nTargets\n");
+    for target in &report.targets {
+        let verdict = match target.pass {
+            Some(true) => "PASS",
+            Some(false) => "FAIL",
+            None => "n/a ",
+        };
+        let _ = writeln!(out, "  {verdict}  {}: {}", target.target, target.measured);
+    }
+    let errors: Vec<String> = sizes
+        .iter()
+        .flat_map(|s| s.errors.iter().map(move |e| format!("{}: {e}", short(s.services))))
+        .collect();
+    if !errors.is_empty() {
+        out.push_str("\nErrors\n");
+        for e in errors {
+            let _ = writeln!(out, "  {e}");
+        }
+    }
+    out
+}

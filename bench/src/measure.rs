@@ -1,0 +1,924 @@
+//! The measurements: syncs through the agent's `Syncer`, the same pipeline timed phase by
+//! phase, the kube-proxy-shaped `nft -f` baseline, the real agent process, first-packet latency.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use dataplane::build::{BuildConfig, build};
+use dataplane::conntrack::Frontends;
+use dataplane::model::Cluster;
+use dataplane::plan::{TableState, plan, plan_cleanup};
+use dataplane::ruleset::Family;
+use nftproxy::nftables::Nftables;
+use nftproxy::sync::Syncer;
+use serde::Serialize;
+
+use crate::netns::{self, Netns};
+use crate::synth::{self, Spec};
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn tv(t: libc::timeval) -> Duration {
+    Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+}
+
+/// User and system CPU time of the calling thread.
+pub fn thread_cpu() -> (Duration, Duration) {
+    // SAFETY: getrusage fills a zeroed, locally owned struct.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+        ru
+    };
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+/// A thread-CPU stopwatch: (wall, user, sys) since `start`.
+struct Stopwatch {
+    wall: Instant,
+    user: Duration,
+    sys: Duration,
+}
+
+impl Stopwatch {
+    fn start() -> Stopwatch {
+        let (user, sys) = thread_cpu();
+        Stopwatch {
+            wall: Instant::now(),
+            user,
+            sys,
+        }
+    }
+
+    fn stop(&self) -> (f64, f64, f64) {
+        let wall = self.wall.elapsed();
+        let (user, sys) = thread_cpu();
+        (ms(wall), ms(user - self.user), ms(sys - self.sys))
+    }
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The agent's build configuration, resolved from the same file the child agent reads.
+pub fn build_config() -> Result<BuildConfig> {
+    let file = nftproxy::config::KubeProxyConfiguration::parse(&synth::kube_proxy_config())
+        .map_err(anyhow::Error::msg)?;
+    let settings = nftproxy::config::Settings::resolve(&file, &Default::default())?;
+    Ok(settings.build)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Syncs through the agent's Syncer
+
+/// One sync through `Syncer::sync`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SyncRun {
+    pub wall_ms: f64,
+    /// CPU of the syncing thread (getrusage RUSAGE_THREAD); nf_tables processes the batch in
+    /// the sender's context, so `sys_ms` is mostly the kernel's commit work.
+    pub user_ms: f64,
+    pub sys_ms: f64,
+    pub v4_ops: usize,
+    pub v4_messages: usize,
+    pub v4_bytes: usize,
+    pub messages: usize,
+    pub bytes: usize,
+}
+
+impl SyncRun {
+    fn median(runs: &[SyncRun]) -> SyncRun {
+        let f = |g: fn(&SyncRun) -> f64| median(runs.iter().map(g).collect());
+        let u = |g: fn(&SyncRun) -> usize| median(runs.iter().map(|r| g(r) as f64).collect()) as usize;
+        SyncRun {
+            wall_ms: f(|r| r.wall_ms),
+            user_ms: f(|r| r.user_ms),
+            sys_ms: f(|r| r.sys_ms),
+            v4_ops: u(|r| r.v4_ops),
+            v4_messages: u(|r| r.v4_messages),
+            v4_bytes: u(|r| r.v4_bytes),
+            messages: u(|r| r.messages),
+            bytes: u(|r| r.bytes),
+        }
+    }
+}
+
+/// The model changes of the partial-sync measurements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartialOp {
+    AddEndpoint,
+    RemoveEndpoint,
+    AddService,
+    DeleteService,
+    NoChange,
+}
+
+impl PartialOp {
+    pub const ALL: [PartialOp; 5] = [
+        PartialOp::AddEndpoint,
+        PartialOp::RemoveEndpoint,
+        PartialOp::AddService,
+        PartialOp::DeleteService,
+        PartialOp::NoChange,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PartialOp::AddEndpoint => "endpoint added",
+            PartialOp::RemoveEndpoint => "endpoint removed",
+            PartialOp::AddService => "Service added",
+            PartialOp::DeleteService => "Service deleted",
+            PartialOp::NoChange => "no change",
+        }
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            PartialOp::AddEndpoint => "endpoint_added",
+            PartialOp::RemoveEndpoint => "endpoint_removed",
+            PartialOp::AddService => "service_added",
+            PartialOp::DeleteService => "service_deleted",
+            PartialOp::NoChange => "no_change",
+        }
+    }
+
+    /// Applies the change for repetition `rep` to a cluster of `n` Services.
+    fn apply(self, cluster: &mut Cluster, n: usize, k: usize, rep: usize) -> Result<()> {
+        // A ClusterIP Service in the middle of the cluster, a different one per repetition.
+        let target = Spec::of((n / 2) / 10 * 10 + rep * 10, k);
+        let extra_ep = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + rep as u32);
+        let extra_svc = synth::extra_spec(n, rep, k);
+        match self {
+            PartialOp::AddEndpoint => synth::add_endpoint(cluster, &target, extra_ep),
+            PartialOp::RemoveEndpoint => synth::remove_endpoint(cluster, &target, extra_ep),
+            PartialOp::AddService => {
+                let mut objects = vec![extra_svc.service()];
+                objects.extend(extra_svc.slices());
+                synth::add_to_cluster(cluster, &objects)
+            }
+            PartialOp::DeleteService => {
+                synth::remove_service(cluster, &extra_svc.object_name());
+                Ok(())
+            }
+            PartialOp::NoChange => Ok(()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SyncerResult {
+    pub cold: SyncRun,
+    /// Median over the repetitions, by operation key.
+    pub partial: BTreeMap<String, SyncRun>,
+    pub partial_runs: BTreeMap<String, Vec<SyncRun>>,
+}
+
+/// Cold full sync, then partial syncs, through the agent's `Syncer` in a fresh namespace.
+pub fn syncer_bench(
+    label: &str,
+    cluster: &Cluster,
+    config: &BuildConfig,
+    n: usize,
+    k: usize,
+    reps: usize,
+) -> Result<SyncerResult> {
+    let ns = Netns::create(label)?;
+    ns.run_in(|| {
+        let mut config = config.clone();
+        config.local_addresses = nftproxy::addresses::local_addresses();
+        let mut cluster = cluster.clone();
+        let mut syncer = Syncer::new().context("opening the Syncer")?;
+        let mut out = SyncerResult {
+            cold: syncer_run(&mut syncer, &cluster, &config, true)?,
+            ..SyncerResult::default()
+        };
+        for rep in 0..reps {
+            for op in PartialOp::ALL {
+                op.apply(&mut cluster, n, k, rep)?;
+                let run = syncer_run(&mut syncer, &cluster, &config, false)
+                    .with_context(|| format!("partial sync ({})", op.name()))?;
+                out.partial_runs
+                    .entry(op.key().to_string())
+                    .or_default()
+                    .push(run);
+            }
+        }
+        for (key, runs) in &out.partial_runs {
+            out.partial.insert(key.clone(), SyncRun::median(runs));
+        }
+        Ok(out)
+    })
+}
+
+fn syncer_run(
+    syncer: &mut Syncer,
+    cluster: &Cluster,
+    config: &BuildConfig,
+    full: bool,
+) -> Result<SyncRun> {
+    let sw = Stopwatch::start();
+    let reports = syncer.sync(cluster, config, full)?;
+    let (wall_ms, user_ms, sys_ms) = sw.stop();
+    let v4 = reports.get(&Family::V4).copied().unwrap_or_default();
+    Ok(SyncRun {
+        wall_ms,
+        user_ms,
+        sys_ms,
+        v4_ops: v4.ops,
+        v4_messages: v4.messages,
+        v4_bytes: v4.bytes,
+        messages: reports.values().map(|r| r.messages).sum(),
+        bytes: reports.values().map(|r| r.bytes).sum(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same pipeline, phase by phase
+
+/// Where one family's sync spends its time (wall, ms). Mirrors `Syncer::sync_family`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Phases {
+    /// `dataplane::build::build`: the desired table from the whole model.
+    pub build_ms: f64,
+    /// The current state: read back from the kernel (full syncs) or a clone of the committed
+    /// state (partial syncs).
+    pub state_ms: f64,
+    /// `dataplane::plan::plan`: the diff of the whole current and desired tables.
+    pub plan_ms: f64,
+    /// `Nftables::apply` of the main transaction: encoding, send, the kernel's processing and
+    /// commit, the ACK.
+    pub kernel_ms: f64,
+    /// Applying the transaction to the committed state, planning and applying the cleanup
+    /// transaction (chain deletions), the UDP conntrack bookkeeping (`Frontends::of`).
+    pub other_ms: f64,
+    pub total_ms: f64,
+    pub user_ms: f64,
+    pub sys_ms: f64,
+    pub ops: usize,
+    pub messages: usize,
+    pub bytes: usize,
+}
+
+impl Phases {
+    fn median(runs: &[Phases]) -> Phases {
+        let f = |g: fn(&Phases) -> f64| median(runs.iter().map(g).collect());
+        Phases {
+            build_ms: f(|p| p.build_ms),
+            state_ms: f(|p| p.state_ms),
+            plan_ms: f(|p| p.plan_ms),
+            kernel_ms: f(|p| p.kernel_ms),
+            other_ms: f(|p| p.other_ms),
+            total_ms: f(|p| p.total_ms),
+            user_ms: f(|p| p.user_ms),
+            sys_ms: f(|p| p.sys_ms),
+            ops: f(|p| p.ops as f64) as usize,
+            messages: f(|p| p.messages as f64) as usize,
+            bytes: f(|p| p.bytes as f64) as usize,
+        }
+    }
+}
+
+struct Phased {
+    nft: Nftables,
+    committed: BTreeMap<Family, Option<TableState>>,
+}
+
+impl Phased {
+    fn sync_family(
+        &mut self,
+        cluster: &Cluster,
+        config: &BuildConfig,
+        family: Family,
+        full: bool,
+    ) -> Result<Phases> {
+        let sw = Stopwatch::start();
+        let mut p = Phases::default();
+        let t = Instant::now();
+        let built = build(cluster, config, family);
+        p.build_ms = ms(t.elapsed());
+
+        let t = Instant::now();
+        let first = !self.committed.contains_key(&family);
+        let current = match self.committed.get(&family) {
+            Some(state) if !full => state.clone(),
+            _ => self.nft.read_table(family)?,
+        };
+        p.state_ms = ms(t.elapsed());
+
+        let t = Instant::now();
+        let tx = plan(current.as_ref(), &built.table);
+        p.plan_ms = ms(t.elapsed());
+
+        let t = Instant::now();
+        let stats = self.nft.apply(&tx)?;
+        p.kernel_ms = ms(t.elapsed());
+
+        let t = Instant::now();
+        let read_back = first.then(|| Frontends::from_table_state(current.as_ref()));
+        let mut state = current.unwrap_or_default();
+        state.apply(&tx);
+        let cleanup = plan_cleanup(&state, &built.table);
+        let mut messages = stats.messages;
+        let mut bytes = stats.bytes;
+        if !cleanup.is_empty() {
+            let s = self.nft.apply(&cleanup)?;
+            state.apply(&cleanup);
+            messages += s.messages;
+            bytes += s.bytes;
+        }
+        self.committed.insert(family, Some(state));
+        let frontends = Frontends::of(cluster, family);
+        drop((read_back, frontends));
+        p.other_ms = ms(t.elapsed());
+
+        let (total, user, sys) = sw.stop();
+        p.total_ms = total;
+        p.user_ms = user;
+        p.sys_ms = sys;
+        p.ops = tx.ops.len() + cleanup.ops.len();
+        p.messages = messages;
+        p.bytes = bytes;
+        Ok(p)
+    }
+
+    fn sync(
+        &mut self,
+        cluster: &Cluster,
+        config: &BuildConfig,
+        full: bool,
+    ) -> Result<BTreeMap<String, Phases>> {
+        let mut out = BTreeMap::new();
+        for family in Family::ALL {
+            out.insert(
+                family.k8s_name().to_string(),
+                self.sync_family(cluster, config, family, full)?,
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PhasedResult {
+    /// By family (`IPv4`, `IPv6`).
+    pub cold: BTreeMap<String, Phases>,
+    /// By operation key, then family; medians over the repetitions.
+    pub partial: BTreeMap<String, BTreeMap<String, Phases>>,
+}
+
+/// The same syncs as [`syncer_bench`], with every phase timed, in another fresh namespace.
+pub fn phased_bench(
+    label: &str,
+    cluster: &Cluster,
+    config: &BuildConfig,
+    n: usize,
+    k: usize,
+    reps: usize,
+) -> Result<PhasedResult> {
+    let ns = Netns::create(label)?;
+    ns.run_in(|| {
+        let mut config = config.clone();
+        config.local_addresses = nftproxy::addresses::local_addresses();
+        let mut cluster = cluster.clone();
+        let mut phased = Phased {
+            nft: Nftables::open()?,
+            committed: BTreeMap::new(),
+        };
+        let mut out = PhasedResult {
+            cold: phased.sync(&cluster, &config, true)?,
+            ..PhasedResult::default()
+        };
+        let mut runs: BTreeMap<(String, String), Vec<Phases>> = BTreeMap::new();
+        for rep in 0..reps {
+            for op in PartialOp::ALL {
+                op.apply(&mut cluster, n, k, rep)?;
+                for (family, p) in phased.sync(&cluster, &config, false)? {
+                    runs.entry((op.key().to_string(), family)).or_default().push(p);
+                }
+            }
+        }
+        for ((op, family), v) in runs {
+            out.partial
+                .entry(op)
+                .or_default()
+                .insert(family, Phases::median(&v));
+        }
+        Ok(out)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes
+
+/// How a child process ended, with its resource usage (wait4).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChildRun {
+    pub wall_ms: f64,
+    pub user_ms: f64,
+    pub sys_ms: f64,
+    /// ru_maxrss: peak resident set size, KiB.
+    pub max_rss_kib: u64,
+    pub status: i32,
+}
+
+/// Waits for child `pid` with wait4 (std's `Child` must not wait for it too). With `block`
+/// false, returns `None` if it has not exited yet.
+fn wait4(pid: u32, start: Instant, block: bool) -> Result<Option<ChildRun>> {
+    let mut status: libc::c_int = 0;
+    let flags = if block { 0 } else { libc::WNOHANG };
+    // SAFETY: wait4 on our own child, filling locally owned structs.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        loop {
+            let rc = libc::wait4(pid as libc::pid_t, &mut status, flags, &mut ru);
+            if rc == pid as libc::pid_t {
+                break;
+            }
+            if rc == 0 {
+                return Ok(None);
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(err).context("wait4");
+            }
+        }
+        ru
+    };
+    netns::unregister_child(pid);
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
+    Ok(Some(ChildRun {
+        wall_ms: ms(start.elapsed()),
+        user_ms: ms(tv(ru.ru_utime)),
+        sys_ms: ms(tv(ru.ru_stime)),
+        max_rss_kib: ru.ru_maxrss as u64,
+        status: code,
+    }))
+}
+
+/// SIGTERM, up to 10 s to exit, then SIGKILL; reaps the child.
+fn terminate(pid: u32, start: Instant) -> Result<ChildRun> {
+    // SAFETY: kill(2) of our own child, not yet reaped (so its PID cannot be reused).
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    for _ in 0..200 {
+        if let Some(run) = wait4(pid, start, false)? {
+            return Ok(run);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    Ok(wait4(pid, start, true)?.expect("blocking wait4 returns the child"))
+}
+
+/// Runs `cmd` to completion with its stderr in `stderr_file`; the run and its resources.
+fn run_child(mut cmd: Command, stderr_file: &Path) -> Result<ChildRun> {
+    let err = std::fs::File::create(stderr_file)?;
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err);
+    let start = Instant::now();
+    let child = cmd.spawn().with_context(|| format!("spawning {cmd:?}"))?;
+    netns::register_child(child.id());
+    let run = wait4(child.id(), start, true)?.expect("blocking wait4 returns the child");
+    if run.status != 0 {
+        let text = std::fs::read_to_string(stderr_file).unwrap_or_default();
+        let tail: String = text.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+        bail!("{cmd:?} exited with {}: {tail}", run.status);
+    }
+    Ok(run)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kube-proxy-shaped baseline
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BaselineResult {
+    /// `nft -f` of the full table into an empty namespace.
+    pub full: ChildRun,
+    pub text_bytes: usize,
+    pub text_lines: usize,
+    /// `nft -f` of one more Service on top (median of the repetitions).
+    pub add_service_ms: f64,
+    pub add_service_runs_ms: Vec<f64>,
+}
+
+pub fn baseline_bench(
+    label: &str,
+    cluster: &Cluster,
+    n: usize,
+    k: usize,
+    reps: usize,
+    dir: &Path,
+) -> Result<BaselineResult> {
+    use crate::kubeproxy::{Env, full_text, one_service_text};
+    let env = Env {
+        node_name: synth::NODE,
+        cluster_cidr: synth::CLUSTER_CIDR_V4,
+    };
+    let text = full_text(cluster, &env, synth::SERVICE_CIDR_V4, synth::NODE_IP_V4);
+    let file = dir.join(format!("kube-proxy-{n}.nft"));
+    std::fs::write(&file, &text)?;
+    let mut out = BaselineResult {
+        text_bytes: text.len(),
+        text_lines: text.lines().count(),
+        ..BaselineResult::default()
+    };
+    drop(text);
+    let ns = Netns::create(label)?;
+    let mut cmd = ns.command("nft")?;
+    cmd.arg("-f").arg(&file);
+    out.full = run_child(cmd, &dir.join("nft.err")).context("nft -f (full)")?;
+    let _ = std::fs::remove_file(&file);
+    let mut cluster = cluster.clone();
+    for rep in 0..reps {
+        let spec = synth::extra_spec(n, rep, k);
+        let mut objects = vec![spec.service()];
+        objects.extend(spec.slices());
+        synth::add_to_cluster(&mut cluster, &objects)?;
+        let svc = &cluster.services[&spec.object_name()];
+        let text = one_service_text(&cluster, svc, &env);
+        let file = dir.join("kube-proxy-add.nft");
+        std::fs::write(&file, &text)?;
+        let mut cmd = ns.command("nft")?;
+        cmd.arg("-f").arg(&file);
+        let run = run_child(cmd, &dir.join("nft.err")).context("nft -f (one Service)")?;
+        out.add_service_runs_ms.push(run.wall_ms);
+    }
+    out.add_service_ms = median(out.add_service_runs_ms.clone());
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real agent
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AgentResult {
+    pub file_bytes: u64,
+    /// `nftproxy run --once --from-file`: parse, convert, one full sync, exit.
+    pub once: ChildRun,
+    /// `nftproxy run --from-file` (the daemon): time until both families were committed.
+    pub daemon_first_sync_ms: f64,
+    /// VmRSS of the daemon after its first sync (steady state), MiB.
+    pub daemon_rss_mib: f64,
+    /// VmHWM (peak RSS) of the daemon, MiB.
+    pub daemon_peak_rss_mib: f64,
+    /// CPU (user+sys, all threads) the daemon used over the idle window, ms.
+    pub idle_cpu_ms: f64,
+    pub idle_window_s: f64,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn agent_bench(
+    label: &str,
+    agent: &Path,
+    objects_file: &Path,
+    config_file: &Path,
+    file_bytes: u64,
+    idle: Duration,
+    dir: &Path,
+) -> Result<AgentResult> {
+    let mut out = AgentResult {
+        file_bytes,
+        idle_window_s: idle.as_secs_f64(),
+        ..AgentResult::default()
+    };
+    {
+        let ns = Netns::create(&format!("{label}-once"))?;
+        let mut cmd = ns.command(agent)?;
+        cmd.args(["run", "--once", "--from-file"])
+            .arg(objects_file)
+            .arg("--config")
+            .arg(config_file)
+            .env("RUST_LOG", "info");
+        out.once = run_child(cmd, &dir.join("agent-once.err")).context("nftproxy run --once")?;
+    }
+    if idle.is_zero() {
+        return Ok(out);
+    }
+    let ns = Netns::create(&format!("{label}-daemon"))?;
+    let mut cmd = ns.command(agent)?;
+    cmd.args(["run", "--from-file"])
+        .arg(objects_file)
+        .arg("--config")
+        .arg(config_file)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn().with_context(|| format!("spawning {cmd:?}"))?;
+    let pid = child.id();
+    netns::register_child(pid);
+    let stderr = child.stderr.take().expect("piped stderr");
+    let seen = Arc::new((Mutex::new((0usize, Vec::<String>::new(), false)), Condvar::new()));
+    {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let (lock, cv) = &*seen;
+                let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
+                if line.contains("nftables sync committed") {
+                    st.0 += 1;
+                }
+                if st.1.len() < 50 {
+                    st.1.push(line);
+                }
+                cv.notify_all();
+            }
+            let (lock, cv) = &*seen;
+            lock.lock().unwrap_or_else(|e| e.into_inner()).2 = true;
+            cv.notify_all();
+        });
+    }
+    let result = (|| -> Result<()> {
+        let (lock, cv) = &*seen;
+        let deadline = start + Duration::from_secs(900);
+        let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
+        // One "nftables sync committed" line per family.
+        while st.0 < Family::ALL.len() {
+            ensure!(
+                !st.2,
+                "the agent exited before its first sync: {}",
+                st.1.join(" | ")
+            );
+            let now = Instant::now();
+            ensure!(now < deadline, "no first sync after 900 s");
+            st = cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(st);
+        out.daemon_first_sync_ms = ms(start.elapsed());
+        // Let the sync loop and the file watcher settle.
+        std::thread::sleep(Duration::from_secs(1));
+        let cpu0 = process_cpu(pid)?;
+        std::thread::sleep(idle);
+        let cpu1 = process_cpu(pid)?;
+        out.idle_cpu_ms = ms(cpu1.saturating_sub(cpu0));
+        let (rss, hwm) = process_rss(pid)?;
+        out.daemon_rss_mib = rss;
+        out.daemon_peak_rss_mib = hwm;
+        Ok(())
+    })();
+    let _ = terminate(pid, start);
+    drop(child);
+    result.map(|()| out)
+}
+
+/// utime + stime of all threads of `pid` (/proc/<pid>/stat).
+fn process_cpu(pid: u32) -> Result<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("bad /proc stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after the command: state is index 0, utime is field 14 overall (index 11 here).
+    let utime: u64 = fields.get(11).context("no utime")?.parse()?;
+    let stime: u64 = fields.get(12).context("no stime")?.parse()?;
+    // SAFETY: sysconf has no memory effects.
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(Duration::from_secs_f64((utime + stime) as f64 / tck))
+}
+
+/// VmRSS and VmHWM of `pid`, MiB.
+fn process_rss(pid: u32) -> Result<(f64, f64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<f64> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .with_context(|| format!("no {name}"))?;
+        let kib: f64 = line
+            .split_whitespace()
+            .nth(1)
+            .context("bad status line")?
+            .parse()?;
+        Ok(kib / 1024.0)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+// ---------------------------------------------------------------------------------------------
+// First-packet latency
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LatencyStats {
+    pub connections: usize,
+    pub failures: usize,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub mean_us: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LatencyResult {
+    /// Through the ClusterIP with only that Service loaded.
+    pub one_service: LatencyStats,
+    /// Through the ClusterIP with the N synthetic Services loaded as well.
+    pub loaded: LatencyStats,
+    /// Straight to the pod (no DNAT), with one and with N Services loaded: the floor.
+    pub direct_one_service: LatencyStats,
+    pub direct_loaded: LatencyStats,
+}
+
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const ECHO_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 3);
+const ECHO_VIP: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 1);
+const POD_GATEWAY: &str = "169.254.1.1";
+
+/// node ─ vp1 ─ client pod (10.0.0.2), node ─ vp2 ─ echo pod (10.0.0.3); nothing else.
+struct Lab {
+    node: Netns,
+    client: Netns,
+    echo: Netns,
+}
+
+impl Lab {
+    fn create(label: &str) -> Result<Lab> {
+        let node = Netns::create(&format!("{label}-node"))?;
+        node.sysctl(&[
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
+        ])?;
+        let client = Netns::create(&format!("{label}-client"))?;
+        let echo = Netns::create(&format!("{label}-echo"))?;
+        for (link, pod, ip) in [("vp1", &client, CLIENT_IP), ("vp2", &echo, ECHO_IP)] {
+            node.ip_batch(&[
+                &format!("link add {link} type veth peer name eth0 netns {}", pod.name()),
+                &format!("link set {link} up"),
+                &format!("addr add {POD_GATEWAY}/32 dev {link} scope link"),
+                &format!("route add {ip}/32 dev {link}"),
+            ])?;
+            pod.ip_batch(&[
+                "link set eth0 up",
+                &format!("addr add {ip}/32 dev eth0"),
+                &format!("route add {POD_GATEWAY} dev eth0 scope link"),
+                &format!("route add default via {POD_GATEWAY} dev eth0"),
+            ])?;
+        }
+        Ok(Lab { node, client, echo })
+    }
+
+    fn sync(&self, cluster: &Cluster, config: &BuildConfig) -> Result<()> {
+        self.node.run_in(|| {
+            let mut config = config.clone();
+            config.local_addresses = nftproxy::addresses::local_addresses();
+            Syncer::new()?.sync(cluster, &config, true)?;
+            Ok(())
+        })
+    }
+
+    fn connect_times(&self, dst: SocketAddr, count: usize, warmup: usize) -> Result<LatencyStats> {
+        self.client.run_in(|| {
+            let mut times = Vec::with_capacity(count);
+            let mut failures = 0;
+            for i in 0..warmup + count {
+                let t = Instant::now();
+                match TcpStream::connect_timeout(&dst, Duration::from_secs(1)) {
+                    Ok(s) => {
+                        let elapsed = t.elapsed();
+                        // Close with RST: no TIME_WAIT, no lingering conntrack entries.
+                        let linger = libc::linger {
+                            l_onoff: 1,
+                            l_linger: 0,
+                        };
+                        // SAFETY: setsockopt on an open socket with a correctly sized value.
+                        unsafe {
+                            libc::setsockopt(
+                                s.as_raw_fd(),
+                                libc::SOL_SOCKET,
+                                libc::SO_LINGER,
+                                (&linger as *const libc::linger).cast(),
+                                size_of::<libc::linger>() as libc::socklen_t,
+                            )
+                        };
+                        if i >= warmup {
+                            times.push(elapsed.as_secs_f64() * 1e6);
+                        }
+                    }
+                    Err(_) if i >= warmup => failures += 1,
+                    Err(_) => {}
+                }
+            }
+            ensure!(
+                failures * 100 <= count,
+                "{failures} of {count} connections to {dst} failed"
+            );
+            times.sort_by(f64::total_cmp);
+            Ok(LatencyStats {
+                connections: times.len(),
+                failures,
+                p50_us: percentile(&times, 0.50),
+                p90_us: percentile(&times, 0.90),
+                p99_us: percentile(&times, 0.99),
+                mean_us: times.iter().sum::<f64>() / times.len().max(1) as f64,
+            })
+        })
+    }
+}
+
+/// An accept-and-close TCP server on `ECHO_IP:8080` in `ns`, until `stop`.
+fn echo_server(ns: &Netns, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<()>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let file = std::fs::File::open(Path::new("/run/netns").join(ns.name()))?;
+    let handle = std::thread::spawn(move || {
+        // SAFETY: setns(2) on an open namespace file; affects only this thread.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            let _ = tx.send(Err(std::io::Error::last_os_error()));
+            return;
+        }
+        let listener = match TcpListener::bind((ECHO_IP, synth::TARGET_PORT))
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        let _ = tx.send(Ok(()));
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((s, _)) => drop(s),
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    });
+    rx.recv()
+        .context("echo server thread died")?
+        .context("echo server")?;
+    Ok(handle)
+}
+
+/// First-packet latency with one Service and then with `cluster` loaded as well.
+pub fn latency_bench(
+    label: &str,
+    cluster: &Cluster,
+    config: &BuildConfig,
+    count: usize,
+) -> Result<LatencyResult> {
+    let lab = Lab::create(label)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = echo_server(&lab.echo, stop.clone())?;
+    let result = (|| -> Result<LatencyResult> {
+        let echo = synth::echo_objects(ECHO_VIP, ECHO_IP);
+        let mut one = synth::to_cluster(&synth::base_objects())?;
+        synth::add_to_cluster(&mut one, &echo)?;
+        let mut loaded = cluster.clone();
+        synth::add_to_cluster(&mut loaded, &echo)?;
+        let vip = SocketAddr::from((ECHO_VIP, synth::PORT));
+        let direct = SocketAddr::from((ECHO_IP, synth::TARGET_PORT));
+        let warmup = (count / 10).max(50);
+        lab.sync(&one, config)?;
+        let direct_one_service = lab.connect_times(direct, count, warmup)?;
+        let one_service = lab.connect_times(vip, count, warmup)?;
+        lab.sync(&loaded, config)?;
+        let direct_loaded = lab.connect_times(direct, count, warmup)?;
+        let loaded = lab.connect_times(vip, count, warmup)?;
+        Ok(LatencyResult {
+            one_service,
+            loaded,
+            direct_one_service,
+            direct_loaded,
+        })
+    })();
+    stop.store(true, Ordering::Relaxed);
+    let _ = server.join();
+    result
+}
