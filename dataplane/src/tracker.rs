@@ -147,7 +147,12 @@ impl Tracker {
         out
     }
 
-    fn note_invalid(&mut self, kind: Kind, name: &ObjectName, skip: Option<Skip>) -> Option<Skipped> {
+    fn note_invalid(
+        &mut self,
+        kind: Kind,
+        name: &ObjectName,
+        skip: Option<Skip>,
+    ) -> Option<Skipped> {
         let key = (kind, name.clone());
         match skip {
             Some(skip @ Skip::Invalid(_)) => {
@@ -324,7 +329,12 @@ impl Tracker {
                 }
             }
             Kind::Node => {
-                if self.cluster.node.as_ref().is_some_and(|n| n.name == name.name) {
+                if self
+                    .cluster
+                    .node
+                    .as_ref()
+                    .is_some_and(|n| n.name == name.name)
+                {
                     self.cluster.node = None;
                     self.changes.all = true;
                 }
@@ -395,7 +405,10 @@ mod tests {
         t.apply_service(&svc("b", "172.30.0.2", 80));
         t.end_list(Kind::Service);
         assert_eq!(t.cluster().services.len(), 1);
-        assert_eq!(t.take_changes().services, [ObjectName::new("ns", "a")].into());
+        assert_eq!(
+            t.take_changes().services,
+            [ObjectName::new("ns", "a")].into()
+        );
     }
 
     #[test]

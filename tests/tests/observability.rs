@@ -426,6 +426,16 @@ fn itp_local_cluster(local: bool) -> String {
     )
 }
 
+/// A Service with an invalid cluster IP (skipped, counted in `nftproxy_invalid_objects`).
+const INVALID: &str = "\
+- apiVersion: v1
+  kind: Service
+  metadata: {name: broken, namespace: ns1}
+  spec:
+    clusterIP: 172.30.0.999
+    ports: [{name: http, port: 80, protocol: TCP}]
+";
+
 const HC_PORT: u16 = 30100;
 
 /// An `externalTrafficPolicy: Local` LoadBalancer Service with health-check node port
@@ -519,7 +529,7 @@ fn promtool_accepts(exposition: &str) {
 fn prometheus_scrapes_kube_proxy_metrics() {
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
-    let agent = Agent::start(&node, &itp_local_cluster(false));
+    let agent = Agent::start(&node, &format!("{}{INVALID}", itp_local_cluster(false)));
     let prom = Prometheus::start(&node);
 
     // The scrape works and the sync histogram has samples.
@@ -549,9 +559,29 @@ fn prometheus_scrapes_kube_proxy_metrics() {
     prom.wait_value(internal, 1.0);
     prom.wait_value(external, 0.0);
     // ...until a local endpoint appears in the followed file.
-    agent.rewrite(&itp_local_cluster(true));
+    agent.rewrite(&format!("{}{INVALID}", itp_local_cluster(true)));
     prom.wait_value(internal, 0.0);
     assert_eq!(prom.query(external).unwrap()[0].1, 0.0);
+
+    // nftproxy's own: the invalid Service, the objects it owns, a repaired drift.
+    prom.wait_value(
+        "nftproxy_invalid_objects{kind=\"Service\",reason=\"invalid_ip\"}",
+        1.0,
+    );
+    let chains = prom
+        .query("nftproxy_kernel_objects{ip_family=\"IPv4\",type=\"chains\"}")
+        .unwrap();
+    assert!(chains.len() == 1 && chains[0].1 >= 10.0, "{chains:?}");
+    node.exec(&["nft", "flush", "chain", "ip", "nftproxy", "services"])
+        .unwrap();
+    prom.wait_value("nftproxy_drift_repairs_total{ip_family=\"IPv4\"}", 1.0);
+    let services = node
+        .exec(&["nft", "list", "chain", "ip", "nftproxy", "services"])
+        .unwrap();
+    assert!(
+        services.contains("vmap @service-ips"),
+        "not repaired:\n{services}"
+    );
 
     let exposition = get(&node, METRICS.parse().unwrap(), "/metrics").unwrap();
     assert_eq!(exposition.status, 200);
@@ -917,7 +947,7 @@ fn health_check_node_port_withstands_bad_clients() {
 fn cluster_files_are_valid_yaml() {
     // Guards the format! templates above: every variant parses as a Kubernetes List.
     for text in [
-        itp_local_cluster(false),
+        format!("{}{INVALID}", itp_local_cluster(false)),
         itp_local_cluster(true),
         lb_cluster(NODE, false, true),
         lb_cluster(DELETING_NODE, true, false),
