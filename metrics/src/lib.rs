@@ -351,6 +351,42 @@ impl Metrics {
         m
     }
 
+    /// The names of every metric family this set defines, whether or not it has samples yet
+    /// (for checking dashboards and alerts against what the agent exports).
+    pub fn family_names(&self) -> Vec<String> {
+        let collectors: [&dyn prometheus::core::Collector; 23] = [
+            &self.sync_duration,
+            &self.sync_full_duration,
+            &self.sync_partial_duration,
+            &self.last_timestamp,
+            &self.last_queued_timestamp,
+            &self.network_programming,
+            &self.endpoint_changes_pending,
+            &self.endpoint_changes_total,
+            &self.service_changes_pending,
+            &self.service_changes_total,
+            &self.no_local_endpoints,
+            &self.nftables_sync_failures,
+            &self.nftables_cleanup_failures,
+            &self.healthz,
+            &self.livez,
+            &self.conntrack_duration,
+            &self.conntrack_deleted,
+            &self.invalid_objects,
+            &self.netlink_messages,
+            &self.netlink_bytes,
+            &self.owned_objects,
+            &self.drift_repairs,
+            &self.build_info,
+        ];
+        let mut names: Vec<String> = collectors
+            .iter()
+            .flat_map(|c| c.desc().into_iter().map(|d| d.fq_name.clone()))
+            .collect();
+        names.sort();
+        names
+    }
+
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
         text::encode(&self.registry.gather())

@@ -154,3 +154,43 @@ fn cluster_role_grants_exactly_what_the_agent_uses() {
         "packaging/rbac.yaml must grant exactly the permissions the agent used"
     );
 }
+
+#[test]
+fn dashboard_is_valid_json_and_uses_only_exported_metrics() {
+    let text = std::fs::read_to_string(packaging().join("grafana-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let exported: BTreeSet<String> = metrics::Metrics::new()
+        .family_names()
+        .into_iter()
+        .collect();
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            exprs.push(target["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    let mut referenced = BTreeSet::new();
+    for expr in &exprs {
+        let mut rest = expr.as_str();
+        while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
+            rest = &rest[start..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let word = &rest[..end];
+            if word.starts_with("kubeproxy_") || word.starts_with("nftproxy_") {
+                referenced.insert(word.to_string());
+            }
+            rest = &rest[end..];
+        }
+    }
+    for name in &referenced {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| exported.contains(*f)))
+            .unwrap_or(name);
+        assert!(exported.contains(family), "{name} is not exported (exported: {exported:?})");
+    }
+    assert!(referenced.len() >= 15, "{referenced:?}");
+}
