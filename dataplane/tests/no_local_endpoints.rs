@@ -66,12 +66,15 @@ fn counts(cluster: &Cluster) -> (u64, u64) {
     (n.internal, n.external)
 }
 
+/// Case number, iTP Local, eTP Local, endpoint nodes, expected (internal, external).
+type Case<'a> = (u8, bool, bool, Option<&'a [&'a str]>, (u64, u64));
+
 #[test]
 fn no_local_endpoints_counts() {
     let some_local: &[&str] = &["test-node", "node1", "node2"];
     let all_remote: &[&str] = &["node0", "node1", "node2"];
     #[rustfmt::skip]
-    let cases: [(u8, bool, bool, Option<&[&str]>, (u64, u64)); 8] = [
+    let cases: [Case; 8] = [
         (1, true,  false, Some(some_local), (0, 0)),
         (2, false, true,  Some(some_local), (0, 0)),
         (3, true,  true,  Some(some_local), (0, 0)),

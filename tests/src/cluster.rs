@@ -20,8 +20,9 @@
 //!             .port("p80", Proto::Tcp, 80)
 //!             .endpoint(Endpoint::new("10.180.0.1").node("test-node")),
 //!     );
-//! let yaml = objects.to_yaml();
-//! assert!(yaml.contains("\"kind\":\"List\""));
+//! let list: serde_json::Value = serde_json::from_str(&objects.to_yaml()).unwrap();
+//! assert_eq!(list["kind"], "List");
+//! assert_eq!(list["items"][1]["spec"]["ports"][0]["nodePort"], 3001);
 //! let config = ProxyConfig::new("test-node").cluster_cidr("10.0.0.0/8").to_yaml();
 //! assert!(config.contains("KubeProxyConfiguration"));
 //! ```

@@ -85,7 +85,9 @@ const ENDPOINT_PORTS: &[u16] = &[80, 53, 5353, 8080, 8443];
 const NODE_PORTS: &[u16] = &[80, 3001, 3080];
 
 const DROP_TIMEOUT: Duration = Duration::from_millis(400);
-const ANSWER_TIMEOUT: Duration = Duration::from_millis(1000);
+/// Flows expected to be answered (or refused) take milliseconds; the generous timeout lets TCP
+/// retransmit a SYN (after 1 s) that a busy host dropped.
+const ANSWER_TIMEOUT: Duration = Duration::from_millis(3000);
 
 // ------------------------------------------------------------------------------------------
 // Objects shared by the tables.
@@ -204,15 +206,14 @@ fn nft_proto(p: Proto) -> NftProto {
 fn kernel_fate(attempts: &[Attempt], dst: SocketAddr, node_addrs: &[IpAddr]) -> Fate {
     let total = attempts.len();
     let mut set = BTreeSet::new();
-    let mut masq = false;
-    let mut masq_sources = BTreeSet::new();
+    let (mut masq_count, mut masq_sources) = (0, BTreeSet::new());
     let (mut refused, mut timeouts, mut errors) = (0, 0, BTreeMap::<String, usize>::new());
     for a in attempts {
         match a {
             Attempt::Answered { src, local, peer } => {
                 set.insert(*local);
                 if peer.ip() != src.ip() {
-                    masq = true;
+                    masq_count += 1;
                     masq_sources.insert(peer.ip());
                 }
             }
@@ -227,6 +228,13 @@ fn kernel_fate(attempts: &[Attempt], dst: SocketAddr, node_addrs: &[IpAddr]) -> 
             "source rewritten to {masq_sources:?}, not the node's"
         ));
     }
+    let answered = total - refused - timeouts - errors.values().sum::<usize>();
+    if masq_count > 0 && masq_count < answered {
+        return Fate::Other(format!(
+            "{masq_count} of {answered} answers masqueraded, by {set:?}"
+        ));
+    }
+    let masq = masq_count > 0;
     if total > 0 && set.len() == 1 && set.contains(&dst) && node_addrs.contains(&dst.ip()) {
         if masq {
             return Fate::Other("the host answered a masqueraded packet".into());
@@ -235,7 +243,6 @@ fn kernel_fate(attempts: &[Attempt], dst: SocketAddr, node_addrs: &[IpAddr]) -> 
             return Fate::Host;
         }
     }
-    let answered = total - refused - timeouts - errors.values().sum::<usize>();
     if total > 0 && answered == total {
         Fate::Endpoints { set, masq }
     } else if total > 0 && refused == total {
@@ -410,6 +417,21 @@ fn world(opts: Opts) -> World {
     }
 }
 
+/// The `ops=` of each "nftables sync committed" log line (one per family).
+fn committed_ops(log: &str) -> Vec<usize> {
+    log.lines()
+        .filter(|l| l.contains("nftables sync committed"))
+        .filter_map(|l| {
+            l.split("ops=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
 fn nftproxy(ns: &Ns, args: &[&str]) -> Output {
     let bin =
         target_binary("nftproxy").expect("build nftproxy first (cargo build --workspace --bins)");
@@ -430,22 +452,34 @@ impl World {
         let config_text = config.to_yaml();
         std::fs::write(&cluster_path, objects.to_yaml()).unwrap();
         std::fs::write(&config_path, &config_text).unwrap();
-        let out = nftproxy(
-            &self.node,
-            &[
-                "run",
-                "--once",
-                "--from-file",
-                cluster_path.to_str().unwrap(),
-                "--config",
-                config_path.to_str().unwrap(),
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "[{case}] nftproxy run --once failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let run = || {
+            let out = nftproxy(
+                &self.node,
+                &[
+                    "run",
+                    "--once",
+                    "--from-file",
+                    cluster_path.to_str().unwrap(),
+                    "--config",
+                    config_path.to_str().unwrap(),
+                ],
+            );
+            let log = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(
+                out.status.success(),
+                "[{case}] nftproxy run --once failed: {log}"
+            );
+            committed_ops(&log)
+        };
+        // Each run reads the kernel's table and sends only the difference (a partial update
+        // after the first case); a second run must then find nothing left to do.
+        let first = run();
+        let again = run();
+        if again.len() != 2 || again.iter().any(|n| *n != 0) {
+            self.fail(format!(
+                "a second identical run sent {again:?} operations (first run: {first:?})"
+            ));
+        }
         let file = KubeProxyConfiguration::parse(&config_text).unwrap();
         let mut settings = Settings::resolve(&file, &Overrides::default()).unwrap();
         settings.build.local_addresses = self.node_addrs.clone();
@@ -497,6 +531,24 @@ impl World {
 
     /// The kernel's answer for a flow: enough attempts to see every expected endpoint.
     fn kernel(&self, f: &Flow) -> Fate {
+        let mut fate = self.kernel_once(f);
+        // The host's per-CPU packet backlog is shared by every namespace, so a busy machine
+        // (other suites, benchmarks) can drop an odd packet: a few timeouts among otherwise
+        // expected answers are probed again, twice at most. A real difference is consistent.
+        for _ in 0..2 {
+            let lossy = match (&fate, &f.want) {
+                (Fate::Other(_), want) => *want != Fate::Drop,
+                _ => false,
+            };
+            if !lossy {
+                break;
+            }
+            fate = self.kernel_once(f);
+        }
+        fate
+    }
+
+    fn kernel_once(&self, f: &Flow) -> Fate {
         let ns = self.ns_of(f.src);
         let base = Probe::new(f.proto, f.dst, 1).src(f.src).parallel(8);
         let (count, timeout) = match &f.want {
@@ -554,7 +606,7 @@ impl World {
         for (f, (kernel, (tracer, chains))) in flows.iter().zip(results) {
             if kernel != f.want || tracer != f.want {
                 self.errors.lock().unwrap().push(format!(
-                    "[{}] {}: {} {} -> {}\n    table:  {}\n    kernel: {}\n    tracer: {}\n    tracer chains: {}",
+                    "[{}] {}: {} {} -> {}\n    table:  {}\n    kernel: {}\n    tracer: {}\n    tracer chains: {}\n    conntrack:\n{}",
                     self.case,
                     f.name,
                     f.proto,
@@ -563,10 +615,48 @@ impl World {
                     f.want,
                     kernel,
                     tracer,
-                    chains.join(" > ")
+                    chains.join(" > "),
+                    self.conntrack(f)
                 ));
             }
         }
+    }
+
+    /// The node's conntrack entries of a flow's source and original destination (diagnostics).
+    fn conntrack(&self, f: &Flow) -> String {
+        let out = self
+            .node
+            .run(&[
+                "conntrack",
+                "-L",
+                "-s",
+                &f.src.to_string(),
+                "-d",
+                &f.dst.ip().to_string(),
+            ])
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_else(|e| format!("({e})"));
+        let mut text: String = out.lines().map(|l| format!("      {l}\n")).collect();
+        for ns in [self.ns_of(f.src), &self.node] {
+            let nstat = ns
+                .run(&["nstat", "-az"])
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            for l in nstat.lines() {
+                let mut it = l.split_whitespace();
+                if let (Some(k), Some(v)) = (it.next(), it.next())
+                    && v != "0"
+                    && (k.contains("Icmp")
+                        || k.contains("Drop")
+                        || k.contains("Fail")
+                        || k.contains("Rst")
+                        || k.contains("Retrans"))
+                {
+                    text.push_str(&format!("      {} {k} {v}\n", ns.label()));
+                }
+            }
+        }
+        text
     }
 
     fn fail(&self, message: String) {
