@@ -208,7 +208,9 @@ fn api_outage_and_compacted_history() {
         .unwrap()
         .contains("172.30.0.11")
     {
-        assert!(start.elapsed() < Duration::from_secs(5), "deleted Service still programmed");
+        // Each watcher backs off on its own: the Service watcher may come back after the
+        // EndpointSlice watcher did.
+        assert!(start.elapsed() < Duration::from_secs(40), "deleted Service still programmed");
         std::thread::sleep(Duration::from_millis(100));
     }
     let warnings = agent.stderr()[log_start..]
@@ -337,7 +339,15 @@ fn one_change_at_scale(n: usize) -> usize {
         &endpoints(&["10.180.0.1:80", "10.180.2.1:80"]),
         Duration::from_secs(10),
     );
-    committed_messages(&agent, from).iter().sum()
+    // The log line may trail the kernel update the probe already saw.
+    let start = Instant::now();
+    loop {
+        let sent: usize = committed_messages(&agent, from).iter().sum();
+        if sent > 0 || start.elapsed() > Duration::from_secs(10) {
+            return sent;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
