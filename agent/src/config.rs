@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use dataplane::build::{BuildConfig, LocalDetector, NodePortAddresses};
 use dataplane::convert::parse_cidr_sloppy;
+use dataplane::iptables::IptablesOptions;
 use ipnet::IpNet;
 use serde::Deserialize;
 
@@ -132,6 +133,8 @@ pub struct Settings {
     pub metrics_bind_address: String,
     pub healthz_bind_address: String,
     pub kubeconfig: Option<String>,
+    /// iptables mode only (`iptables.localhostNodePorts`, ...).
+    pub iptables: IptablesOptions,
 }
 
 /// Parses a Go duration such as `1s`, `500ms`, `1m30s`, `1h`.
@@ -349,6 +352,14 @@ impl Settings {
                 .as_ref()
                 .and_then(|c| c.kubeconfig.clone())
                 .filter(|k| !k.is_empty()),
+            iptables: IptablesOptions {
+                localhost_node_ports: file
+                    .iptables
+                    .as_ref()
+                    .and_then(|s| s.localhost_node_ports)
+                    .unwrap_or(true),
+                ..IptablesOptions::default()
+            },
         })
     }
 }
@@ -393,6 +404,32 @@ mod tests {
         assert!(
             matches!(s.build.node_port_addresses, NodePortAddresses::Cidrs(ref c) if c.len() == 1)
         );
+    }
+
+    #[test]
+    fn iptables_mode_defaults_and_fields() {
+        let s =
+            resolve("mode: iptables\niptables: {masqueradeBit: 5, localhostNodePorts: false}\n")
+                .unwrap();
+        assert_eq!(s.mode, ProxyMode::Iptables);
+        assert_eq!(s.build.masquerade_bit, 5);
+        // kube-proxy's iptables mode serves NodePorts on every local address by default.
+        assert_eq!(
+            s.build.node_port_addresses,
+            NodePortAddresses::Cidrs(vec![])
+        );
+        assert!(!s.iptables.localhost_node_ports);
+        let s = Settings::resolve(
+            &KubeProxyConfiguration::parse("nftables: {masqueradeBit: 3}").unwrap(),
+            &Overrides {
+                proxy_mode: Some("iptables".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.mode, ProxyMode::Iptables);
+        assert_eq!(s.build.masquerade_bit, 14);
+        assert!(s.iptables.localhost_node_ports);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod conntrack;
 pub mod demo;
 pub mod explain;
 pub mod http;
+pub mod iptables;
 pub mod nftables;
 pub mod source;
 pub mod sync;

@@ -14,12 +14,12 @@ use dataplane::render;
 use dataplane::ruleset::{Family, Proto};
 use dataplane::trace::{Host, Packet, trace};
 use dataplane::tracker::Tracker;
-use nftproxy::config::{KubeProxyConfiguration, Overrides, Settings};
+use nftproxy::config::{KubeProxyConfiguration, Overrides, ProxyMode, Settings};
 use nftproxy::nftables::monitor::Monitor;
 use nftproxy::source;
-use nftproxy::sync::Syncer;
+use nftproxy::sync::{self, Syncer};
 use nftproxy::syncloop::{self, Shared, Wake};
-use nftproxy::{addresses, watch};
+use nftproxy::{addresses, iptables, watch};
 
 #[derive(Parser)]
 #[command(
@@ -89,8 +89,15 @@ enum Command {
         #[arg(long = "local-address")]
         local_addresses: Vec<IpAddr>,
     },
-    /// Remove everything nftproxy created.
-    Cleanup,
+    /// Remove everything nftproxy created: its nftables tables and its iptables chains (both
+    /// the legacy and the nft variant).
+    Cleanup {
+        /// Also remove kube-proxy's leftovers: its nftables tables (`ip kube-proxy`,
+        /// `ip6 kube-proxy`) and its iptables chains (`KUBE-SERVICES`, `KUBE-SVC-...`; not
+        /// kubelet's), in both variants.
+        #[arg(long)]
+        kube_proxy: bool,
+    },
     /// Build a throwaway lab of network namespaces, program an example cluster into it, send
     /// traffic through its Services and show what happened (needs root).
     Demo,
@@ -148,11 +155,7 @@ fn settings(common: &Common) -> Result<Settings, Failure> {
         hostname_override: common.hostname_override.clone(),
         proxy_mode: common.proxy_mode.clone(),
     };
-    let settings = Settings::resolve(&file, &overrides).map_err(usage)?;
-    if settings.mode != nftproxy::config::ProxyMode::Nftables {
-        return Err(usage("mode: only \"nftables\" is available in this build"));
-    }
-    Ok(settings)
+    Settings::resolve(&file, &overrides).map_err(usage)
 }
 
 fn load(path: &Path, settings: &mut Settings) -> Result<Cluster, Failure> {
@@ -214,6 +217,29 @@ fn follow_file(shared: Arc<Shared>, path: PathBuf) {
     }
 }
 
+/// Wakes the sync loop whenever this host's addresses change, so NodePort addresses follow.
+fn watch_addresses(shared: Arc<Shared>) {
+    let mut watch = match addresses::AddressWatch::open() {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch address changes; NodePort addresses follow them at the next sync");
+            return;
+        }
+    };
+    loop {
+        match watch.wait() {
+            Ok(()) => {
+                tracing::info!("local addresses changed");
+                shared.wake(Wake::Addresses);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "address change watch failed");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
 /// Wakes the sync loop whenever someone else changes nftproxy's tables.
 fn monitor_drift(shared: Arc<Shared>, ignore_portid: u32) {
     let mut monitor = match Monitor::open(ignore_portid) {
@@ -239,6 +265,26 @@ fn monitor_drift(shared: Arc<Shared>, ignore_portid: u32) {
                 tracing::warn!(error = %e, "nftables change monitor failed");
                 std::thread::sleep(Duration::from_secs(1));
             }
+        }
+    }
+}
+
+/// iptables mode: wakes the sync loop for a full sync when nftproxy's canary chains are gone
+/// (someone flushed the tables), checked every `syncPeriod` like kube-proxy's
+/// `KUBE-PROXY-CANARY`.
+fn monitor_canary(shared: Arc<Shared>, variant: iptables::Variant, period: Duration) {
+    // Only a canary that was there and went away counts (the first sync creates it).
+    let mut seen = false;
+    loop {
+        std::thread::sleep(period);
+        match iptables::canary_present(variant) {
+            Some(true) => seen = true,
+            Some(false) if seen => {
+                tracing::warn!("nftproxy's iptables canary chains are gone; restoring all rules");
+                shared.wake(Wake::Drift);
+                seen = false;
+            }
+            _ => {}
         }
     }
 }
@@ -270,7 +316,9 @@ fn run(
             ));
         }
     }
-    let mut syncer = Syncer::new().map_err(runtime)?;
+    let mut syncer = Syncer::for_mode(settings.mode, &settings.iptables).map_err(runtime)?;
+    // Switching modes: what the other backend programmed goes (kube-proxy does the same).
+    syncer.remove_other_backend();
     if once {
         while !shared.with_tracker(|t| t.ready()) {
             std::thread::sleep(Duration::from_millis(50));
@@ -285,9 +333,17 @@ fn run(
         let (shared, path) = (shared.clone(), path.to_path_buf());
         std::thread::spawn(move || follow_file(shared, path));
     }
-    {
-        let (shared, portid) = (shared.clone(), syncer.portid());
+    if let Some(portid) = syncer.portid() {
+        let shared = shared.clone();
         std::thread::spawn(move || monitor_drift(shared, portid));
+    }
+    {
+        let shared = shared.clone();
+        std::thread::spawn(move || watch_addresses(shared));
+    }
+    if let Some(variant) = syncer.iptables_variant() {
+        let (shared, period) = (shared.clone(), settings.sync_period);
+        std::thread::spawn(move || monitor_canary(shared, variant, period));
     }
     // Metrics, /healthz and /livez, health-check node ports.
     let mut telemetry =
@@ -325,6 +381,23 @@ fn print_out(text: &str) -> Result<(), Failure> {
 fn render_cmd(common: &Common, from_file: &Path) -> Result<(), Failure> {
     let mut settings = settings(common)?;
     let cluster = load(from_file, &mut settings)?;
+    if settings.mode == ProxyMode::Iptables {
+        // The input of a first (full) restore, per family.
+        let text: String = Family::ALL
+            .iter()
+            .map(|f| {
+                let rules =
+                    dataplane::iptables::build(&cluster, &settings.build, &settings.iptables, *f);
+                let restore = dataplane::iptables::plan_full(&rules, &Default::default());
+                format!(
+                    "# {}tables-restore --noflush\n{}",
+                    if *f == Family::V6 { "ip6" } else { "ip" },
+                    restore.text
+                )
+            })
+            .collect();
+        return print_out(&text);
+    }
     let text: String = Family::ALL
         .iter()
         .map(|f| render::table_text(&build(&cluster, &settings.build, *f).table))
@@ -339,6 +412,11 @@ fn trace_cmd(
     extra_local: &[IpAddr],
 ) -> Result<(), Failure> {
     let settings = settings(common)?;
+    if settings.mode == ProxyMode::Iptables {
+        return Err(usage(
+            "trace explains the nftables ruleset; it does not model iptables mode",
+        ));
+    }
     let (cluster, skipped) =
         source::load_file(from_file, &settings.node_name, "").map_err(usage)?;
     source::report_skipped(&skipped);
@@ -401,7 +479,7 @@ fn main() -> ExitCode {
         Command::DemoEcho { name, ports, .. } => {
             nftproxy::demo::echo_serve(name, ports).map_err(runtime)
         }
-        Command::Cleanup => Syncer::new().and_then(|mut s| s.cleanup()).map_err(runtime),
+        Command::Cleanup { kube_proxy } => sync::cleanup_all(*kube_proxy).map_err(runtime),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,17 +1,36 @@
 //! One sync: build the desired tables, plan against what the kernel holds, commit.
+//!
+//! A [`Syncer`] drives one of two backends, chosen by `mode`: nftables over netlink (the
+//! default) or iptables-restore (kube-proxy's iptables mode, see [`crate::iptables`]). The UDP
+//! conntrack cleanup after a commit is the same for both.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use dataplane::build::{BuildConfig, NoLocalEndpoints, build};
 use dataplane::conntrack::{Frontends, cleanup_needed};
+use dataplane::iptables::IptablesOptions;
 use dataplane::model::Cluster;
 use dataplane::plan::{TableState, plan, plan_cleanup};
-use dataplane::ruleset::Family;
+use dataplane::ruleset::{Family, TABLE};
 use metrics::ObjectCounts;
 
+use crate::config::ProxyMode;
 use crate::conntrack::Conntrack;
+use crate::iptables::{self, IptError, IptablesBackend, IptablesCounts, Owner, Variant};
 use crate::nftables::{ApplyStats, NftError, Nftables};
+
+/// kube-proxy's nftables table (`nftproxy cleanup --kube-proxy`).
+pub const KUBE_PROXY_TABLE: &str = "kube-proxy";
+
+/// Why a sync (or a cleanup) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error(transparent)]
+    Nftables(#[from] NftError),
+    #[error(transparent)]
+    Iptables(#[from] IptError),
+}
 
 /// What one family's sync sent to the kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,14 +47,25 @@ pub struct FamilyReport {
     pub drift_repaired: bool,
     /// How long this family's sync took.
     pub elapsed: Duration,
+    /// iptables mode: rules owned and written per table (kube-proxy's iptables gauges).
+    pub iptables: Option<IptablesCounts>,
 }
 
-/// Keeps the kernel's nftproxy tables equal to the cluster model, sending only differences.
+/// The kernel interface a [`Syncer`] programs.
+enum Backend {
+    Nftables {
+        nft: Nftables,
+        /// What the kernel holds after our last successful commit; `None` when unknown
+        /// (startup, after a failure, or when a full sync asks to re-read it), and then read
+        /// back.
+        committed: BTreeMap<Family, Option<Option<TableState>>>,
+    },
+    Iptables(IptablesBackend),
+}
+
+/// Keeps the kernel's nftproxy rules equal to the cluster model, sending only differences.
 pub struct Syncer {
-    nft: Nftables,
-    /// What the kernel holds after our last successful commit; `None` when unknown (startup,
-    /// after a failure, or when a full sync asks to re-read it), and then read back.
-    committed: BTreeMap<Family, Option<Option<TableState>>>,
+    backend: Backend,
     /// For the UDP conntrack cleanup; `None` if the socket could not be opened.
     conntrack: Option<Conntrack>,
     /// The UDP frontends as of the last sync whose conntrack cleanup succeeded (or was not
@@ -46,16 +76,55 @@ pub struct Syncer {
 }
 
 impl Syncer {
+    /// An nftables-mode syncer.
     pub fn new() -> Result<Syncer, NftError> {
-        Ok(Syncer {
+        Ok(Syncer::with_backend(Backend::Nftables {
             nft: Nftables::open()?,
             committed: BTreeMap::new(),
+        }))
+    }
+
+    /// A syncer for `mode`; iptables mode uses the iptables variant the node uses.
+    pub fn for_mode(mode: ProxyMode, options: &IptablesOptions) -> Result<Syncer, SyncError> {
+        Ok(match mode {
+            ProxyMode::Nftables => Syncer::new()?,
+            ProxyMode::Iptables => {
+                Syncer::with_backend(Backend::Iptables(IptablesBackend::new(options.clone())?))
+            }
+        })
+    }
+
+    /// An iptables-mode syncer using `variant`.
+    pub fn iptables(variant: Variant, options: &IptablesOptions) -> Result<Syncer, SyncError> {
+        Ok(Syncer::with_backend(Backend::Iptables(
+            IptablesBackend::with_variant(variant, options.clone())?,
+        )))
+    }
+
+    fn with_backend(backend: Backend) -> Syncer {
+        Syncer {
+            backend,
             conntrack: Conntrack::open()
                 .inspect_err(|e| tracing::warn!(error = %e, "no UDP conntrack cleanup"))
                 .ok(),
             udp_frontends: BTreeMap::new(),
             failed_family: None,
-        })
+        }
+    }
+
+    pub fn mode(&self) -> ProxyMode {
+        match self.backend {
+            Backend::Nftables { .. } => ProxyMode::Nftables,
+            Backend::Iptables(_) => ProxyMode::Iptables,
+        }
+    }
+
+    /// iptables mode: the variant in use.
+    pub fn iptables_variant(&self) -> Option<Variant> {
+        match &self.backend {
+            Backend::Nftables { .. } => None,
+            Backend::Iptables(b) => Some(b.variant()),
+        }
     }
 
     /// Syncs both families. `full` re-reads the kernel state first, which repairs any drift.
@@ -64,12 +133,18 @@ impl Syncer {
         cluster: &Cluster,
         config: &BuildConfig,
         full: bool,
-    ) -> Result<BTreeMap<Family, FamilyReport>, NftError> {
+    ) -> Result<BTreeMap<Family, FamilyReport>, SyncError> {
         let mut reports = BTreeMap::new();
         for family in Family::ALL {
             let report = self.sync_family(cluster, config, family, full);
             if report.is_err() {
-                self.committed.remove(&family);
+                match &mut self.backend {
+                    Backend::Nftables { committed, .. } => {
+                        committed.remove(&family);
+                    }
+                    // The backend forgets what it wrote itself.
+                    Backend::Iptables(_) => {}
+                }
                 self.failed_family = Some(family);
             }
             reports.insert(family, report?);
@@ -83,59 +158,34 @@ impl Syncer {
         config: &BuildConfig,
         family: Family,
         full: bool,
-    ) -> Result<FamilyReport, NftError> {
+    ) -> Result<FamilyReport, SyncError> {
         let start = Instant::now();
-        let built = build(cluster, config, family);
-        let current = match self.committed.get(&family) {
-            Some(Some(state)) if !full => state.clone(),
-            _ => self.nft.read_table(family)?,
-        };
-        // A full sync that reads back something other than what we committed found drift.
-        let drifted = full
-            && matches!(self.committed.get(&family), Some(Some(committed)) if *committed != current);
-        // At startup, what the previous run programmed tells which UDP frontends existed.
-        let read_back = (!self.udp_frontends.contains_key(&family))
-            .then(|| Frontends::from_table_state(current.as_ref()));
-        let tx = plan(current.as_ref(), &built.table);
-        let stats = self.nft.apply(&tx)?;
-        let mut state = current.unwrap_or_default();
-        state.apply(&tx);
-        let cleanup = plan_cleanup(&state, &built.table);
-        let mut cleanup_stats = ApplyStats::default();
-        let mut cleanup_failed = false;
-        if !cleanup.is_empty() {
-            // Chains that just lost their last reference may still be busy on older kernels;
-            // they stay (empty) and are deleted by a later sync.
-            match self.nft.apply(&cleanup) {
-                Ok(s) => {
-                    state.apply(&cleanup);
-                    cleanup_stats = s;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "stale chains not deleted yet");
-                    cleanup_failed = true;
-                }
+        let first = !self.udp_frontends.contains_key(&family);
+        let (mut report, read_back) = match &mut self.backend {
+            Backend::Nftables { nft, committed } => {
+                sync_nftables(nft, committed, first, cluster, config, family, full)?
             }
-        }
-        self.committed.insert(family, Some(Some(state)));
-        let mut report = FamilyReport {
-            ops: tx.ops.len() + cleanup.ops.len(),
-            messages: stats.messages + cleanup_stats.messages,
-            bytes: stats.bytes + cleanup_stats.bytes,
-            no_local_endpoints: built.no_local_endpoints,
-            objects: ObjectCounts::of(&built.table),
-            cleanup_failed,
-            drift_repaired: drifted && !tx.is_empty(),
-            elapsed: Duration::ZERO,
+            Backend::Iptables(ipt) => {
+                let r = ipt.sync_family(cluster, config, family, full)?;
+                let report = FamilyReport {
+                    ops: r.lines,
+                    messages: r.restores,
+                    bytes: r.bytes,
+                    no_local_endpoints: r.no_local_endpoints,
+                    objects: ObjectCounts {
+                        chains: r.chains,
+                        rules: r.rules,
+                        sets: 0,
+                        set_elements: 0,
+                    },
+                    iptables: Some(r.counts),
+                    ..FamilyReport::default()
+                };
+                // What a previous run programmed is not read back in iptables mode: the first
+                // conntrack cleanup treats every UDP Service as possibly changed.
+                (report, None)
+            }
         };
-        tracing::info!(
-            family = family.k8s_name(),
-            full,
-            ops = report.ops,
-            messages = report.messages,
-            bytes = report.bytes,
-            "nftables sync committed"
-        );
         self.clean_conntrack(family, Frontends::of(cluster, family), read_back);
         report.elapsed = start.elapsed();
         Ok(report)
@@ -198,22 +248,175 @@ impl Syncer {
         self.failed_family
     }
 
-    /// The netlink port id of the kernel connection (to recognise our own changes).
-    pub fn portid(&self) -> u32 {
-        self.nft.portid()
+    /// nftables mode: the netlink port id of the kernel connection (to recognise our own
+    /// changes).
+    pub fn portid(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Nftables { nft, .. } => Some(nft.portid()),
+            Backend::Iptables(_) => None,
+        }
     }
 
-    /// Removes nftproxy's tables from the kernel.
-    pub fn cleanup(&mut self) -> Result<(), NftError> {
-        for family in Family::ALL {
-            if self.nft.delete_table(family)? {
-                tracing::info!(
-                    table = format!("{} nftproxy", family.nft_name()),
-                    "deleted table"
-                );
+    /// Removes what this syncer's backend created: nftproxy's nftables tables, or its
+    /// iptables chains (in the variant in use). The next sync starts afresh.
+    pub fn cleanup(&mut self) -> Result<(), SyncError> {
+        match &mut self.backend {
+            Backend::Nftables { nft, committed } => {
+                delete_tables(nft, TABLE)?;
+                committed.clear();
             }
-            self.committed.remove(&family);
+            Backend::Iptables(ipt) => log_removed(&ipt.cleanup()?, "deleted iptables chains"),
         }
+        self.udp_frontends.clear();
         Ok(())
     }
+
+    /// Removes what the *other* mode left behind, as kube-proxy does when it starts: starting
+    /// in iptables mode deletes nftproxy's nftables tables, starting in nftables mode deletes
+    /// its iptables chains (both variants). Failures are logged, never fatal.
+    pub fn remove_other_backend(&mut self) {
+        match &mut self.backend {
+            Backend::Nftables { .. } => match iptables::remove_chains(Owner::Nftproxy) {
+                Ok(removed) => {
+                    log_removed(&removed, "deleted iptables chains left by iptables mode")
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot remove iptables-mode leftovers"),
+            },
+            Backend::Iptables(_) => {
+                if let Err(e) = Nftables::open().and_then(|mut nft| delete_tables(&mut nft, TABLE))
+                {
+                    tracing::warn!(error = %e, "cannot remove nftables-mode leftovers");
+                }
+            }
+        }
+    }
+}
+
+/// One line per cleanup (a node may have thousands of chains), the names at debug level.
+fn log_removed(removed: &[String], message: &str) {
+    if !removed.is_empty() {
+        tracing::info!(count = removed.len(), "{message}");
+        tracing::debug!(chains = ?removed, "{message}");
+    }
+}
+
+/// Deletes table `name` in both families.
+fn delete_tables(nft: &mut Nftables, name: &str) -> Result<(), NftError> {
+    for family in Family::ALL {
+        if nft.delete_named_table(family, name)? {
+            tracing::info!(
+                table = format!("{} {name}", family.nft_name()),
+                "deleted table"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `nftproxy cleanup`: removes everything nftproxy created in either mode — its nftables
+/// tables and its iptables chains in both variants — and, with `kube_proxy`, kube-proxy's
+/// leftovers too (tables `ip kube-proxy` / `ip6 kube-proxy`, its `KUBE-` iptables chains).
+/// Tries everything; returns the first error.
+pub fn cleanup_all(kube_proxy: bool) -> Result<(), SyncError> {
+    let mut first_error: Option<SyncError> = None;
+    let mut note = |r: Result<(), SyncError>| {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "cleanup step failed");
+            first_error.get_or_insert(e);
+        }
+    };
+    let mut tables = vec![TABLE];
+    if kube_proxy {
+        tables.push(KUBE_PROXY_TABLE);
+    }
+    note(
+        Nftables::open()
+            .map_err(SyncError::from)
+            .and_then(|mut nft| {
+                for name in &tables {
+                    delete_tables(&mut nft, name)?;
+                }
+                Ok(())
+            }),
+    );
+    let mut owners = vec![Owner::Nftproxy];
+    if kube_proxy {
+        owners.push(Owner::KubeProxy);
+    }
+    for owner in owners {
+        note(
+            iptables::remove_chains(owner)
+                .map(|removed| log_removed(&removed, "deleted iptables chains"))
+                .map_err(SyncError::from),
+        );
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// One family's nftables sync: returns the report and, on the first sync, the UDP frontends
+/// the previous run programmed (read back from the kernel).
+fn sync_nftables(
+    nft: &mut Nftables,
+    committed: &mut BTreeMap<Family, Option<Option<TableState>>>,
+    first: bool,
+    cluster: &Cluster,
+    config: &BuildConfig,
+    family: Family,
+    full: bool,
+) -> Result<(FamilyReport, Option<Frontends>), NftError> {
+    let built = build(cluster, config, family);
+    let current = match committed.get(&family) {
+        Some(Some(state)) if !full => state.clone(),
+        _ => nft.read_table(family)?,
+    };
+    // A full sync that reads back something other than what we committed found drift.
+    let drifted =
+        full && matches!(committed.get(&family), Some(Some(committed)) if *committed != current);
+    // At startup, what the previous run programmed tells which UDP frontends existed.
+    let read_back = first.then(|| Frontends::from_table_state(current.as_ref()));
+    let tx = plan(current.as_ref(), &built.table);
+    let stats = nft.apply(&tx)?;
+    let mut state = current.unwrap_or_default();
+    state.apply(&tx);
+    let cleanup = plan_cleanup(&state, &built.table);
+    let mut cleanup_stats = ApplyStats::default();
+    let mut cleanup_failed = false;
+    if !cleanup.is_empty() {
+        // Chains that just lost their last reference may still be busy on older kernels;
+        // they stay (empty) and are deleted by a later sync.
+        match nft.apply(&cleanup) {
+            Ok(s) => {
+                state.apply(&cleanup);
+                cleanup_stats = s;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "stale chains not deleted yet");
+                cleanup_failed = true;
+            }
+        }
+    }
+    committed.insert(family, Some(Some(state)));
+    let report = FamilyReport {
+        ops: tx.ops.len() + cleanup.ops.len(),
+        messages: stats.messages + cleanup_stats.messages,
+        bytes: stats.bytes + cleanup_stats.bytes,
+        no_local_endpoints: built.no_local_endpoints,
+        objects: ObjectCounts::of(&built.table),
+        cleanup_failed,
+        drift_repaired: drifted && !tx.is_empty(),
+        elapsed: Duration::ZERO,
+        iptables: None,
+    };
+    tracing::info!(
+        family = family.k8s_name(),
+        full,
+        ops = report.ops,
+        messages = report.messages,
+        bytes = report.bytes,
+        "nftables sync committed"
+    );
+    Ok((report, read_back))
 }

@@ -27,6 +27,8 @@ pub enum Wake {
     Changed,
     /// The kernel state may differ from what we committed: re-read it.
     Drift,
+    /// This host's addresses changed (NodePort addresses may differ).
+    Addresses,
 }
 
 /// State shared between the sources (watchers, file) and the sync loop.
@@ -129,11 +131,13 @@ pub fn run(
     let mut last_end: Option<Instant> = None;
     let mut next_full = Instant::now() + FULL_SYNC_PERIOD;
     let mut retry_at = Instant::now();
+    let mut addresses_changed = false;
     loop {
         let deadline = if failed { retry_at } else { next_full };
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(Wake::Changed) => {}
             Ok(Wake::Drift) => need_full = true,
+            Ok(Wake::Addresses) => addresses_changed = true,
             Err(RecvTimeoutError::Timeout) => need_full = true,
             Err(RecvTimeoutError::Disconnected) => return,
         }
@@ -142,19 +146,21 @@ pub fn run(
         }
         while let Ok(w) = rx.try_recv() {
             need_full |= w == Wake::Drift;
+            addresses_changed |= w == Wake::Addresses;
         }
         let snapshot = shared.with_tracker(|t| {
             if !t.ready() {
                 return None;
             }
             let changes = t.take_changes();
-            let worth_it = !changes.is_empty() || need_full || failed;
+            let worth_it = !changes.is_empty() || need_full || failed || addresses_changed;
             worth_it.then(|| (t.cluster().clone(), changes.trigger_times))
         });
         let Some((cluster, trigger_times)) = snapshot else {
             continue;
         };
         let full = need_full || failed;
+        addresses_changed = false;
         config.local_addresses = crate::addresses::local_addresses();
         let start = Instant::now();
         let result = syncer

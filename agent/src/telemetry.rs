@@ -10,7 +10,7 @@ use dataplane::ruleset::Family;
 use metrics::invalid_reason;
 use tokio::runtime::Handle;
 
-use crate::config::Settings;
+use crate::config::{ProxyMode, Settings};
 use crate::http::service_health::ServiceHealth;
 use crate::http::{self, parse_bind_address, parse_rfc3339, spawn_server};
 use crate::syncloop::{Observer, Shared, SyncRun};
@@ -25,6 +25,9 @@ pub struct Telemetry {
     service_health: ServiceHealth,
     /// Trigger times before this are from before we started (kube-proxy ignores them too).
     started: SystemTime,
+    /// The mode's failure counter: nftables sync failures here, iptables restore failures
+    /// are counted by the iptables backend (it knows whether the restore was partial).
+    mode: ProxyMode,
 }
 
 impl Telemetry {
@@ -42,7 +45,11 @@ impl Telemetry {
         let healthz_addr = parse_bind_address(&settings.healthz_bind_address, HEALTHZ_PORT)
             .map_err(|e| format!("healthzBindAddress: {e}"))?;
         if let Some(addr) = metrics_addr {
-            spawn_server(rt, addr, http::metrics::handler("nftables"), "metrics");
+            let mode = match settings.mode {
+                ProxyMode::Nftables => "nftables",
+                ProxyMode::Iptables => "iptables",
+            };
+            spawn_server(rt, addr, http::metrics::handler(mode), "metrics");
         }
         if let Some(addr) = healthz_addr {
             let handler = http::health::handler(shared.health().clone(), timeout);
@@ -58,6 +65,7 @@ impl Telemetry {
             shared,
             service_health,
             started: SystemTime::now(),
+            mode: settings.mode,
         })
     }
 
@@ -86,6 +94,15 @@ impl Observer for Telemetry {
                     if r.drift_repaired {
                         m.drift_repaired(family);
                     }
+                    if let Some(ipt) = r.iptables {
+                        m.set_iptables_rules(
+                            family,
+                            "filter",
+                            ipt.filter_rules,
+                            ipt.filter_written,
+                        );
+                        m.set_iptables_rules(family, "nat", ipt.nat_rules, ipt.nat_written);
+                    }
                     health.updated(family);
                 }
                 for (family, raw) in run.trigger_times {
@@ -108,7 +125,9 @@ impl Observer for Telemetry {
                 };
                 for family in families {
                     m.observe_sync(family, run.full, run.elapsed);
-                    m.sync_failed(family);
+                    if self.mode == ProxyMode::Nftables {
+                        m.sync_failed(family);
+                    }
                 }
                 // The kernel does not hold what it should: an update is pending until a sync
                 // succeeds (kube-proxy only counts queued changes; a failing repair or periodic

@@ -4,10 +4,11 @@
 pub mod build;
 pub mod conntrack;
 pub mod convert;
+pub mod iptables;
 pub mod model;
 pub mod plan;
 pub mod render;
 pub mod ruleset;
 pub mod topology;
-pub mod tracker;
 pub mod trace;
+pub mod tracker;

@@ -103,6 +103,11 @@ pub struct Metrics {
     livez: CounterVec,
     conntrack_duration: HistogramVec,
     conntrack_deleted: CounterVec,
+    // kube-proxy (iptables mode).
+    iptables_total: GaugeVec,
+    iptables_last: GaugeVec,
+    iptables_restore_failures: CounterVec,
+    iptables_partial_restore_failures: CounterVec,
     // nftproxy's own.
     invalid_objects: GaugeVec,
     netlink_messages: HistogramVec,
@@ -303,6 +308,30 @@ impl Metrics {
                 &alpha("Cumulative conntrack flows deleted by conntrack reconciler"),
                 FAMILY,
             ),
+            iptables_total: gauge_vec(
+                &r,
+                &format!("{sync}_iptables_total"),
+                &alpha("Total number of iptables rules owned by kube-proxy"),
+                &["table", "ip_family"],
+            ),
+            iptables_last: gauge_vec(
+                &r,
+                &format!("{sync}_iptables_last"),
+                &alpha("Number of iptables rules written by kube-proxy in last sync"),
+                &["table", "ip_family"],
+            ),
+            iptables_restore_failures: counter_vec(
+                &r,
+                &format!("{sync}_iptables_restore_failures_total"),
+                &alpha("Cumulative proxy iptables restore failures"),
+                FAMILY,
+            ),
+            iptables_partial_restore_failures: counter_vec(
+                &r,
+                &format!("{sync}_iptables_partial_restore_failures_total"),
+                &alpha("Cumulative proxy iptables partial restore failures"),
+                FAMILY,
+            ),
             invalid_objects: gauge_vec(
                 &r,
                 "nftproxy_invalid_objects",
@@ -354,7 +383,7 @@ impl Metrics {
     /// The names of every metric family this set defines, whether or not it has samples yet
     /// (for checking dashboards and alerts against what the agent exports).
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn prometheus::core::Collector; 23] = [
+        let collectors: [&dyn prometheus::core::Collector; 27] = [
             &self.sync_duration,
             &self.sync_full_duration,
             &self.sync_partial_duration,
@@ -372,6 +401,10 @@ impl Metrics {
             &self.livez,
             &self.conntrack_duration,
             &self.conntrack_deleted,
+            &self.iptables_total,
+            &self.iptables_last,
+            &self.iptables_restore_failures,
+            &self.iptables_partial_restore_failures,
             &self.invalid_objects,
             &self.netlink_messages,
             &self.netlink_bytes,
@@ -418,6 +451,26 @@ impl Metrics {
         self.nftables_sync_failures
             .with_label_values(&[family.k8s_name()])
             .inc();
+    }
+
+    /// iptables mode: the rules in nftproxy's chains of `table` (`filter`, `nat`) after a
+    /// successful sync, and how many the sync's restore wrote.
+    pub fn set_iptables_rules(&self, family: Family, table: &str, total: usize, written: usize) {
+        let l = [table, family.k8s_name()];
+        self.iptables_total.with_label_values(&l).set(total as f64);
+        self.iptables_last.with_label_values(&l).set(written as f64);
+    }
+
+    /// iptables mode: an `iptables-restore` of `family` failed; `partial` if it was a partial
+    /// restore (the next one is full).
+    pub fn iptables_restore_failed(&self, family: Family, partial: bool) {
+        let l = [family.k8s_name()];
+        self.iptables_restore_failures.with_label_values(&l).inc();
+        if partial {
+            self.iptables_partial_restore_failures
+                .with_label_values(&l)
+                .inc();
+        }
     }
 
     /// The stale-chain cleanup transaction of `family` failed.
@@ -698,5 +751,28 @@ kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"
         let text = m.encode();
         assert!(text.contains("nftproxy_invalid_objects{kind=\"Service\",reason=\"schema\"} 1\n"));
         assert!(!text.contains("invalid_ip"));
+    }
+
+    #[test]
+    fn iptables_metrics() {
+        let m = Metrics::new();
+        m.set_iptables_rules(Family::V4, "nat", 120, 4);
+        m.iptables_restore_failed(Family::V6, true);
+        m.iptables_restore_failed(Family::V6, false);
+        let text = m.encode();
+        assert!(text.contains(
+            "# HELP kubeproxy_sync_proxy_rules_iptables_total [ALPHA] Total number of iptables rules owned by kube-proxy\n\
+             # TYPE kubeproxy_sync_proxy_rules_iptables_total gauge\n\
+             kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} 120\n"
+        ));
+        assert!(text.contains(
+            "kubeproxy_sync_proxy_rules_iptables_last{ip_family=\"IPv4\",table=\"nat\"} 4\n"
+        ));
+        assert!(text.contains(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv6\"} 2\n"
+        ));
+        assert!(text.contains(
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv6\"} 1\n"
+        ));
     }
 }

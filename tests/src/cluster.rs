@@ -434,18 +434,21 @@ impl ProxyConfig {
         self
     }
 
-    /// `nftables.masqueradeAll`.
+    /// `nftables.masqueradeAll` and `iptables.masqueradeAll` (each mode reads its own
+    /// section, so the file works with `--proxy-mode` either way).
     pub fn masquerade_all(mut self, on: bool) -> ProxyConfig {
-        self.nftables().insert("masqueradeAll".into(), json!(on));
+        for mode in ["nftables", "iptables"] {
+            self.section(mode).insert("masqueradeAll".into(), json!(on));
+        }
         self
     }
 
-    fn nftables(&mut self) -> &mut Map<String, Value> {
+    fn section(&mut self, name: &str) -> &mut Map<String, Value> {
         self.v
-            .entry("nftables")
+            .entry(name)
             .or_insert_with(|| json!({}))
             .as_object_mut()
-            .expect("nftables object")
+            .expect("mode section object")
     }
 
     /// `detectLocalMode`: ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix.

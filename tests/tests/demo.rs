@@ -36,8 +36,17 @@ fn demo_runs_agrees_with_trace_and_cleans_up() {
         "demo failed: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for service in ["demo/web ", "demo/web-nodeport", "demo/web-lb", "demo/dns", "demo/empty"] {
-        assert!(stdout.contains(service), "no table for {service}:\n{stdout}");
+    for service in [
+        "demo/web ",
+        "demo/web-nodeport",
+        "demo/web-lb",
+        "demo/dns",
+        "demo/empty",
+    ] {
+        assert!(
+            stdout.contains(service),
+            "no table for {service}:\n{stdout}"
+        );
     }
     assert!(stdout.contains("web-3"), "{stdout}");
     assert!(stdout.contains("refused (REJECT)"), "{stdout}");
@@ -56,7 +65,10 @@ fn demo_runs_agrees_with_trace_and_cleans_up() {
     let half_way = format!("nftpdemo-{pid}-web-2");
     let start = Instant::now();
     while !list_namespaces().unwrap().contains(&half_way) {
-        assert!(start.elapsed() < Duration::from_secs(20), "demo never got half-way");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "demo never got half-way"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // SAFETY: kill with a PID we own and a valid signal.
@@ -66,7 +78,10 @@ fn demo_runs_agrees_with_trace_and_cleans_up() {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "demo ignored SIGINT");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "demo ignored SIGINT"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(!status.success(), "an interrupted demo reports it");

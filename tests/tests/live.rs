@@ -41,7 +41,11 @@ fn topology() -> Topology {
     let up = ext.node_link().unwrap().to_string();
     node.add_route(&format!("default dev {up}")).unwrap();
     let client = lab.pod(&node, "client", &[ip("10.180.0.2")]).unwrap();
-    for (label, addr) in [("ep1", "10.180.0.1"), ("ep2", "10.180.2.1"), ("ep3", "10.180.3.1")] {
+    for (label, addr) in [
+        ("ep1", "10.180.0.1"),
+        ("ep2", "10.180.2.1"),
+        ("ep3", "10.180.3.1"),
+    ] {
         let pod = lab.pod(&node, label, &[ip(addr)]).unwrap();
         lab.echo(&pod, &[80, 8080]).unwrap();
     }
@@ -96,7 +100,10 @@ fn start_agent(t: &Topology) -> Proc {
         ])
         .unwrap();
     agent
-        .wait_stderr(|l| l.contains("nftables sync committed"), Duration::from_secs(20))
+        .wait_stderr(
+            |l| l.contains("nftables sync committed"),
+            Duration::from_secs(20),
+        )
         .expect("first sync");
     agent
 }
@@ -130,7 +137,14 @@ fn committed_messages(agent: &Proc, from: usize) -> Vec<usize> {
     agent.stderr()[from..]
         .iter()
         .filter(|l| l.contains("nftables sync committed"))
-        .filter_map(|l| l.split("messages=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .filter_map(|l| {
+            l.split("messages=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
         .collect()
 }
 
@@ -141,27 +155,56 @@ fn changes_through_the_api_reach_the_kernel() {
     t.api.apply(service("web", "172.30.0.10", 80, 80)).unwrap();
     t.api.apply(slice("web", 80, &["10.180.0.1"])).unwrap();
     // minSyncPeriod (1 s) + 1 s.
-    let took = until(&t, "172.30.0.10:80", &endpoints(&["10.180.0.1:80"]), Duration::from_secs(2));
+    let took = until(
+        &t,
+        "172.30.0.10:80",
+        &endpoints(&["10.180.0.1:80"]),
+        Duration::from_secs(2),
+    );
     eprintln!("new Service reachable after {took:?}");
     t.api
-        .apply(slice("web", 80, &["10.180.0.1", "10.180.2.1", "10.180.3.1"]))
+        .apply(slice(
+            "web",
+            80,
+            &["10.180.0.1", "10.180.2.1", "10.180.3.1"],
+        ))
         .unwrap();
     let all = endpoints(&["10.180.0.1:80", "10.180.2.1:80", "10.180.3.1:80"]);
     until(&t, "172.30.0.10:80", &all, Duration::from_secs(3));
     t.api.apply(slice("web", 80, &["10.180.2.1"])).unwrap();
-    until(&t, "172.30.0.10:80", &endpoints(&["10.180.2.1:80"]), Duration::from_secs(3));
+    until(
+        &t,
+        "172.30.0.10:80",
+        &endpoints(&["10.180.2.1:80"]),
+        Duration::from_secs(3),
+    );
     // Port change: the Service moves to 8080, the endpoints to 8080.
-    t.api.apply(service("web", "172.30.0.10", 8080, 8080)).unwrap();
+    t.api
+        .apply(service("web", "172.30.0.10", 8080, 8080))
+        .unwrap();
     t.api.apply(slice("web", 8080, &["10.180.2.1"])).unwrap();
-    until(&t, "172.30.0.10:8080", &endpoints(&["10.180.2.1:8080"]), Duration::from_secs(3));
-    until(&t, "172.30.0.10:80", &Verdict::Reject, Duration::from_secs(3));
+    until(
+        &t,
+        "172.30.0.10:8080",
+        &endpoints(&["10.180.2.1:8080"]),
+        Duration::from_secs(3),
+    );
+    until(
+        &t,
+        "172.30.0.10:80",
+        &Verdict::Reject,
+        Duration::from_secs(3),
+    );
     t.api.delete("Service", "ns", "web").unwrap();
     t.api.delete("EndpointSlice", "ns", "web-abc").unwrap();
     // A deleted Service's address is an unallocated address of the ServiceCIDR, if one is
     // known; without ServiceCIDRs nothing answers for it any more: it is routed onwards.
     let start = Instant::now();
     loop {
-        let listing = t.node.exec(&["nft", "list", "table", "ip", "nftproxy"]).unwrap();
+        let listing = t
+            .node
+            .exec(&["nft", "list", "table", "ip", "nftproxy"])
+            .unwrap();
         if !listing.contains("172.30.0.10") {
             break;
         }
@@ -178,8 +221,18 @@ fn api_outage_and_compacted_history() {
     t.api.apply(service("gone", "172.30.0.11", 80, 80)).unwrap();
     t.api.apply(slice("gone", 80, &["10.180.2.1"])).unwrap();
     let agent = start_agent(&t);
-    until(&t, "172.30.0.10:80", &endpoints(&["10.180.0.1:80"]), Duration::from_secs(3));
-    until(&t, "172.30.0.11:80", &endpoints(&["10.180.2.1:80"]), Duration::from_secs(3));
+    until(
+        &t,
+        "172.30.0.10:80",
+        &endpoints(&["10.180.0.1:80"]),
+        Duration::from_secs(3),
+    );
+    until(
+        &t,
+        "172.30.0.11:80",
+        &endpoints(&["10.180.2.1:80"]),
+        Duration::from_secs(3),
+    );
     let before = t.node.exec(&["nft", "list", "ruleset"]).unwrap();
     let log_start = agent.stderr().len();
 
@@ -190,7 +243,11 @@ fn api_outage_and_compacted_history() {
             .lab
             .run_probe(&t.client, &Probe::new(Proto::Tcp, sa("172.30.0.10:80"), 5))
             .unwrap();
-        assert_eq!(r.verdict(), endpoints(&["10.180.0.1:80"]), "traffic during the outage");
+        assert_eq!(
+            r.verdict(),
+            endpoints(&["10.180.0.1:80"]),
+            "traffic during the outage"
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     assert_eq!(t.node.exec(&["nft", "list", "ruleset"]).unwrap(), before);
@@ -200,7 +257,12 @@ fn api_outage_and_compacted_history() {
     t.api.apply(slice("web", 80, &["10.180.3.1"])).unwrap();
     t.api.compact();
     t.api.set_refuse(false);
-    until(&t, "172.30.0.10:80", &endpoints(&["10.180.3.1:80"]), Duration::from_secs(40));
+    until(
+        &t,
+        "172.30.0.10:80",
+        &endpoints(&["10.180.3.1:80"]),
+        Duration::from_secs(40),
+    );
     let start = Instant::now();
     while t
         .node
@@ -210,14 +272,21 @@ fn api_outage_and_compacted_history() {
     {
         // Each watcher backs off on its own: the Service watcher may come back after the
         // EndpointSlice watcher did.
-        assert!(start.elapsed() < Duration::from_secs(40), "deleted Service still programmed");
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "deleted Service still programmed"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let warnings = agent.stderr()[log_start..]
         .iter()
         .filter(|l| l.contains("WARN") || l.contains("ERROR"))
         .count();
-    assert!(warnings <= 8, "error spam during a 10 s outage: {warnings} lines:\n{:#?}", &agent.stderr()[log_start..]);
+    assert!(
+        warnings <= 8,
+        "error spam during a 10 s outage: {warnings} lines:\n{:#?}",
+        &agent.stderr()[log_start..]
+    );
 }
 
 /// Opens a new connection every 20 ms from the client until told to stop; counts failures.
@@ -263,7 +332,10 @@ impl Client {
     fn finish(mut self) -> (usize, usize) {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.take().unwrap().join().unwrap();
-        (self.ok.load(Ordering::SeqCst), self.failed.load(Ordering::SeqCst))
+        (
+            self.ok.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst),
+        )
     }
 }
 
@@ -271,7 +343,9 @@ impl Client {
 fn restarts_do_not_interrupt_traffic() {
     let t = topology();
     t.api.apply(service("web", "172.30.0.10", 80, 80)).unwrap();
-    t.api.apply(slice("web", 80, &["10.180.0.1", "10.180.2.1"])).unwrap();
+    t.api
+        .apply(slice("web", 80, &["10.180.0.1", "10.180.2.1"]))
+        .unwrap();
     let mut agent = start_agent(&t);
     until(
         &t,
@@ -293,7 +367,12 @@ fn restarts_do_not_interrupt_traffic() {
     assert!(ok > 100, "only {ok} connections");
     assert_eq!(failed, 0, "{failed} of {} connections failed", ok + failed);
     // A restarted agent adopts the rules it finds: its first sync sends nothing.
-    assert_eq!(committed_messages(&agent, 0)[..2], [0, 0], "{:#?}", agent.stderr());
+    assert_eq!(
+        committed_messages(&agent, 0)[..2],
+        [0, 0],
+        "{:#?}",
+        agent.stderr()
+    );
 }
 
 #[test]
@@ -305,7 +384,9 @@ fn tampering_is_repaired_within_two_seconds() {
     let web = endpoints(&["10.180.0.1:80"]);
     until(&t, "172.30.0.10:80", &web, Duration::from_secs(3));
     std::thread::sleep(Duration::from_millis(1200));
-    t.node.exec(&["nft", "delete", "table", "ip", "nftproxy"]).unwrap();
+    t.node
+        .exec(&["nft", "delete", "table", "ip", "nftproxy"])
+        .unwrap();
     let took = until(&t, "172.30.0.10:80", &web, Duration::from_secs(2));
     eprintln!("table restored after {took:?}");
     std::thread::sleep(Duration::from_millis(1200));
@@ -327,7 +408,12 @@ fn one_change_at_scale(n: usize) -> usize {
     t.api.apply(service("web", "172.30.0.10", 80, 80)).unwrap();
     t.api.apply(slice("web", 80, &["10.180.0.1"])).unwrap();
     let agent = start_agent(&t);
-    until(&t, "172.30.0.10:80", &endpoints(&["10.180.0.1:80"]), Duration::from_secs(30));
+    until(
+        &t,
+        "172.30.0.10:80",
+        &endpoints(&["10.180.0.1:80"]),
+        Duration::from_secs(30),
+    );
     std::thread::sleep(Duration::from_millis(1200));
     let from = agent.stderr().len();
     t.api
@@ -367,13 +453,22 @@ fn invalid_objects_are_skipped_and_named() {
     let mut bad_ip = service("bad-ip", "172.30.0.300", 80, 80);
     bad_ip["spec"]["clusterIPs"] = json!(["172.30.0.300"]);
     t.api.apply(bad_ip).unwrap();
-    t.api.apply(service("bad-port", "172.30.0.12", 0, 80)).unwrap();
+    t.api
+        .apply(service("bad-port", "172.30.0.12", 0, 80))
+        .unwrap();
     let mut dup = service("dup-port", "172.30.0.13", 80, 80);
     dup["spec"]["ports"] = json!([{"name": "a", "port": 80}, {"name": "b", "port": 80}]);
     t.api.apply(dup).unwrap();
-    t.api.apply(slice("bad-slice", 80, &["10.180.999.1"])).unwrap();
+    t.api
+        .apply(slice("bad-slice", 80, &["10.180.999.1"]))
+        .unwrap();
     let agent = start_agent(&t);
-    until(&t, "172.30.0.10:80", &endpoints(&["10.180.0.1:80"]), Duration::from_secs(3));
+    until(
+        &t,
+        "172.30.0.10:80",
+        &endpoints(&["10.180.0.1:80"]),
+        Duration::from_secs(3),
+    );
     for (name, reason) in [
         ("ns/bad-ip", "invalid IP"),
         ("ns/bad-port", "out of range"),
@@ -381,10 +476,16 @@ fn invalid_objects_are_skipped_and_named() {
         ("ns/bad-slice-abc", "invalid address"),
     ] {
         agent
-            .wait_stderr(|l| l.contains(name) && l.contains(reason), Duration::from_secs(3))
+            .wait_stderr(
+                |l| l.contains(name) && l.contains(reason),
+                Duration::from_secs(3),
+            )
             .unwrap_or_else(|_| panic!("no log line names {name} ({reason})"));
     }
-    let listing = t.node.exec(&["nft", "list", "table", "ip", "nftproxy"]).unwrap();
+    let listing = t
+        .node
+        .exec(&["nft", "list", "table", "ip", "nftproxy"])
+        .unwrap();
     for bad in ["172.30.0.12", "172.30.0.13"] {
         assert!(!listing.contains(bad), "{bad} programmed");
     }

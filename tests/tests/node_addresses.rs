@@ -45,7 +45,10 @@ fn wait_for(lab: &Lab, from: &Ns, dst: &str, want: impl Fn(&Verdict) -> bool) ->
         if want(&got) {
             return start.elapsed();
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "{dst}: still {got:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{dst}: still {got:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -61,7 +64,10 @@ fn node_ports_follow_address_changes() {
     let ep = lab.pod(&node, "ep", &[ip("10.180.0.1")]).unwrap();
     lab.echo(&ep, &[80]).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (cluster, config) = (dir.path().join("cluster.yaml"), dir.path().join("config.yaml"));
+    let (cluster, config) = (
+        dir.path().join("cluster.yaml"),
+        dir.path().join("config.yaml"),
+    );
     std::fs::write(&cluster, CLUSTER).unwrap();
     std::fs::write(&config, CONFIG).unwrap();
     let bin = target_binary("nftproxy").expect("build nftproxy first");
@@ -76,7 +82,10 @@ fn node_ports_follow_address_changes() {
         ])
         .unwrap();
     agent
-        .wait_stderr(|l| l.contains("nftables sync committed"), Duration::from_secs(10))
+        .wait_stderr(
+            |l| l.contains("nftables sync committed"),
+            Duration::from_secs(10),
+        )
         .unwrap();
     let answered = |v: &Verdict| {
         *v == Verdict::Endpoints {
@@ -89,10 +98,13 @@ fn node_ports_follow_address_changes() {
     node.add_addr(&up, ip("192.168.50.2"), 32).unwrap();
     let took = wait_for(&lab, &ext, "192.168.50.2:30080", answered);
     eprintln!("NodePort served on the new address after {took:?}");
-    node.ip(&["addr", "del", "192.168.50.2/32", "dev", &up]).unwrap();
+    node.ip(&["addr", "del", "192.168.50.2/32", "dev", &up])
+        .unwrap();
     let start = Instant::now();
     loop {
-        let set = node.exec(&["nft", "list", "set", "ip", "nftproxy", "nodeport-ips"]).unwrap();
+        let set = node
+            .exec(&["nft", "list", "set", "ip", "nftproxy", "nodeport-ips"])
+            .unwrap();
         if !set.contains("192.168.50.2") {
             break;
         }

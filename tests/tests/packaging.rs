@@ -43,7 +43,10 @@ fn manifests_validate_against_kubernetes_schemas() {
     assert!(out.status.success(), "{text}");
     for line in text.lines().filter(|l| l.starts_with("WARN")) {
         // Only the Prometheus Operator's custom resource has no built-in schema.
-        assert!(line.contains("kind ServiceMonitor"), "unexpected warning: {line}");
+        assert!(
+            line.contains("kind ServiceMonitor"),
+            "unexpected warning: {line}"
+        );
     }
     assert!(text.contains("daemonset/nftproxy against"), "{text}");
 }
@@ -95,7 +98,9 @@ fn needed(method: &str, uri: &str) -> Option<(String, String, String)> {
         [resource, _name] => (*resource, true),
         _ => return None,
     };
-    let watch = query.split('&').any(|kv| kv == "watch=true" || kv == "watch=1");
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
     let verb = match (method, named, watch) {
         ("GET", _, true) => "watch",
         ("GET", false, false) => "list",
@@ -139,7 +144,10 @@ fn cluster_role_grants_exactly_what_the_agent_uses() {
         ])
         .unwrap();
     agent
-        .wait_stderr(|l| l.contains("nftables sync committed"), Duration::from_secs(20))
+        .wait_stderr(
+            |l| l.contains("nftables sync committed"),
+            Duration::from_secs(20),
+        )
         .expect("first sync");
     // Let every watcher get past its initial list into its watch.
     std::thread::sleep(Duration::from_secs(2));
@@ -159,10 +167,7 @@ fn cluster_role_grants_exactly_what_the_agent_uses() {
 fn dashboard_is_valid_json_and_uses_only_exported_metrics() {
     let text = std::fs::read_to_string(packaging().join("grafana-dashboard.json")).unwrap();
     let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
-    let exported: BTreeSet<String> = metrics::Metrics::new()
-        .family_names()
-        .into_iter()
-        .collect();
+    let exported: BTreeSet<String> = metrics::Metrics::new().family_names().into_iter().collect();
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
         for target in panel["targets"].as_array().expect("targets") {
@@ -190,7 +195,10 @@ fn dashboard_is_valid_json_and_uses_only_exported_metrics() {
             .iter()
             .find_map(|s| name.strip_suffix(s).filter(|f| exported.contains(*f)))
             .unwrap_or(name);
-        assert!(exported.contains(family), "{name} is not exported (exported: {exported:?})");
+        assert!(
+            exported.contains(family),
+            "{name} is not exported (exported: {exported:?})"
+        );
     }
     assert!(referenced.len() >= 15, "{referenced:?}");
 }

@@ -861,6 +861,43 @@ pub(super) struct EncodeError {
     pub reason: String,
 }
 
+/// A batch that deletes table `name` of `family`: someone else's table, such as kube-proxy's
+/// (`nftproxy cleanup --kube-proxy`). The one command asks for an ACK.
+pub(super) fn encode_delete_named_table(family: Family, name: &str, begin_seq: u32) -> Batch {
+    let batch_header =
+        || NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
+    let mut buf = Vec::new();
+    push_message(
+        &mut buf,
+        batch_header(),
+        ControlMessage::BatchBegin.into(),
+        0,
+        begin_seq,
+    );
+    push_message(
+        &mut buf,
+        NetfilterHeader::new(nfproto(family), 0, 0),
+        NfTablesMessage::DeleteTable(TableMessage {
+            attributes: vec![TableAttribute::Name(name.to_string())],
+        })
+        .into(),
+        NLM_F_ACK,
+        begin_seq.wrapping_add(1),
+    );
+    push_message(
+        &mut buf,
+        batch_header(),
+        ControlMessage::BatchEnd.into(),
+        0,
+        begin_seq.wrapping_add(2),
+    );
+    Batch {
+        buf,
+        begin_seq,
+        op_of_message: vec![0],
+    }
+}
+
 /// Encodes a non-empty transaction. Only the last command asks for an ACK: the kernel reports
 /// every failing message anyway, and one ACK per message would flood the receive buffer.
 pub(super) fn encode_transaction(tx: &Transaction, begin_seq: u32) -> Result<Batch, EncodeError> {

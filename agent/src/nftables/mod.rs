@@ -256,9 +256,35 @@ impl Nftables {
         }
     }
 
+    /// Deletes table `name` of `family` — someone else's, such as kube-proxy's `kube-proxy`
+    /// tables (`nftproxy cleanup --kube-proxy`) — if present; `Ok(false)` if it was absent.
+    pub fn delete_named_table(&mut self, family: Family, name: &str) -> Result<bool, NftError> {
+        if !self.named_table_exists(family, name)? {
+            return Ok(false);
+        }
+        let batch = encode::encode_delete_named_table(family, name, self.seq);
+        self.seq = batch.end_seq().wrapping_add(1);
+        self.sock
+            .send(&batch.buf)
+            .map_err(NftError::io("sending the batch"))?;
+        match self.batch_replies(&batch)?.first() {
+            None => Ok(true),
+            // Deleted by someone else in between.
+            Some(&(_, libc::ENOENT)) => Ok(false),
+            Some(&(_, errno)) => Err(NftError::Batch {
+                errno,
+                source: io::Error::from_raw_os_error(errno),
+            }),
+        }
+    }
+
     pub(super) fn table_exists(&mut self, family: Family) -> Result<bool, NftError> {
+        self.named_table_exists(family, TABLE)
+    }
+
+    fn named_table_exists(&mut self, family: Family, name: &str) -> Result<bool, NftError> {
         let get = NfTablesMessage::GetTable(TableMessage {
-            attributes: vec![TableAttribute::Name(TABLE.to_string())],
+            attributes: vec![TableAttribute::Name(name.to_string())],
         });
         match self.request("get table", family, get, false)? {
             Reply::Messages { .. } => Ok(true),

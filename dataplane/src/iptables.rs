@@ -1,0 +1,1393 @@
+//! kube-proxy's iptables mode: the desired `filter` and `nat` rules of one family, the planner
+//! that turns them into full or partial `iptables-restore` input, and the reading of
+//! `iptables-save` output (stale chains, jump rules, cleanup of leftovers).
+//!
+//! The decisions are [`crate::build`]'s (endpoint categorisation, traffic policies, masquerade,
+//! load-balancer source ranges); the rule shapes are those of kube-proxy's `pkg/proxy/iptables`
+//! (`TestOverallIPTablesRules`), in chains of nftproxy's own, jumped to from the built-in chains.
+//!
+//! # Where iptables mode differs from the nftables ruleset (as kube-proxy's two modes do)
+//! * NodePorts are accepted on every local address when `nodePortAddresses` is unset, and on
+//!   IPv4 loopback addresses too with `iptables.localhostNodePorts` (which needs
+//!   `net.ipv4.conf.all.route_localnet=1`, see [`IptRuleset::route_localnet`]);
+//! * health-check node ports are ACCEPTed in `filter` (a hole in a DROP-policy firewall);
+//! * packets in conntrack state INVALID are dropped in `forward`;
+//! * packets to a ClusterIP on a port it does not serve are not rejected, and packets to
+//!   unallocated addresses of the ServiceCIDRs are not dropped.
+//!
+//! # Chain names
+//! kube-proxy names a Service port's chains `KUBE-SVC-` + the first 16 characters of
+//! base32(sha256(`ns/name:port` + protocol)) (`SVL`, `EXT`, `FW` alike, `SEP` hashes the
+//! endpoint too). iptables allows 28 characters per chain name, so under the longer `NFTPROXY-`
+//! prefix the hash keeps what fits: `NFTPROXY-SVC-` + 15 characters, `NFTPROXY-FW-` + 16. The
+//! names are prefixes of kube-proxy's: `KUBE-SVC-4SW47YFZTEDKD3PK` is `NFTPROXY-SVC-4SW47YFZTEDKD3P`.
+//!
+//! # Restores
+//! A **full** restore (first sync, after a failure, periodic) declares every chain of ours,
+//! which flushes it (`--noflush` keeps everybody else's rules), refills all of them, deletes our
+//! chains that are no longer wanted and repairs the jump rules in the built-in chains.
+//!
+//! A **partial** restore compares the desired rules with what the last successful restore
+//! wrote ([`Tables`]) and touches only what changed: a changed per-Service chain is declared
+//! (flushed) and refilled, a chain no longer wanted is flushed and deleted (`-X`), and the
+//! dispatch chains that hold one rule per Service (`NFTPROXY-SERVICES`, `-NODEPORTS`, ...) are
+//! edited in place, `-D` for the rules that went away and `-I ... 1` for new ones, so a partial
+//! restore is O(changes) even with thousands of Services (kube-proxy rewrites its dispatch
+//! chains on every sync). Their rule order does not matter (each rule matches its own address,
+//! protocol and port), except for the NodePort jump that must stay last in
+//! `nat NFTPROXY-SERVICES`: a change there rewrites the chain.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+
+use data_encoding::BASE32;
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+use crate::build::{
+    BuildConfig, LocalDetector, NoLocalEndpoints, NodePortAddresses, port_endpoints,
+};
+use crate::convert::slices_by_service;
+use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
+use crate::ruleset::{Family, Proto};
+use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
+
+/// Every chain nftproxy creates in iptables mode starts with this.
+pub const PREFIX: &str = "NFTPROXY-";
+pub const SERVICES: &str = "NFTPROXY-SERVICES";
+pub const EXTERNAL_SERVICES: &str = "NFTPROXY-EXTERNAL-SERVICES";
+pub const NODEPORTS: &str = "NFTPROXY-NODEPORTS";
+pub const POSTROUTING: &str = "NFTPROXY-POSTROUTING";
+pub const MARK_MASQ: &str = "NFTPROXY-MARK-MASQ";
+pub const FORWARD: &str = "NFTPROXY-FORWARD";
+pub const PROXY_FIREWALL: &str = "NFTPROXY-PROXY-FIREWALL";
+/// Blocks connections from outside to 127.0.0.0/8 that `route_localnet` would let in
+/// (kubelet's and kube-proxy's `KUBE-FIREWALL`).
+pub const LOCALNET_FIREWALL: &str = "NFTPROXY-FIREWALL";
+/// An empty chain in `nat` and `filter`: if it disappears, someone flushed the tables and the
+/// agent restores everything (kube-proxy's `KUBE-PROXY-CANARY`).
+pub const CANARY: &str = "NFTPROXY-CANARY";
+
+/// Longest chain name iptables accepts.
+pub const MAX_CHAIN_NAME: usize = 28;
+
+/// The iptables tables nftproxy writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IptTable {
+    Filter,
+    Nat,
+}
+
+impl IptTable {
+    /// In restore order: `filter` refers to nothing in `nat`.
+    pub const ALL: [IptTable; 2] = [IptTable::Filter, IptTable::Nat];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            IptTable::Filter => "filter",
+            IptTable::Nat => "nat",
+        }
+    }
+}
+
+/// How a chain's rules may be edited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainKind {
+    /// Rule order matters: a change rewrites the chain.
+    Ordered,
+    /// One rule per Service port (or address), in any order, followed by `tail` rules that
+    /// must stay last: partial restores delete and insert single rules.
+    Dispatch { tail: usize },
+}
+
+/// One chain: rule specifications as written after `-A CHAIN `.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IptChain {
+    pub kind: ChainKind,
+    pub rules: Vec<String>,
+}
+
+impl IptChain {
+    fn ordered() -> IptChain {
+        IptChain {
+            kind: ChainKind::Ordered,
+            rules: Vec::new(),
+        }
+    }
+
+    fn dispatch() -> IptChain {
+        IptChain {
+            kind: ChainKind::Dispatch { tail: 0 },
+            rules: Vec::new(),
+        }
+    }
+
+    /// The order-independent rules and the pinned tail.
+    fn split(&self) -> (&[String], &[String]) {
+        let tail = match self.kind {
+            ChainKind::Ordered => self.rules.len(),
+            ChainKind::Dispatch { tail } => tail.min(self.rules.len()),
+        };
+        self.rules.split_at(self.rules.len() - tail)
+    }
+}
+
+/// nftproxy's chains of one family, per table.
+pub type Tables = BTreeMap<IptTable, BTreeMap<String, IptChain>>;
+
+/// A rule in a built-in chain that sends packets into one of nftproxy's chains.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JumpRule {
+    pub table: IptTable,
+    /// `PREROUTING`, `INPUT`, `FORWARD`, `OUTPUT` or `POSTROUTING`.
+    pub builtin: &'static str,
+    /// The rule specification, `-j` target included.
+    pub spec: String,
+}
+
+/// Options of kube-proxy's `iptables` configuration section that only this mode has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IptablesOptions {
+    /// `iptables.localhostNodePorts` (default true): IPv4 NodePorts also on 127.0.0.0/8.
+    pub localhost_node_ports: bool,
+    /// Drop forwarded packets in conntrack state INVALID (kube-proxy does unless
+    /// `conntrack.tcpBeLiberal`).
+    pub drop_invalid: bool,
+}
+
+impl Default for IptablesOptions {
+    fn default() -> IptablesOptions {
+        IptablesOptions {
+            localhost_node_ports: true,
+            drop_invalid: true,
+        }
+    }
+}
+
+/// The desired iptables rules of one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IptRuleset {
+    pub family: Family,
+    pub tables: Tables,
+    /// Jump rules from the built-in chains, in the order kube-proxy ends up with them.
+    pub jumps: Vec<JumpRule>,
+    pub no_local_endpoints: NoLocalEndpoints,
+    /// NodePorts are served on an IPv4 loopback address: `net.ipv4.conf.all.route_localnet`
+    /// must be 1 (the kernel otherwise drops packets routed from 127.0.0.0/8).
+    pub route_localnet: bool,
+    /// Loopback addresses selected by `nodePortAddresses` that cannot serve NodePorts (IPv6,
+    /// or `localhostNodePorts: false`), for a log message.
+    pub skipped_loopback: Vec<IpAddr>,
+}
+
+impl IptRuleset {
+    pub fn rule_count(&self, table: IptTable) -> usize {
+        self.tables
+            .get(&table)
+            .map(|t| t.values().map(|c| c.rules.len()).sum())
+            .unwrap_or(0)
+    }
+
+    pub fn chain_count(&self, table: IptTable) -> usize {
+        self.tables.get(&table).map(BTreeMap::len).unwrap_or(0)
+    }
+
+    fn chain(&mut self, table: IptTable, name: &str) -> &mut IptChain {
+        self.tables
+            .entry(table)
+            .or_default()
+            .entry(name.to_string())
+            .or_insert_with(IptChain::ordered)
+    }
+
+    fn push(&mut self, table: IptTable, name: &str, rule: String) {
+        self.chain(table, name).rules.push(rule);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Names.
+
+fn hash16(input: &str) -> String {
+    let digest = Sha256::digest(input.as_bytes());
+    BASE32.encode(&digest)[..16].to_string()
+}
+
+/// kube-proxy's `portProtoHash`: base32(sha256(`ns/name:port` + protocol))[:16].
+pub fn port_proto_hash(service_port_name: &str, protocol: &str) -> String {
+    hash16(&format!("{service_port_name}{protocol}"))
+}
+
+/// kube-proxy's endpoint-chain hash: base32(sha256(`ns/name:port` + protocol + `IP:port`))[:16].
+pub fn endpoint_hash(service_port_name: &str, protocol: &str, endpoint: SocketAddr) -> String {
+    hash16(&format!("{service_port_name}{protocol}{endpoint}"))
+}
+
+/// `NFTPROXY-<kind>-<hash>`, the hash cut to iptables' 28-character limit.
+pub fn chain_name(kind: &str, hash: &str) -> String {
+    let head = format!("{PREFIX}{kind}-");
+    let keep = MAX_CHAIN_NAME.saturating_sub(head.len()).min(hash.len());
+    format!("{head}{}", &hash[..keep])
+}
+
+/// Chains nftproxy creates per Service port or endpoint (deleted when no longer wanted).
+pub fn is_service_chain(name: &str) -> bool {
+    ["SVC-", "SVL-", "EXT-", "FW-", "SEP-"]
+        .iter()
+        .any(|k| name.strip_prefix(PREFIX).is_some_and(|r| r.starts_with(k)))
+}
+
+/// kube-proxy's iptables-mode chains (`nftproxy cleanup --kube-proxy`). kubelet's chains
+/// (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY`, `KUBE-FIREWALL`, `KUBE-MARK-DROP`) stay.
+pub fn is_kube_proxy_chain(name: &str) -> bool {
+    matches!(
+        name,
+        "KUBE-SERVICES"
+            | "KUBE-EXTERNAL-SERVICES"
+            | "KUBE-NODEPORTS"
+            | "KUBE-POSTROUTING"
+            | "KUBE-MARK-MASQ"
+            | "KUBE-FORWARD"
+            | "KUBE-PROXY-FIREWALL"
+            | "KUBE-PROXY-CANARY"
+    ) || [
+        "KUBE-SVC-",
+        "KUBE-SVL-",
+        "KUBE-EXT-",
+        "KUBE-FW-",
+        "KUBE-SEP-",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+}
+
+/// `ns/name:port`, or `ns/name` for an unnamed port (kube-proxy's `ServicePortName.String()`).
+fn port_name_string(svc: &Service, port: &ServicePort) -> String {
+    if port.name.is_empty() {
+        svc.name.to_string()
+    } else {
+        format!("{}:{}", svc.name, port.name)
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Rule fragments.
+
+fn comment(text: &str) -> String {
+    format!("-m comment --comment \"{text}\"")
+}
+
+/// `-p tcp -m tcp` (the protocol match that `--dport` belongs to).
+fn proto(p: Proto) -> String {
+    format!("-p {0} -m {0}", p.name())
+}
+
+fn host(ip: IpAddr) -> String {
+    ip.to_string()
+}
+
+/// Local-traffic detection for one family as iptables fragments: (is local, is not local).
+fn detector(config: &BuildConfig, cluster: &Cluster, family: Family) -> Option<(String, String)> {
+    let from_cidrs = |cidrs: &[IpNet]| {
+        cidrs
+            .iter()
+            .find(|c| Family::of_net(c) == family)
+            .map(|net| (format!("-s {net}"), format!("! -s {net}")))
+    };
+    match &config.local_detector {
+        LocalDetector::None => None,
+        LocalDetector::ClusterCidr(cidrs) => from_cidrs(cidrs),
+        LocalDetector::NodeCidr => from_cidrs(
+            cluster
+                .node
+                .as_ref()
+                .map(|n| n.pod_cidrs.as_slice())
+                .unwrap_or(&[]),
+        ),
+        LocalDetector::BridgeInterface(name) => {
+            Some((format!("-i {name}"), format!("! -i {name}")))
+        }
+        LocalDetector::InterfaceNamePrefix(prefix) => {
+            Some((format!("-i {prefix}+"), format!("! -i {prefix}+")))
+        }
+    }
+}
+
+/// Which destinations the NodePort jump accepts.
+enum NodePortDestinations {
+    /// Every local address (`-m addrtype --dst-type LOCAL`), loopback excluded or not.
+    Local {
+        exclude_loopback: bool,
+    },
+    List(Vec<IpAddr>),
+}
+
+fn node_port_destinations(
+    config: &BuildConfig,
+    cluster: &Cluster,
+    options: &IptablesOptions,
+    family: Family,
+    skipped: &mut Vec<IpAddr>,
+) -> NodePortDestinations {
+    let loopback_ok = family == Family::V4 && options.localhost_node_ports;
+    match &config.node_port_addresses {
+        NodePortAddresses::Primary => NodePortDestinations::List(
+            cluster
+                .node
+                .as_ref()
+                .and_then(|n| n.primary_ip(family))
+                .into_iter()
+                .collect(),
+        ),
+        NodePortAddresses::Cidrs(cidrs) => {
+            let mine: Vec<&IpNet> = cidrs
+                .iter()
+                .filter(|c| Family::of_net(c) == family)
+                .collect();
+            if mine.is_empty() || mine.iter().any(|c| c.prefix_len() == 0) {
+                return NodePortDestinations::Local {
+                    exclude_loopback: !loopback_ok,
+                };
+            }
+            let mut ips: Vec<IpAddr> = config
+                .local_addresses
+                .iter()
+                .copied()
+                .filter(|a| Family::of(a) == family && mine.iter().any(|c| c.contains(a)))
+                .collect();
+            ips.sort();
+            ips.dedup();
+            if !loopback_ok {
+                skipped.extend(ips.iter().filter(|a| a.is_loopback()));
+                ips.retain(|a| !a.is_loopback());
+            }
+            NodePortDestinations::List(ips)
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The ruleset.
+
+/// The static chains, rules and jumps (everything but the Services).
+fn base(config: &BuildConfig, options: &IptablesOptions, family: Family) -> IptRuleset {
+    use IptTable::{Filter, Nat};
+    let mut r = IptRuleset {
+        family,
+        tables: Tables::new(),
+        jumps: Vec::new(),
+        no_local_endpoints: NoLocalEndpoints::default(),
+        route_localnet: false,
+        skipped_loopback: Vec::new(),
+    };
+    let mark = format!("{:#x}", 1u32 << config.masquerade_bit);
+    for (table, name) in [
+        (Filter, SERVICES),
+        (Filter, EXTERNAL_SERVICES),
+        (Filter, NODEPORTS),
+        (Filter, PROXY_FIREWALL),
+        (Nat, SERVICES),
+        (Nat, NODEPORTS),
+    ] {
+        *r.chain(table, name) = IptChain::dispatch();
+    }
+    r.chain(Filter, FORWARD);
+    r.chain(Filter, CANARY);
+    r.chain(Nat, CANARY);
+    r.push(
+        Nat,
+        POSTROUTING,
+        format!("-m mark ! --mark {mark}/{mark} -j RETURN"),
+    );
+    // Clear the mark so a packet that traverses the stack again is not masqueraded twice.
+    r.push(Nat, POSTROUTING, format!("-j MARK --xor-mark {mark}"));
+    r.push(
+        Nat,
+        POSTROUTING,
+        format!(
+            "{} -j MASQUERADE --random-fully",
+            comment("nftproxy service traffic requiring SNAT")
+        ),
+    );
+    r.push(Nat, MARK_MASQ, format!("-j MARK --or-mark {mark}"));
+    if options.drop_invalid {
+        r.push(
+            Filter,
+            FORWARD,
+            "-m conntrack --ctstate INVALID -j DROP".to_string(),
+        );
+    }
+    // Forward what we marked for masquerade (NodePort traffic) even under a DROP policy.
+    r.push(
+        Filter,
+        FORWARD,
+        format!(
+            "{} -m mark --mark {mark}/{mark} -j ACCEPT",
+            comment("nftproxy forwarding rules")
+        ),
+    );
+    r.push(
+        Filter,
+        FORWARD,
+        format!(
+            "{} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+            comment("nftproxy forwarding conntrack rule")
+        ),
+    );
+    let localnet = family == Family::V4 && options.localhost_node_ports;
+    if localnet {
+        // route_localnet lets packets from outside reach 127.0.0.0/8 (CVE-2020-8558): only
+        // what was DNATed there (or answers) may.
+        r.push(
+            Filter,
+            LOCALNET_FIREWALL,
+            format!(
+                "{} -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+                comment("block incoming localnet connections")
+            ),
+        );
+    }
+
+    let new = "-m conntrack --ctstate NEW ";
+    let mut jump = |table, builtin, ct_new: bool, text: &str, target: &str| {
+        r.jumps.push(JumpRule {
+            table,
+            builtin,
+            spec: format!(
+                "{}{} -j {target}",
+                if ct_new { new } else { "" },
+                comment(text)
+            ),
+        });
+    };
+    jump(
+        Filter,
+        "INPUT",
+        true,
+        "nftproxy externally-visible service portals",
+        EXTERNAL_SERVICES,
+    );
+    jump(
+        Filter,
+        "FORWARD",
+        true,
+        "nftproxy externally-visible service portals",
+        EXTERNAL_SERVICES,
+    );
+    jump(
+        Filter,
+        "INPUT",
+        false,
+        "nftproxy health check service ports",
+        NODEPORTS,
+    );
+    jump(
+        Filter,
+        "FORWARD",
+        true,
+        "nftproxy service portals",
+        SERVICES,
+    );
+    jump(Filter, "OUTPUT", true, "nftproxy service portals", SERVICES);
+    jump(
+        Filter,
+        "FORWARD",
+        false,
+        "nftproxy forwarding rules",
+        FORWARD,
+    );
+    jump(
+        Filter,
+        "INPUT",
+        true,
+        "nftproxy load balancer firewall",
+        PROXY_FIREWALL,
+    );
+    jump(
+        Filter,
+        "OUTPUT",
+        true,
+        "nftproxy load balancer firewall",
+        PROXY_FIREWALL,
+    );
+    jump(
+        Filter,
+        "FORWARD",
+        true,
+        "nftproxy load balancer firewall",
+        PROXY_FIREWALL,
+    );
+    if localnet {
+        jump(
+            Filter,
+            "INPUT",
+            false,
+            "nftproxy localnet firewall",
+            LOCALNET_FIREWALL,
+        );
+        jump(
+            Filter,
+            "OUTPUT",
+            false,
+            "nftproxy localnet firewall",
+            LOCALNET_FIREWALL,
+        );
+    }
+    jump(Nat, "OUTPUT", false, "nftproxy service portals", SERVICES);
+    jump(
+        Nat,
+        "PREROUTING",
+        false,
+        "nftproxy service portals",
+        SERVICES,
+    );
+    jump(
+        Nat,
+        "POSTROUTING",
+        false,
+        "nftproxy postrouting rules",
+        POSTROUTING,
+    );
+    r
+}
+
+/// Builds the complete desired iptables rules of `family`.
+pub fn build(
+    cluster: &Cluster,
+    config: &BuildConfig,
+    options: &IptablesOptions,
+    family: Family,
+) -> IptRuleset {
+    let mut r = base(config, options, family);
+    let det = detector(config, cluster, family);
+    let by_service = slices_by_service(&cluster.slices);
+    let topo = NodeTopology {
+        node_name: &config.node_name,
+        zone: cluster.node.as_ref().and_then(|n| n.zone()),
+    };
+    let node_ip = cluster.node.as_ref().and_then(|n| n.primary_ip(family));
+    for svc in cluster.services.values() {
+        let Some(cluster_ip) = svc.cluster_ip(family) else {
+            continue;
+        };
+        let slices: &[&EndpointSlice] = by_service.get(&svc.name).map(Vec::as_slice).unwrap_or(&[]);
+        for port in &svc.ports {
+            let endpoints = port_endpoints(slices, port, family, &config.node_name);
+            let usage = Usage::new(
+                svc.internal_policy_local,
+                svc.external_policy_local,
+                svc.externally_accessible(port),
+            );
+            let cat = categorize(&endpoints, usage, &topo);
+            let ctx = PortRules {
+                svc,
+                port,
+                family,
+                cluster_ip,
+                config,
+                det: det.as_ref(),
+                node_ip,
+            };
+            ctx.add(&mut r, &cat, usage);
+        }
+    }
+
+    // The jump to the NodePorts must be the last rule of nat NFTPROXY-SERVICES.
+    let note =
+        comment("nftproxy service nodeports; NOTE: this must be the last rule in this chain");
+    let mut skipped = Vec::new();
+    let tail: Vec<String> =
+        match node_port_destinations(config, cluster, options, family, &mut skipped) {
+            NodePortDestinations::Local { exclude_loopback } => {
+                r.route_localnet = family == Family::V4 && !exclude_loopback;
+                let not_loopback = if exclude_loopback {
+                    format!(" ! -d {}", family.loopback())
+                } else {
+                    String::new()
+                };
+                vec![format!(
+                    "{note} -m addrtype --dst-type LOCAL{not_loopback} -j {NODEPORTS}"
+                )]
+            }
+            NodePortDestinations::List(ips) => {
+                r.route_localnet = ips.iter().any(|a| a.is_ipv4() && a.is_loopback());
+                ips.iter()
+                    .map(|ip| format!("{note} -d {} -j {NODEPORTS}", host(*ip)))
+                    .collect()
+            }
+        };
+    r.skipped_loopback = skipped;
+    let services = r.chain(IptTable::Nat, SERVICES);
+    services.kind = ChainKind::Dispatch { tail: tail.len() };
+    services.rules.extend(tail);
+    r
+}
+
+struct PortRules<'a> {
+    svc: &'a Service,
+    port: &'a ServicePort,
+    family: Family,
+    cluster_ip: IpAddr,
+    config: &'a BuildConfig,
+    /// (is local, is not local), if a detector is configured for this family.
+    det: Option<&'a (String, String)>,
+    /// The Node's primary IP of this family (for the load-balancer source-range exception).
+    node_ip: Option<IpAddr>,
+}
+
+impl PortRules<'_> {
+    fn ips_of_family(&self, ips: &[IpAddr]) -> Vec<IpAddr> {
+        ips.iter()
+            .copied()
+            .filter(|ip| Family::of(ip) == self.family)
+            .collect()
+    }
+
+    /// The rules of one Service port: dispatch rules, filter verdicts and its own chains
+    /// (kube-proxy's `syncProxyRules` loop body).
+    fn add(&self, r: &mut IptRuleset, cat: &Categorized, usage: Usage) {
+        use IptTable::{Filter, Nat};
+        let svc = self.svc;
+        let name = port_name_string(svc, self.port);
+        let p = self.port.protocol;
+        let port = self.port.port;
+        let hash = port_proto_hash(&name, p.name());
+        let cluster_chain = chain_name("SVC", &hash);
+        let local_chain = chain_name("SVL", &hash);
+        let external_chain = chain_name("EXT", &hash);
+        let fw_chain = chain_name("FW", &hash);
+
+        let has_endpoints = cat.has_any;
+        let uses_cluster_chain = !cat.cluster.is_empty() && usage.uses_cluster;
+        let uses_local_chain = !cat.local.is_empty() && usage.uses_local;
+        let (internal_chain, has_internal) = if svc.internal_policy_local {
+            (&local_chain, has_endpoints && !cat.local.is_empty())
+        } else {
+            (&cluster_chain, has_endpoints)
+        };
+        let (external_policy_chain, has_external) = if svc.external_policy_local {
+            (&local_chain, has_endpoints && !cat.local.is_empty())
+        } else {
+            (&cluster_chain, has_endpoints)
+        };
+        let externally_accessible = svc.externally_accessible(self.port);
+        let uses_external_chain = has_endpoints && externally_accessible;
+        let external_ips = self.ips_of_family(&svc.external_ips);
+        let lb_ips = self.ips_of_family(&svc.load_balancer_ips);
+        let ranges: Vec<IpNet> = svc
+            .load_balancer_source_ranges
+            .iter()
+            .copied()
+            .filter(|n| Family::of_net(n) == self.family && n.prefix_len() > 0)
+            .collect();
+        let uses_fw_chain = has_endpoints && !lb_ips.is_empty() && !ranges.is_empty();
+        let lb_chain = if uses_fw_chain {
+            &fw_chain
+        } else {
+            &external_chain
+        };
+
+        let (internal_target, internal_comment, external_target, external_comment) =
+            if !has_endpoints {
+                let c = format!("{name} has no endpoints");
+                ("REJECT", c.clone(), "REJECT", c)
+            } else {
+                let c = format!("{name} has no local endpoints");
+                ("DROP", c.clone(), "DROP", c)
+            };
+        if has_endpoints && !has_internal {
+            r.no_local_endpoints.internal += 1;
+        }
+        if has_endpoints && externally_accessible && !has_external {
+            r.no_local_endpoints.external += 1;
+        }
+        let to = |ip: IpAddr| format!("{} -d {} --dport {port}", proto(p), host(ip));
+
+        // The ClusterIP.
+        if has_internal {
+            r.push(
+                Nat,
+                SERVICES,
+                format!(
+                    "{} {} -j {internal_chain}",
+                    comment(&format!("{name} cluster IP")),
+                    to(self.cluster_ip)
+                ),
+            );
+        } else {
+            r.push(
+                Filter,
+                SERVICES,
+                format!(
+                    "{} {} -j {internal_target}",
+                    comment(&internal_comment),
+                    to(self.cluster_ip)
+                ),
+            );
+        }
+
+        // External IPs.
+        for ip in &external_ips {
+            if has_endpoints {
+                r.push(
+                    Nat,
+                    SERVICES,
+                    format!(
+                        "{} {} -j {external_chain}",
+                        comment(&format!("{name} external IP")),
+                        to(*ip)
+                    ),
+                );
+            }
+            if !has_external {
+                r.push(
+                    Filter,
+                    EXTERNAL_SERVICES,
+                    format!(
+                        "{} {} -j {external_target}",
+                        comment(&external_comment),
+                        to(*ip)
+                    ),
+                );
+            }
+        }
+
+        // Load-balancer IPs.
+        for ip in &lb_ips {
+            if has_endpoints {
+                r.push(
+                    Nat,
+                    SERVICES,
+                    format!(
+                        "{} {} -j {lb_chain}",
+                        comment(&format!("{name} loadbalancer IP")),
+                        to(*ip)
+                    ),
+                );
+            }
+            if uses_fw_chain {
+                r.push(
+                    Filter,
+                    PROXY_FIREWALL,
+                    format!(
+                        "{} {} -j DROP",
+                        comment(&format!("{name} traffic not accepted by {fw_chain}")),
+                        to(*ip)
+                    ),
+                );
+            }
+        }
+        if !has_external {
+            for ip in &lb_ips {
+                r.push(
+                    Filter,
+                    EXTERNAL_SERVICES,
+                    format!(
+                        "{} {} -j {external_target}",
+                        comment(&external_comment),
+                        to(*ip)
+                    ),
+                );
+            }
+        }
+
+        // The NodePort (not subject to loadBalancerSourceRanges, as in kube-proxy).
+        if let Some(np) = self.port.node_port {
+            if has_endpoints {
+                r.push(
+                    Nat,
+                    NODEPORTS,
+                    format!(
+                        "{} {} --dport {np} -j {external_chain}",
+                        comment(&name),
+                        proto(p)
+                    ),
+                );
+            }
+            if !has_external {
+                r.push(
+                    Filter,
+                    EXTERNAL_SERVICES,
+                    format!(
+                        "{} -m addrtype --dst-type LOCAL {} --dport {np} -j {external_target}",
+                        comment(&external_comment),
+                        proto(p)
+                    ),
+                );
+            }
+        }
+
+        // The health-check node port is let in, local endpoints or not.
+        if let Some(hc) = svc.health_check_node_port {
+            r.push(
+                Filter,
+                NODEPORTS,
+                format!(
+                    "{} {} --dport {hc} -j ACCEPT",
+                    comment(&format!("{name} health check node port")),
+                    proto(Proto::Tcp)
+                ),
+            );
+        }
+
+        // Internal traffic: masquerade what does not come from local pods.
+        if has_internal {
+            let head = format!(
+                "{} {}",
+                comment(&format!("{name} cluster IP")),
+                to(self.cluster_ip)
+            );
+            let masq = if self.config.masquerade_all {
+                Some(format!("{head} -j {MARK_MASQ}"))
+            } else {
+                self.det
+                    .map(|(_, not_local)| format!("{head} {not_local} -j {MARK_MASQ}"))
+            };
+            if let Some(rule) = masq {
+                r.push(Nat, internal_chain, rule);
+            }
+        }
+
+        // External traffic: NodePorts, external IPs, load-balancer IPs.
+        if uses_external_chain {
+            let ext = external_chain.as_str();
+            r.chain(Nat, ext);
+            if !svc.external_policy_local {
+                r.push(
+                    Nat,
+                    ext,
+                    format!(
+                        "{} -j {MARK_MASQ}",
+                        comment(&format!(
+                            "masquerade traffic for {name} external destinations"
+                        ))
+                    ),
+                );
+            } else {
+                if let Some((local, _)) = self.det
+                    && uses_cluster_chain
+                {
+                    // Pods reaching a Service's external address go to any endpoint, as if
+                    // they had gone out to the load balancer and come back.
+                    r.push(
+                        Nat,
+                        ext,
+                        format!(
+                            "{} {local} -j {cluster_chain}",
+                            comment(&format!("pod traffic for {name} external destinations"))
+                        ),
+                    );
+                }
+                // The host's own traffic is masqueraded (its source is a local address that
+                // the endpoint could not answer) and goes to any endpoint.
+                r.push(
+                    Nat,
+                    ext,
+                    format!(
+                        "{} -m addrtype --src-type LOCAL -j {MARK_MASQ}",
+                        comment(&format!(
+                            "masquerade LOCAL traffic for {name} external destinations"
+                        ))
+                    ),
+                );
+                if uses_cluster_chain {
+                    r.push(
+                        Nat,
+                        ext,
+                        format!(
+                            "{} -m addrtype --src-type LOCAL -j {cluster_chain}",
+                            comment(&format!(
+                                "route LOCAL traffic for {name} external destinations"
+                            ))
+                        ),
+                    );
+                }
+            }
+            let policy_exists = if svc.external_policy_local {
+                uses_local_chain
+            } else {
+                uses_cluster_chain
+            };
+            if has_external && policy_exists {
+                r.push(Nat, ext, format!("-j {external_policy_chain}"));
+            }
+        }
+
+        // loadBalancerSourceRanges: allowed sources continue to the external chain; the rest
+        // is left alone here and dropped by filter NFTPROXY-PROXY-FIREWALL (not DNATed).
+        if uses_fw_chain {
+            let head = comment(&format!("{name} loadbalancer IP"));
+            let mut allowed: Vec<String> = ranges.iter().map(ToString::to_string).collect();
+            if self
+                .node_ip
+                .is_some_and(|ip| ranges.iter().any(|n| n.contains(&ip)))
+            {
+                // Node traffic to an LB IP may come back SNATed to that IP.
+                allowed.extend(lb_ips.iter().map(|ip| host(*ip)));
+            }
+            for src in allowed {
+                r.push(
+                    Nat,
+                    &fw_chain,
+                    format!("{head} -s {src} -j {external_chain}"),
+                );
+            }
+            r.push(
+                Nat,
+                &fw_chain,
+                comment(&format!(
+                    "other traffic to {name} will be dropped by {PROXY_FIREWALL}"
+                )),
+            );
+        }
+
+        // Policy chains.
+        let sep = |e: &PortEndpoint| {
+            let addr = SocketAddr::new(e.addr, e.port);
+            (
+                chain_name("SEP", &endpoint_hash(&name, p.name(), addr)),
+                addr,
+            )
+        };
+        let dispatch = |r: &mut IptRuleset, chain: &str, eps: &[PortEndpoint]| {
+            r.chain(Nat, chain);
+            if let Some(timeout) = svc.affinity_timeout {
+                for e in eps {
+                    let (sep_chain, addr) = sep(e);
+                    r.push(
+                        Nat,
+                        chain,
+                        format!(
+                            "{} -m recent --name {sep_chain} --rcheck --seconds {timeout} --reap -j {sep_chain}",
+                            comment(&format!("{name} -> {addr}"))
+                        ),
+                    );
+                }
+            }
+            let n = eps.len();
+            for (i, e) in eps.iter().enumerate() {
+                let (sep_chain, addr) = sep(e);
+                let statistic = if i + 1 < n {
+                    format!(
+                        " -m statistic --mode random --probability {:.10}",
+                        1.0 / (n - i) as f64
+                    )
+                } else {
+                    String::new()
+                };
+                r.push(
+                    Nat,
+                    chain,
+                    format!(
+                        "{}{statistic} -j {sep_chain}",
+                        comment(&format!("{name} -> {addr}"))
+                    ),
+                );
+            }
+        };
+        if uses_cluster_chain {
+            dispatch(r, &cluster_chain, &cat.cluster);
+        }
+        if uses_local_chain {
+            dispatch(r, &local_chain, &cat.local);
+        }
+
+        // Endpoint chains.
+        for e in &cat.all_reachable {
+            let (sep_chain, addr) = sep(e);
+            let c = comment(&name);
+            // Hairpin: an endpoint reaching itself through the Service.
+            r.push(
+                Nat,
+                &sep_chain,
+                format!("{c} -s {} -j {MARK_MASQ}", host(e.addr)),
+            );
+            let recent = if svc.affinity_timeout.is_some() {
+                format!(" -m recent --name {sep_chain} --set")
+            } else {
+                String::new()
+            };
+            r.push(
+                Nat,
+                &sep_chain,
+                format!("{c}{recent} {} -j DNAT --to-destination {addr}", proto(p)),
+            );
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Restores.
+
+/// One `iptables-restore` input and what it does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restore {
+    pub text: String,
+    pub full: bool,
+    /// `-A` and `-I` lines per table (kube-proxy's `sync_proxy_rules_iptables_last`).
+    pub rules_written: BTreeMap<IptTable, usize>,
+    /// Chains declared (created or flushed).
+    pub chains_written: usize,
+    /// Chains deleted (`-X`).
+    pub chains_deleted: usize,
+}
+
+impl Restore {
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty()
+    }
+
+    pub fn lines(&self) -> usize {
+        self.text.lines().count()
+    }
+}
+
+/// The commands for one table, in the order they must run.
+#[derive(Default)]
+struct TableCommands {
+    declare: Vec<String>,
+    delete_rules: Vec<String>,
+    insert: Vec<String>,
+    append: Vec<String>,
+    remove_chains: Vec<String>,
+}
+
+impl TableCommands {
+    fn is_empty(&self) -> bool {
+        self.declare.is_empty()
+            && self.delete_rules.is_empty()
+            && self.insert.is_empty()
+            && self.append.is_empty()
+            && self.remove_chains.is_empty()
+    }
+
+    fn append_chain(&mut self, name: &str, chain: &IptChain) {
+        self.declare.push(name.to_string());
+        for rule in &chain.rules {
+            self.append.push(format!("-A {name} {rule}"));
+        }
+    }
+
+    fn render(&self, table: IptTable, out: &mut Restore) {
+        if self.is_empty() {
+            return;
+        }
+        let t = &mut out.text;
+        let _ = writeln!(t, "*{}", table.name());
+        for c in &self.declare {
+            let _ = writeln!(t, ":{c} - [0:0]");
+        }
+        for line in self
+            .delete_rules
+            .iter()
+            .chain(&self.insert)
+            .chain(&self.append)
+        {
+            t.push_str(line);
+            t.push('\n');
+        }
+        for c in &self.remove_chains {
+            let _ = writeln!(t, "-X {c}");
+        }
+        t.push_str("COMMIT\n");
+        out.rules_written
+            .insert(table, self.insert.len() + self.append.len());
+        out.chains_written += self.declare.len();
+        out.chains_deleted += self.remove_chains.len();
+    }
+}
+
+/// What a full restore needs to know about the kernel: our chains and jump rules that exist.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Existing {
+    pub chains: BTreeMap<IptTable, BTreeSet<String>>,
+    /// Rules in built-in chains that jump to one of our chains: (built-in chain, spec as saved).
+    pub jumps: BTreeMap<IptTable, Vec<(String, String)>>,
+}
+
+impl Existing {
+    /// Our chains and jumps in `iptables-save` output (of any tables).
+    pub fn from_save(text: &str) -> Existing {
+        let saved = parse_save(text);
+        let mut out = Existing::default();
+        for table in IptTable::ALL {
+            let Some(t) = saved.get(table.name()) else {
+                continue;
+            };
+            out.chains.insert(
+                table,
+                t.chains
+                    .iter()
+                    .filter(|c| c.starts_with(PREFIX) && !t.builtins.contains(*c))
+                    .cloned()
+                    .collect(),
+            );
+            out.jumps.insert(
+                table,
+                t.rules
+                    .iter()
+                    .filter(|(chain, spec)| {
+                        t.builtins.contains(chain)
+                            && jump_target(spec).is_some_and(|j| j.starts_with(PREFIX))
+                    })
+                    .cloned()
+                    .collect(),
+            );
+        }
+        out
+    }
+}
+
+/// Rewrites all of nftproxy's rules: declares (flushes) and refills every chain, deletes our
+/// chains that are no longer wanted and brings the jump rules of the built-in chains in order.
+pub fn plan_full(desired: &IptRuleset, existing: &Existing) -> Restore {
+    let mut out = Restore {
+        full: true,
+        ..Restore::default()
+    };
+    for table in IptTable::ALL {
+        let mut cmd = TableCommands::default();
+        let empty = BTreeMap::new();
+        let chains = desired.tables.get(&table).unwrap_or(&empty);
+        for (name, chain) in chains {
+            cmd.append_chain(name, chain);
+        }
+        if let Some(have) = existing.chains.get(&table) {
+            for stale in have.iter().filter(|c| !chains.contains_key(*c)) {
+                cmd.declare.push(stale.clone());
+                cmd.remove_chains.push(stale.clone());
+            }
+        }
+        // Jump rules: keep one copy of each wanted rule, delete the rest (duplicates, old
+        // shapes, jumps to chains no longer wanted), insert what is missing.
+        let mut wanted: Vec<&JumpRule> =
+            desired.jumps.iter().filter(|j| j.table == table).collect();
+        for (builtin, spec) in existing.jumps.get(&table).into_iter().flatten() {
+            let have = tokens(spec);
+            match wanted
+                .iter()
+                .position(|j| j.builtin == builtin.as_str() && tokens(&j.spec) == have)
+            {
+                Some(i) => {
+                    wanted.remove(i);
+                }
+                None => cmd.delete_rules.push(format!("-D {builtin} {spec}")),
+            }
+        }
+        for j in wanted {
+            cmd.insert.push(format!("-I {} 1 {}", j.builtin, j.spec));
+        }
+        cmd.render(table, &mut out);
+    }
+    out
+}
+
+/// Takes the chains from `written` (what the last successful restore left) to `desired`,
+/// touching only what changed. An empty restore means nothing changed.
+pub fn plan_partial(written: &Tables, desired: &IptRuleset) -> Restore {
+    let mut out = Restore::default();
+    let empty = BTreeMap::new();
+    for table in IptTable::ALL {
+        let mut cmd = TableCommands::default();
+        let want = desired.tables.get(&table).unwrap_or(&empty);
+        let have = written.get(&table).unwrap_or(&empty);
+        for (name, chain) in want {
+            let Some(old) = have.get(name) else {
+                cmd.append_chain(name, chain);
+                continue;
+            };
+            if old == chain {
+                continue;
+            }
+            let (old_body, old_tail) = old.split();
+            let (new_body, new_tail) = chain.split();
+            let editable = matches!(chain.kind, ChainKind::Dispatch { .. })
+                && old.kind == chain.kind
+                && old_tail == new_tail;
+            if !editable {
+                cmd.append_chain(name, chain);
+                continue;
+            }
+            let (removed, added) = multiset_diff(old_body, new_body);
+            for rule in removed {
+                cmd.delete_rules.push(format!("-D {name} {rule}"));
+            }
+            for rule in added {
+                cmd.insert.push(format!("-I {name} 1 {rule}"));
+            }
+        }
+        for name in have.keys().filter(|n| !want.contains_key(*n)) {
+            cmd.declare.push(name.clone());
+            cmd.remove_chains.push(name.clone());
+        }
+        cmd.render(table, &mut out);
+    }
+    out
+}
+
+/// Rules of `old` missing from `new` and rules of `new` missing from `old`, duplicates counted.
+fn multiset_diff<'a>(old: &'a [String], new: &'a [String]) -> (Vec<&'a String>, Vec<&'a String>) {
+    let mut count: BTreeMap<&String, i64> = BTreeMap::new();
+    for r in old {
+        *count.entry(r).or_default() += 1;
+    }
+    for r in new {
+        *count.entry(r).or_default() -= 1;
+    }
+    let mut removed = Vec::new();
+    let mut added = Vec::new();
+    for (rule, n) in count {
+        for _ in 0..n.max(0) {
+            removed.push(rule);
+        }
+        for _ in 0..(-n).max(0) {
+            added.push(rule);
+        }
+    }
+    (removed, added)
+}
+
+// ------------------------------------------------------------------------------------------
+// iptables-save output.
+
+/// One table of `iptables-save` output.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SavedTable {
+    /// Every chain, built-in ones included.
+    pub chains: BTreeSet<String>,
+    pub builtins: BTreeSet<String>,
+    /// `(chain, spec)` of every `-A chain spec` line, in order.
+    pub rules: Vec<(String, String)>,
+}
+
+/// Parses `iptables-save` output into its tables (by name).
+pub fn parse_save(text: &str) -> BTreeMap<String, SavedTable> {
+    let mut out: BTreeMap<String, SavedTable> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let line = line.trim_end();
+        if let Some(name) = line.strip_prefix('*') {
+            current = Some(name.to_string());
+            out.entry(name.to_string()).or_default();
+            continue;
+        }
+        let Some(table) = current.as_ref().and_then(|t| out.get_mut(t)) else {
+            continue;
+        };
+        if let Some(decl) = line.strip_prefix(':') {
+            let mut parts = decl.split_whitespace();
+            if let Some(chain) = parts.next() {
+                table.chains.insert(chain.to_string());
+                if parts.next().is_some_and(|policy| policy != "-") {
+                    table.builtins.insert(chain.to_string());
+                }
+            }
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let (chain, spec) = rule.split_once(' ').unwrap_or((rule, ""));
+            table.rules.push((chain.to_string(), spec.to_string()));
+        } else if line == "COMMIT" {
+            current = None;
+        }
+    }
+    out
+}
+
+/// Splits a rule specification into arguments, honouring double quotes (which are dropped).
+pub fn tokens(spec: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut any = false;
+    let mut chars = spec.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                any = true;
+            }
+            '\\' if quoted => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            c if c.is_whitespace() && !quoted => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                any = false;
+            }
+            c => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// The `-j`/`-g` target of a rule specification.
+pub fn jump_target(spec: &str) -> Option<String> {
+    let t = tokens(spec);
+    t.iter()
+        .position(|a| matches!(a.as_str(), "-j" | "-g" | "--jump" | "--goto"))
+        .and_then(|i| t.get(i + 1).cloned())
+}
+
+/// Restore input that deletes the chains `remove` selects from `saved` tables: the rules of
+/// built-in chains that jump to them are deleted, the chains flushed, then deleted. A chain
+/// still referenced from a chain that stays is kept (with what it refers to), so the restore
+/// cannot fail on a reference count. Returns the text (empty if nothing is to be done) and
+/// the deleted chains as `table/chain`.
+pub fn plan_removal(
+    saved: &BTreeMap<String, SavedTable>,
+    remove: impl Fn(&str) -> bool,
+) -> (String, Vec<String>) {
+    let mut text = String::new();
+    let mut removed = Vec::new();
+    for (name, table) in saved {
+        let mut doomed: BTreeSet<String> = table
+            .chains
+            .iter()
+            .filter(|c| !table.builtins.contains(*c) && remove(c))
+            .cloned()
+            .collect();
+        // Chains referenced from a chain that stays must stay too, and so on.
+        loop {
+            let keep: BTreeSet<String> = table
+                .rules
+                .iter()
+                .filter(|(chain, _)| !table.builtins.contains(chain) && !doomed.contains(chain))
+                .filter_map(|(_, spec)| jump_target(spec))
+                .filter(|t| doomed.contains(t))
+                .collect();
+            if keep.is_empty() {
+                break;
+            }
+            doomed.retain(|d| !keep.contains(d));
+        }
+        if doomed.is_empty() {
+            continue;
+        }
+        let _ = writeln!(text, "*{name}");
+        for c in &doomed {
+            let _ = writeln!(text, ":{c} - [0:0]");
+        }
+        for (chain, spec) in &table.rules {
+            if table.builtins.contains(chain)
+                && jump_target(spec).is_some_and(|t| doomed.contains(&t))
+            {
+                let _ = writeln!(text, "-D {chain} {spec}");
+            }
+        }
+        for c in &doomed {
+            let _ = writeln!(text, "-X {c}");
+            removed.push(format!("{name}/{c}"));
+        }
+        text.push_str("COMMIT\n");
+    }
+    (text, removed)
+}
+
+#[cfg(test)]
+mod tests;
