@@ -106,10 +106,7 @@ pub fn full_text(cluster: &Cluster, env: &Env<'_>, service_cidr: &str, node_ip: 
     let mut out = base_text(service_cidr, node_ip);
     let by_service = slices_by_service(&cluster.slices);
     for svc in cluster.services.values() {
-        let slices = by_service
-            .get(&svc.name)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
+        let slices = by_service.get(&svc.name).map(Vec::as_slice).unwrap_or(&[]);
         service_text(&mut out, svc, slices, cluster, env);
     }
     out
@@ -133,7 +130,13 @@ fn endpoint_chain(svc: &Service, port: &ServicePort, ep: &PortEndpoint) -> Strin
     )
 }
 
-fn vmap_rule(out: &mut String, chain: &str, svc: &Service, port: &ServicePort, eps: &[PortEndpoint]) {
+fn vmap_rule(
+    out: &mut String,
+    chain: &str,
+    svc: &Service,
+    port: &ServicePort,
+    eps: &[PortEndpoint],
+) {
     let targets: Vec<String> = eps
         .iter()
         .enumerate()
@@ -181,7 +184,11 @@ fn service_text(
         let external_chain = format!("external-{base}");
         let eps = port_endpoints(slices, port, family, env.node_name);
         let accessible = svc.externally_accessible(port);
-        let usage = Usage::new(svc.internal_policy_local, svc.external_policy_local, accessible);
+        let usage = Usage::new(
+            svc.internal_policy_local,
+            svc.external_policy_local,
+            accessible,
+        );
         let cat = categorize(&eps, usage, &topo);
         let _ = writeln!(out, "add element {T} cluster-ips {{ {cluster_ip} }}");
         if !cat.has_any {
@@ -257,8 +264,12 @@ fn service_text(
                     rules.push(format!("add rule {T} {external_chain} goto {local_chain}"));
                 }
             } else {
-                rules.push(format!("add rule {T} {external_chain} jump mark-for-masquerade"));
-                rules.push(format!("add rule {T} {external_chain} goto {cluster_chain}"));
+                rules.push(format!(
+                    "add rule {T} {external_chain} jump mark-for-masquerade"
+                ));
+                rules.push(format!(
+                    "add rule {T} {external_chain} goto {cluster_chain}"
+                ));
             }
         }
         for ep in &cat.all_reachable {
@@ -319,5 +330,56 @@ fn service_text(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth;
+
+    fn env() -> Env<'static> {
+        Env {
+            node_name: synth::NODE,
+            cluster_cidr: synth::CLUSTER_CIDR_V4,
+        }
+    }
+
+    #[test]
+    fn cluster_ip_service_has_kube_proxy_shape() {
+        let cluster = synth::to_cluster(&synth::objects(1, 3)).unwrap();
+        let svc = cluster.services.values().next().unwrap();
+        let text = one_service_text(&cluster, svc, &env());
+        let count = |p: &str| text.lines().filter(|l| l.starts_with(p)).count();
+        // 1 service chain + 3 endpoint chains, each added and flushed.
+        assert_eq!(count("add chain ip kube-proxy service-"), 1);
+        assert_eq!(count("add chain ip kube-proxy endpoint-"), 3);
+        assert_eq!(count("flush chain "), 4);
+        // masquerade + numgen vmap, 2 rules per endpoint.
+        assert_eq!(count("add rule "), 2 + 2 * 3);
+        assert_eq!(count("add element "), 2);
+        assert!(text.contains("numgen random mod 3 vmap { 0 : goto endpoint-"));
+        assert!(
+            text.contains("ip daddr 172.16.0.10 ip saddr != 10.0.0.0/8 jump mark-for-masquerade")
+        );
+        assert!(text.contains(
+            "add element ip kube-proxy service-ips { 172.16.0.10 . tcp . 80 : goto service-"
+        ));
+    }
+
+    #[test]
+    fn local_policy_without_local_endpoints_drops_external_traffic() {
+        // Service 17: NodePort, externalTrafficPolicy Local, no endpoint on this node.
+        let cluster = synth::to_cluster(&synth::objects(20, 5)).unwrap();
+        let name = synth::Spec::of(17, 5).object_name();
+        let text = one_service_text(&cluster, &cluster.services[&name], &env());
+        assert!(text.contains("comment \"short-circuit pod traffic\""));
+        assert!(text.contains("no-endpoint-nodeports { tcp . 30003 comment"));
+        assert!(!text.contains("local-"));
+        // Service 18: the same with a local endpoint: a local- chain and no drop.
+        let name = synth::Spec::of(18, 5).object_name();
+        let text = one_service_text(&cluster, &cluster.services[&name], &env());
+        assert!(text.contains("numgen random mod 1 vmap"));
+        assert!(!text.contains("no-endpoint-nodeports"));
     }
 }

@@ -5,6 +5,7 @@
 //! `nftpb-<pid>-…` that are connected only to each other and deleted at the end, also on
 //! failure and on Ctrl-C.
 
+mod heap;
 mod kubeproxy;
 mod measure;
 mod netns;
@@ -25,6 +26,9 @@ use crate::measure::{
     AgentResult, BaselineResult, LatencyResult, PhasedResult, Phases, SyncRun, SyncerResult,
 };
 use crate::synth::{ModelStats, TableStats};
+
+#[global_allocator]
+static ALLOC: heap::Counting = heap::Counting;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -66,6 +70,10 @@ struct Cli {
     /// Print the kube-proxy-shaped baseline (nft -f text) for the first size and exit.
     #[arg(long)]
     print_baseline: bool,
+    /// Write the synthetic cluster of the first size as Kubernetes YAML to this file (and the
+    /// agent configuration to FILE.config.yaml), then exit.
+    #[arg(long, value_name = "FILE")]
+    write_cluster: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -76,6 +84,10 @@ struct SizeReport {
     table_v4: TableStats,
     table_v6: TableStats,
     generate_ms: f64,
+    /// Heap bytes the converted cluster model holds, MiB.
+    model_heap_mib: f64,
+    /// `Cluster::clone` plus dropping the clone (the sync loop snapshots the model so), ms.
+    model_clone_ms: f64,
     syncer: Option<SyncerResult>,
     phases: Option<PhasedResult>,
     baseline: Option<BaselineResult>,
@@ -139,6 +151,13 @@ fn real_main() -> Result<()> {
             "{}",
             kubeproxy::full_text(&cluster, &env, synth::SERVICE_CIDR_V4, synth::NODE_IP_V4)
         );
+        return Ok(());
+    }
+    if let Some(path) = &cli.write_cluster {
+        synth::write_file(path, &synth::objects(cli.services[0], cli.endpoints))?;
+        let mut config = path.as_os_str().to_owned();
+        config.push(".config.yaml");
+        std::fs::write(&config, synth::kube_proxy_config())?;
         return Ok(());
     }
     let loadavg_start = loadavg();
@@ -245,6 +264,7 @@ fn bench_size(
     print_progress(n, "generating the cluster");
     let t = Instant::now();
     let objects = synth::objects(n, k);
+    let before = heap::current();
     let cluster = match synth::to_cluster(&objects) {
         Ok(c) => c,
         Err(e) => {
@@ -253,6 +273,10 @@ fn bench_size(
         }
     };
     r.generate_ms = measure::ms(t.elapsed());
+    r.model_heap_mib = heap::mib(heap::current().saturating_sub(before));
+    let t = Instant::now();
+    drop(std::hint::black_box(cluster.clone()));
+    r.model_clone_ms = measure::ms(t.elapsed());
     r.table_v4 = synth::table_stats(&build(&cluster, config, Family::V4).table);
     r.table_v6 = synth::table_stats(&build(&cluster, config, Family::V6).table);
     let objects_file = dir.join(format!("cluster-{n}.yaml"));
@@ -319,7 +343,7 @@ fn bench_size(
 // ---------------------------------------------------------------------------------------------
 // Targets
 
-fn size<'a>(sizes: &'a [SizeReport], n: usize) -> Option<&'a SizeReport> {
+fn size(sizes: &[SizeReport], n: usize) -> Option<&SizeReport> {
     sizes.iter().find(|s| s.services == n)
 }
 
@@ -347,7 +371,11 @@ fn targets(sizes: &[SizeReport], k: usize) -> Vec<Target> {
             },
         })
     };
-    let k_note = if k == 5 { "" } else { " (run with --endpoints 5)" };
+    let k_note = if k == 5 {
+        ""
+    } else {
+        " (run with --endpoints 5)"
+    };
     push(
         &format!("cold full sync, IPv4, 30k Services x 5 endpoints <= 1.0 s{k_note}"),
         size(sizes, 30000)
@@ -531,7 +559,12 @@ fn render(report: &Report, cli: &Cli) -> String {
     t.section("Cluster");
     t.row(
         "endpoints (IPv4 / IPv6)",
-        col(&|s| Some(format!("{} / {}", s.model.endpoints_v4, s.model.endpoints_v6))),
+        col(&|s| {
+            Some(format!(
+                "{} / {}",
+                s.model.endpoints_v4, s.model.endpoints_v6
+            ))
+        }),
     );
     t.row(
         "IPv4 table: chains / rules / elements",
@@ -544,10 +577,7 @@ fn render(report: &Report, cli: &Cli) -> String {
     );
 
     t.section("Cold full sync, nftproxy (netlink), model -> committed kernel state");
-    t.row(
-        "IPv4 wall, ms",
-        col(&|s| v4(s).map(|p| f(p.total_ms))),
-    );
+    t.row("IPv4 wall, ms", col(&|s| v4(s).map(|p| f(p.total_ms))));
     t.row(
         "both families wall (Syncer::sync), ms",
         col(&|s| s.syncer.as_ref().map(|r| f(r.cold.wall_ms))),
@@ -563,13 +593,9 @@ fn render(report: &Report, cli: &Cli) -> String {
     t.row(
         "IPv4 netlink messages / MiB",
         col(&|s| {
-            s.syncer.as_ref().map(|r| {
-                format!(
-                    "{} / {}",
-                    r.cold.v4_messages,
-                    mib(r.cold.v4_bytes as f64)
-                )
-            })
+            s.syncer
+                .as_ref()
+                .map(|r| format!("{} / {}", r.cold.v4_messages, mib(r.cold.v4_bytes as f64)))
         }),
     );
     t.row(
@@ -581,7 +607,7 @@ fn render(report: &Report, cli: &Cli) -> String {
         }),
     );
     t.row(
-        "IPv4 build / read / plan / kernel / other, ms",
+        "IPv4 build / read back / plan / apply / other, ms",
         col(&|s| {
             v4(s).map(|p| {
                 format!(
@@ -594,6 +620,32 @@ fn render(report: &Report, cli: &Cli) -> String {
                 )
             })
         }),
+    );
+    t.row(
+        "IPv4 apply CPU: encode (user) / nf_tables (sys), ms",
+        col(&|s| v4(s).map(|p| format!("{} / {}", f(p.kernel_user_ms), f(p.kernel_sys_ms)))),
+    );
+    t.row(
+        "heap: model (both families), MiB",
+        col(&|s| Some(f(s.model_heap_mib))),
+    );
+    t.row(
+        "IPv4 heap: table / transaction / apply peak / state, MiB",
+        col(&|s| {
+            v4(s).map(|p| {
+                format!(
+                    "{} / {} / {} / {}",
+                    f(p.heap_table_mib),
+                    f(p.heap_transaction_mib),
+                    f(p.heap_apply_peak_mib),
+                    f(p.heap_state_mib)
+                )
+            })
+        }),
+    );
+    t.row(
+        "IPv4 heap peak during the sync, MiB",
+        col(&|s| v4(s).map(|p| f(p.heap_sync_peak_mib))),
     );
 
     t.section("Baseline: kube-proxy's shape, nft -f (IPv4, table ip kube-proxy)");
@@ -662,12 +714,10 @@ fn render(report: &Report, cli: &Cli) -> String {
     }
     t.row(
         "endpoint added: thread CPU user / sys, ms",
-        col(&|s| {
-            ops(s, "endpoint_added").map(|r| format!("{} / {}", f(r.user_ms), f(r.sys_ms)))
-        }),
+        col(&|s| ops(s, "endpoint_added").map(|r| format!("{} / {}", f(r.user_ms), f(r.sys_ms)))),
     );
     t.row(
-        "endpoint added, IPv4: build / clone / plan / kernel / other",
+        "endpoint added, IPv4: build / clone / plan / apply / other",
         col(&|s| {
             phase_op(s, "endpoint_added").map(|p| {
                 format!(
@@ -680,6 +730,32 @@ fn render(report: &Report, cli: &Cli) -> String {
                 )
             })
         }),
+    );
+    t.row(
+        "  other: state update / cleanup / conntrack / free",
+        col(&|s| {
+            phase_op(s, "endpoint_added").map(|p| {
+                format!(
+                    "{} / {} / {} / {}",
+                    f(p.state_update_ms),
+                    f(p.cleanup_ms),
+                    f(p.frontends_ms),
+                    f(p.free_ms)
+                )
+            })
+        }),
+    );
+    t.row(
+        "endpoint added, IPv4 apply: nf_tables (sys), ms",
+        col(&|s| phase_op(s, "endpoint_added").map(|p| f(p.kernel_sys_ms))),
+    );
+    t.row(
+        "Service deleted, IPv4 apply: nf_tables (sys), ms",
+        col(&|s| phase_op(s, "service_deleted").map(|p| f(p.kernel_sys_ms))),
+    );
+    t.row(
+        "sync loop's model snapshot (Cluster::clone + drop), ms",
+        col(&|s| Some(f(s.model_clone_ms))),
     );
     t.row(
         "endpoint added, IPv6 (unchanged family) total",
@@ -700,7 +776,11 @@ fn render(report: &Report, cli: &Cli) -> String {
     );
     t.row(
         "--once: peak RSS (ru_maxrss), MiB",
-        col(&|s| s.agent.as_ref().map(|a| f(a.once.max_rss_kib as f64 / 1024.0))),
+        col(&|s| {
+            s.agent
+                .as_ref()
+                .map(|a| f(a.once.max_rss_kib as f64 / 1024.0))
+        }),
     );
     t.row(
         "--once: CPU user / sys, ms",
@@ -765,9 +845,12 @@ fn render(report: &Report, cli: &Cli) -> String {
     t.row(
         "p50 N / 1",
         col(&|s| {
-            s.latency
-                .as_ref()
-                .map(|l| format!("{:+.0}%", (l.loaded.p50_us / l.one_service.p50_us - 1.0) * 100.0))
+            s.latency.as_ref().map(|l| {
+                format!(
+                    "{:+.0}%",
+                    (l.loaded.p50_us / l.one_service.p50_us - 1.0) * 100.0
+                )
+            })
         }),
     );
     t.row(
@@ -807,7 +890,11 @@ fn render(report: &Report, cli: &Cli) -> String {
     }
     let errors: Vec<String> = sizes
         .iter()
-        .flat_map(|s| s.errors.iter().map(move |e| format!("{}: {e}", short(s.services))))
+        .flat_map(|s| {
+            s.errors
+                .iter()
+                .map(move |e| format!("{}: {e}", short(s.services)))
+        })
         .collect();
     if !errors.is_empty() {
         out.push_str("\nErrors\n");

@@ -21,6 +21,7 @@ use nftproxy::nftables::Nftables;
 use nftproxy::sync::Syncer;
 use serde::Serialize;
 
+use crate::heap;
 use crate::netns::{self, Netns};
 use crate::synth::{self, Spec};
 
@@ -118,7 +119,8 @@ pub struct SyncRun {
 impl SyncRun {
     fn median(runs: &[SyncRun]) -> SyncRun {
         let f = |g: fn(&SyncRun) -> f64| median(runs.iter().map(g).collect());
-        let u = |g: fn(&SyncRun) -> usize| median(runs.iter().map(|r| g(r) as f64).collect()) as usize;
+        let u =
+            |g: fn(&SyncRun) -> usize| median(runs.iter().map(|r| g(r) as f64).collect()) as usize;
         SyncRun {
             wall_ms: f(|r| r.wall_ms),
             user_ms: f(|r| r.user_ms),
@@ -277,15 +279,34 @@ pub struct Phases {
     /// `Nftables::apply` of the main transaction: encoding, send, the kernel's processing and
     /// commit, the ACK.
     pub kernel_ms: f64,
+    /// CPU of the apply: user (encoding the batch, reading the ACK) and system (nf_tables
+    /// processing the batch and committing, in the sending thread's context).
+    pub kernel_user_ms: f64,
+    pub kernel_sys_ms: f64,
     /// Applying the transaction to the committed state, planning and applying the cleanup
     /// transaction (chain deletions), the UDP conntrack bookkeeping (`Frontends::of`).
     pub other_ms: f64,
+    /// Parts of `other_ms`: `TableState::apply` of the transaction; `plan_cleanup` and its
+    /// transaction; `Frontends::of` (UDP conntrack bookkeeping); freeing the desired table and
+    /// the transactions.
+    pub state_update_ms: f64,
+    pub cleanup_ms: f64,
+    pub frontends_ms: f64,
+    pub free_ms: f64,
     pub total_ms: f64,
     pub user_ms: f64,
     pub sys_ms: f64,
     pub ops: usize,
     pub messages: usize,
     pub bytes: usize,
+    /// Heap retained by the desired table, the planned transaction and the committed state
+    /// after the sync; the transient peak above the level before `apply` (the encoded batch
+    /// and its bookkeeping); and the peak of the whole family sync above its start. MiB.
+    pub heap_table_mib: f64,
+    pub heap_transaction_mib: f64,
+    pub heap_state_mib: f64,
+    pub heap_apply_peak_mib: f64,
+    pub heap_sync_peak_mib: f64,
 }
 
 impl Phases {
@@ -296,13 +317,24 @@ impl Phases {
             state_ms: f(|p| p.state_ms),
             plan_ms: f(|p| p.plan_ms),
             kernel_ms: f(|p| p.kernel_ms),
+            kernel_user_ms: f(|p| p.kernel_user_ms),
+            kernel_sys_ms: f(|p| p.kernel_sys_ms),
             other_ms: f(|p| p.other_ms),
+            state_update_ms: f(|p| p.state_update_ms),
+            cleanup_ms: f(|p| p.cleanup_ms),
+            frontends_ms: f(|p| p.frontends_ms),
+            free_ms: f(|p| p.free_ms),
             total_ms: f(|p| p.total_ms),
             user_ms: f(|p| p.user_ms),
             sys_ms: f(|p| p.sys_ms),
             ops: f(|p| p.ops as f64) as usize,
             messages: f(|p| p.messages as f64) as usize,
             bytes: f(|p| p.bytes as f64) as usize,
+            heap_table_mib: f(|p| p.heap_table_mib),
+            heap_transaction_mib: f(|p| p.heap_transaction_mib),
+            heap_state_mib: f(|p| p.heap_state_mib),
+            heap_apply_peak_mib: f(|p| p.heap_apply_peak_mib),
+            heap_sync_peak_mib: f(|p| p.heap_sync_peak_mib),
         }
     }
 }
@@ -322,9 +354,13 @@ impl Phased {
     ) -> Result<Phases> {
         let sw = Stopwatch::start();
         let mut p = Phases::default();
+        let heap_start = heap::current();
+        heap::reset_peak();
         let t = Instant::now();
         let built = build(cluster, config, family);
         p.build_ms = ms(t.elapsed());
+        let heap_built = heap::current();
+        p.heap_table_mib = heap::mib(heap_built.saturating_sub(heap_start));
 
         let t = Instant::now();
         let first = !self.committed.contains_key(&family);
@@ -334,18 +370,33 @@ impl Phased {
         };
         p.state_ms = ms(t.elapsed());
 
+        let heap_before_plan = heap::current();
         let t = Instant::now();
         let tx = plan(current.as_ref(), &built.table);
         p.plan_ms = ms(t.elapsed());
+        let heap_planned = heap::current();
+        p.heap_transaction_mib = heap::mib(heap_planned.saturating_sub(heap_before_plan));
 
-        let t = Instant::now();
+        let sw_apply = Stopwatch::start();
+        let peak_before_apply = heap::peak();
+        heap::reset_peak();
         let stats = self.nft.apply(&tx)?;
-        p.kernel_ms = ms(t.elapsed());
+        let (kernel, kernel_user, kernel_sys) = sw_apply.stop();
+        p.kernel_ms = kernel;
+        p.kernel_user_ms = kernel_user;
+        p.kernel_sys_ms = kernel_sys;
+        p.heap_apply_peak_mib = heap::mib(heap::peak().saturating_sub(heap_planned));
+        let peak_so_far = peak_before_apply.max(heap::peak());
 
+        let t_other = Instant::now();
         let t = Instant::now();
         let read_back = first.then(|| Frontends::from_table_state(current.as_ref()));
+        let mut frontends_ms = ms(t.elapsed());
+        let t = Instant::now();
         let mut state = current.unwrap_or_default();
         state.apply(&tx);
+        p.state_update_ms = ms(t.elapsed());
+        let t = Instant::now();
         let cleanup = plan_cleanup(&state, &built.table);
         let mut messages = stats.messages;
         let mut bytes = stats.bytes;
@@ -355,16 +406,26 @@ impl Phased {
             messages += s.messages;
             bytes += s.bytes;
         }
+        p.cleanup_ms = ms(t.elapsed());
+        let ops = tx.ops.len() + cleanup.ops.len();
+        let t = Instant::now();
+        drop((tx, cleanup, built));
+        p.free_ms = ms(t.elapsed());
         self.committed.insert(family, Some(state));
+        // Meaningful for the cold sync, when nothing was committed before.
+        p.heap_state_mib = heap::mib(heap::current().saturating_sub(heap_start));
+        let t = Instant::now();
         let frontends = Frontends::of(cluster, family);
         drop((read_back, frontends));
-        p.other_ms = ms(t.elapsed());
-
+        frontends_ms += ms(t.elapsed());
+        p.frontends_ms = frontends_ms;
+        p.other_ms = ms(t_other.elapsed());
+        p.heap_sync_peak_mib = heap::mib(peak_so_far.max(heap::peak()).saturating_sub(heap_start));
+        p.ops = ops;
         let (total, user, sys) = sw.stop();
         p.total_ms = total;
         p.user_ms = user;
         p.sys_ms = sys;
-        p.ops = tx.ops.len() + cleanup.ops.len();
         p.messages = messages;
         p.bytes = bytes;
         Ok(p)
@@ -422,7 +483,9 @@ pub fn phased_bench(
             for op in PartialOp::ALL {
                 op.apply(&mut cluster, n, k, rep)?;
                 for (family, p) in phased.sync(&cluster, &config, false)? {
-                    runs.entry((op.key().to_string(), family)).or_default().push(p);
+                    runs.entry((op.key().to_string(), family))
+                        .or_default()
+                        .push(p);
                 }
             }
         }
@@ -598,7 +661,6 @@ pub struct AgentResult {
     pub idle_window_s: f64,
 }
 
-#[allow(clippy::too_many_arguments)]
 pub fn agent_bench(
     label: &str,
     agent: &Path,
@@ -641,7 +703,10 @@ pub fn agent_bench(
     let pid = child.id();
     netns::register_child(pid);
     let stderr = child.stderr.take().expect("piped stderr");
-    let seen = Arc::new((Mutex::new((0usize, Vec::<String>::new(), false)), Condvar::new()));
+    let seen = Arc::new((
+        Mutex::new((0usize, Vec::<String>::new(), false)),
+        Condvar::new(),
+    ));
     {
         let seen = seen.clone();
         std::thread::spawn(move || {
@@ -780,7 +845,10 @@ impl Lab {
         let echo = Netns::create(&format!("{label}-echo"))?;
         for (link, pod, ip) in [("vp1", &client, CLIENT_IP), ("vp2", &echo, ECHO_IP)] {
             node.ip_batch(&[
-                &format!("link add {link} type veth peer name eth0 netns {}", pod.name()),
+                &format!(
+                    "link add {link} type veth peer name eth0 netns {}",
+                    pod.name()
+                ),
                 &format!("link set {link} up"),
                 &format!("addr add {POD_GATEWAY}/32 dev {link} scope link"),
                 &format!("route add {ip}/32 dev {link}"),

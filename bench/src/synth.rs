@@ -11,7 +11,7 @@
 //! * ClusterIP `172.16.0.10 + i` (ServiceCIDR 172.16.0.0/12, `fd00:172:16::/108`), NodePort
 //!   `30000 + e` for the e-th NodePort/LoadBalancer Service (15,000 at 50k Services, so the
 //!   node-port range is wider than Kubernetes' default 30000-32767, as a cluster this size
-//!   needs), load-balancer IP `198.18.0.0 + i/10` (`2001:db8:1::` + the same).
+//!   needs), load-balancer IP `198.18.0.1 + i/10` (`2001:db8:1::1` + the same).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -125,7 +125,7 @@ impl Spec {
     }
 
     pub fn load_balancer_v4(&self) -> Ipv4Addr {
-        v4_offset(Ipv4Addr::new(198, 18, 0, 0), (self.index / 10) as u32)
+        v4_offset(Ipv4Addr::new(198, 18, 0, 1), (self.index / 10) as u32)
     }
 
     fn endpoint_v4(&self, j: usize) -> Ipv4Addr {
@@ -155,7 +155,8 @@ impl Spec {
             cluster_ips.push(self.cluster_ip_v6().to_string());
             families.push("IPv6");
         }
-        let mut port = json!({"name": "http", "port": PORT, "protocol": "TCP", "targetPort": TARGET_PORT});
+        let mut port =
+            json!({"name": "http", "port": PORT, "protocol": "TCP", "targetPort": TARGET_PORT});
         let type_ = match self.kind {
             Kind::ClusterIp => "ClusterIP",
             Kind::NodePort => "NodePort",
@@ -182,9 +183,10 @@ impl Spec {
             "spec": spec,
         });
         if self.kind == Kind::LoadBalancer {
-            let mut ingress = vec![json!({"ip": self.load_balancer_v4().to_string(), "ipMode": "VIP"})];
+            let mut ingress =
+                vec![json!({"ip": self.load_balancer_v4().to_string(), "ipMode": "VIP"})];
             if self.dual_stack {
-                let v6 = v6_offset("2001:db8:1::", (self.index / 10) as u128);
+                let v6 = v6_offset("2001:db8:1::1", (self.index / 10) as u128);
                 ingress.push(json!({"ip": v6.to_string(), "ipMode": "VIP"}));
             }
             svc["status"] = json!({"loadBalancer": {"ingress": ingress}});
@@ -324,7 +326,12 @@ pub fn to_cluster(objects: &[Value]) -> Result<Cluster> {
     }
     let (cluster, skipped) = convert::cluster(&typed, NODE, "");
     if let Some(s) = skipped.first() {
-        bail!("synthetic object rejected: {} {}: {}", s.kind, s.name, s.skip);
+        bail!(
+            "synthetic object rejected: {} {}: {}",
+            s.kind,
+            s.name,
+            s.skip
+        );
     }
     Ok(cluster)
 }
@@ -448,4 +455,53 @@ pub fn table_stats(table: &dataplane::ruleset::Table) -> TableStats {
 /// Index → Spec for Services beyond the generated ones (partial syncs add these).
 pub fn extra_spec(n: usize, r: usize, k: usize) -> Spec {
     Spec::cluster_ip(n + r, k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mix_and_conversion() {
+        let s = stats(1000, 5);
+        assert_eq!(
+            (s.cluster_ip, s.node_port, s.load_balancer),
+            (700, 200, 100)
+        );
+        assert_eq!((s.dual_stack, s.etp_local), (100, 100));
+        let cluster = to_cluster(&objects(1000, 5)).expect("synthetic objects convert");
+        assert_eq!(cluster.services.len(), 1000);
+        assert_eq!(cluster.slices.len(), 1100);
+        assert!(cluster.node.is_some());
+        let local = cluster
+            .services
+            .values()
+            .filter(|s| s.external_policy_local)
+            .count();
+        assert_eq!(local, 100);
+        let with_node_port = cluster
+            .services
+            .values()
+            .filter(|s| s.ports[0].node_port.is_some())
+            .count();
+        assert_eq!(with_node_port, 300);
+    }
+
+    #[test]
+    fn partial_changes_apply() {
+        let mut cluster = to_cluster(&objects(100, 5)).unwrap();
+        let spec = Spec::of(50, 5);
+        let addr = Ipv4Addr::new(10, 128, 0, 1);
+        add_endpoint(&mut cluster, &spec, addr).unwrap();
+        remove_endpoint(&mut cluster, &spec, addr).unwrap();
+        assert!(remove_endpoint(&mut cluster, &spec, addr).is_err());
+        let extra = extra_spec(100, 0, 5);
+        let mut objects = vec![extra.service()];
+        objects.extend(extra.slices());
+        add_to_cluster(&mut cluster, &objects).unwrap();
+        assert_eq!(cluster.services.len(), 101);
+        remove_service(&mut cluster, &extra.object_name());
+        assert_eq!(cluster.services.len(), 100);
+        assert_eq!(cluster.slices.len(), 110);
+    }
 }
