@@ -226,6 +226,9 @@ pub enum NodePortIps {
     List(Vec<IpAddr>),
 }
 
+/// The addresses `nodePortAddresses` selects for `family`. A CIDR list may select loopback
+/// addresses: nftables mode never serves NodePorts on them ([`NodePortIps::without_loopback`]),
+/// iptables mode may (`localhostNodePorts`).
 pub fn node_port_ips(config: &BuildConfig, cluster: &Cluster, family: Family) -> NodePortIps {
     match &config.node_port_addresses {
         NodePortAddresses::Primary => NodePortIps::List(
@@ -248,11 +251,23 @@ pub fn node_port_ips(config: &BuildConfig, cluster: &Cluster, family: Family) ->
                 .local_addresses
                 .iter()
                 .copied()
-                .filter(|a| !a.is_loopback() && mine.iter().any(|c| c.contains(a)))
+                .filter(|a| mine.iter().any(|c| c.contains(a)))
                 .collect();
             ips.sort();
             ips.dedup();
             NodePortIps::List(ips)
+        }
+    }
+}
+
+impl NodePortIps {
+    pub fn without_loopback(self) -> NodePortIps {
+        match self {
+            NodePortIps::All => NodePortIps::All,
+            NodePortIps::List(mut ips) => {
+                ips.retain(|a| !a.is_loopback());
+                NodePortIps::List(ips)
+            }
         }
     }
 }
@@ -357,18 +372,19 @@ fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Table 
         net: family.loopback(),
         negate: true,
     };
-    let (nodeport_match, nodeport_check_match) = match node_port_ips(config, cluster, family) {
-        NodePortIps::All => (vec![Match::FibDaddrLocal, loopback.clone()], vec![loopback]),
-        NodePortIps::List(ips) => {
-            let mut s = set(KeyType::Addr, false, "IPs that accept NodePort traffic");
-            s.elements = ips.into_iter().map(|ip| (Key::Addr(ip), None)).collect();
-            t.sets.insert(NODEPORT_IPS.into(), s);
-            let m = Match::DaddrInSet {
-                set: NODEPORT_IPS.into(),
-            };
-            (vec![m.clone()], vec![m])
-        }
-    };
+    let (nodeport_match, nodeport_check_match) =
+        match node_port_ips(config, cluster, family).without_loopback() {
+            NodePortIps::All => (vec![Match::FibDaddrLocal, loopback.clone()], vec![loopback]),
+            NodePortIps::List(ips) => {
+                let mut s = set(KeyType::Addr, false, "IPs that accept NodePort traffic");
+                s.elements = ips.into_iter().map(|ip| (Key::Addr(ip), None)).collect();
+                t.sets.insert(NODEPORT_IPS.into(), s);
+                let m = Match::DaddrInSet {
+                    set: NODEPORT_IPS.into(),
+                };
+                (vec![m.clone()], vec![m])
+            }
+        };
     let c = &mut t.chains;
     c.insert(
         SERVICES.into(),

@@ -46,7 +46,7 @@ use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
 use crate::build::{
-    BuildConfig, LocalDetector, NoLocalEndpoints, NodePortAddresses, port_endpoints,
+    BuildConfig, LocalDetector, NoLocalEndpoints, NodePortIps, node_port_ips, port_endpoints,
 };
 use crate::convert::slices_by_service;
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
@@ -331,33 +331,11 @@ fn node_port_destinations(
     skipped: &mut Vec<IpAddr>,
 ) -> NodePortDestinations {
     let loopback_ok = family == Family::V4 && options.localhost_node_ports;
-    match &config.node_port_addresses {
-        NodePortAddresses::Primary => NodePortDestinations::List(
-            cluster
-                .node
-                .as_ref()
-                .and_then(|n| n.primary_ip(family))
-                .into_iter()
-                .collect(),
-        ),
-        NodePortAddresses::Cidrs(cidrs) => {
-            let mine: Vec<&IpNet> = cidrs
-                .iter()
-                .filter(|c| Family::of_net(c) == family)
-                .collect();
-            if mine.is_empty() || mine.iter().any(|c| c.prefix_len() == 0) {
-                return NodePortDestinations::Local {
-                    exclude_loopback: !loopback_ok,
-                };
-            }
-            let mut ips: Vec<IpAddr> = config
-                .local_addresses
-                .iter()
-                .copied()
-                .filter(|a| Family::of(a) == family && mine.iter().any(|c| c.contains(a)))
-                .collect();
-            ips.sort();
-            ips.dedup();
+    match node_port_ips(config, cluster, family) {
+        NodePortIps::All => NodePortDestinations::Local {
+            exclude_loopback: !loopback_ok,
+        },
+        NodePortIps::List(mut ips) => {
             if !loopback_ok {
                 skipped.extend(ips.iter().filter(|a| a.is_loopback()));
                 ips.retain(|a| !a.is_loopback());

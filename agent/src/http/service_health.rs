@@ -124,7 +124,7 @@ pub fn local_ready_endpoints(
 pub fn listen_addresses(cluster: &Cluster, config: &BuildConfig, port: u16) -> Vec<SocketAddr> {
     let mut out = Vec::new();
     for family in Family::ALL {
-        match node_port_ips(config, cluster, family) {
+        match node_port_ips(config, cluster, family).without_loopback() {
             NodePortIps::All => out.push(SocketAddr::new(
                 match family {
                     Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),

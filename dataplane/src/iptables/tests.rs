@@ -1,5 +1,5 @@
 use super::*;
-use crate::build::LocalDetector;
+use crate::build::{LocalDetector, NodePortAddresses};
 use crate::convert;
 
 /// The Services of kube-proxy's `TestOverallIPTablesRules` (reference §1.14 / §1.16).
