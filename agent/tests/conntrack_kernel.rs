@@ -5,77 +5,30 @@
 //! namespace when done, even on panic. The root namespace's table is never touched.
 
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use dataplane::conntrack::Tuple;
 use dataplane::ruleset::Family;
 use nftproxy::conntrack::{Conntrack, Flow};
 
-static NEXT_NS: AtomicUsize = AtomicUsize::new(0);
+mod common;
+use common::Netns;
 
 const UDP: u8 = 17;
 const TCP: u8 = 6;
 
-/// A throw-away network namespace, deleted on drop.
-struct Netns {
-    name: String,
+/// The conntrack-specific helpers on the shared namespace.
+trait ConntrackNs {
+    fn open(&self) -> Conntrack;
+    fn insert(&self, proto: u8, orig: (&str, u16, &str, u16), reply_src: (&str, u16), zone: u16);
+    fn listed(&self) -> BTreeSet<Entry>;
 }
 
-impl Netns {
-    fn new() -> Netns {
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "the conntrack kernel tests need root (they create network namespaces)"
-        );
-        let name = format!(
-            "nftp-ct-{}-{}",
-            std::process::id(),
-            NEXT_NS.fetch_add(1, Ordering::SeqCst)
-        );
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .expect("run ip netns add");
-        assert!(st.success(), "ip netns add {name} failed");
-        let ns = Netns { name };
-        ns.exec(&["ip", "link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// Runs `f` on a thread that entered the namespace.
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::spawn(move || {
-            let file = File::open(&path).expect("open netns file");
-            // SAFETY: setns on a valid namespace fd; it only affects this thread.
-            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .expect("netns thread")
-    }
-
+impl ConntrackNs for Netns {
     /// Opens the backend inside the namespace; the socket stays in it.
     fn open(&self) -> Conntrack {
         self.run(|| Conntrack::open().expect("open ctnetlink socket"))
-    }
-
-    fn exec(&self, argv: &[&str]) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(argv)
-            .output()
-            .expect("run ip netns exec");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{argv:?} failed: {stderr}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// `conntrack -I` of a UDP or TCP entry from `orig` to `reply` (reply source = the
@@ -130,14 +83,6 @@ impl Netns {
             }
         }
         out
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
     }
 }
 
@@ -220,7 +165,7 @@ fn populate(ns: &Netns) {
 
 #[test]
 fn lists_and_deletes_exactly_the_chosen_udp_entries() {
-    let ns = Netns::new();
+    let ns = Netns::new("ct");
     populate(&ns);
     let before = ns.listed();
     assert_eq!(before.len(), 11, "{before:#?}");
@@ -275,7 +220,7 @@ fn lists_and_deletes_exactly_the_chosen_udp_entries() {
 
 #[test]
 fn an_entry_replaced_since_listing_is_left_alone() {
-    let ns = Netns::new();
+    let ns = Netns::new("ct");
     ns.insert(
         UDP,
         ("10.0.5.5", 40000, "172.30.0.10", 53),
@@ -300,7 +245,7 @@ fn an_entry_replaced_since_listing_is_left_alone() {
 #[test]
 fn udp_cleanup_of_stale_frontend_entries() {
     use dataplane::conntrack::Frontends;
-    let ns = Netns::new();
+    let ns = Netns::new("ct");
     populate(&ns);
     let before = ns.listed();
     let mut ct = ns.open();
@@ -324,7 +269,7 @@ fn udp_cleanup_of_stale_frontend_entries() {
 fn thousands_of_entries_are_listed_and_deleted_in_batches() {
     const N: usize = 20_000;
     // UNREPLIED UDP entries expire after 30 s: everything below takes far less.
-    let ns = Netns::new();
+    let ns = Netns::new("ct");
     // Connection tracking runs in a namespace only once something there needs it.
     ns.exec(&[
         "nft",

@@ -4,11 +4,7 @@
 //! even on panic. The root namespace's rules are never touched.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use dataplane::plan::{Op, TableState, Transaction, plan, plan_cleanup};
@@ -20,70 +16,32 @@ use dataplane::ruleset::{
 use ipnet::IpNet;
 use nftproxy::nftables::{NftError, Nftables};
 
-static NEXT_NS: AtomicUsize = AtomicUsize::new(0);
+mod common;
+use common::Netns;
 
-/// A throw-away network namespace, deleted on drop.
-struct Netns {
-    name: String,
+/// The nftables-specific helpers on the shared namespace.
+trait NftNs {
+    fn open(&self) -> Nftables;
+    fn nft(&self, args: &[&str]) -> (bool, String);
+    fn list(&self, family: Family) -> String;
 }
 
-impl Netns {
-    fn new() -> Netns {
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "the nftables kernel tests need root (they create network namespaces)"
-        );
-        let name = format!(
-            "nftp-nl-{}-{}",
-            std::process::id(),
-            NEXT_NS.fetch_add(1, Ordering::SeqCst)
-        );
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .expect("run ip netns add");
-        assert!(st.success(), "ip netns add {name} failed");
-        Netns { name }
-    }
-
-    /// Opens the backend on a thread that entered the namespace; the socket stays in it.
+impl NftNs for Netns {
+    /// Opens the backend inside the namespace; the socket stays in it.
     fn open(&self) -> Nftables {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::spawn(move || {
-            let f = File::open(&path).expect("open netns file");
-            // SAFETY: setns on a valid namespace fd; it only affects this thread.
-            let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-            Nftables::open().expect("open netlink socket")
-        })
-        .join()
-        .expect("netns thread")
+        self.run(|| Nftables::open().expect("open netlink socket"))
     }
 
     fn nft(&self, args: &[&str]) -> (bool, String) {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.name, "nft"])
-            .args(args)
-            .output()
-            .expect("run nft");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        (out.status.success(), text)
+        let argv: Vec<&str> = std::iter::once("nft").chain(args.iter().copied()).collect();
+        let (ok, out, err) = self.try_exec(&argv);
+        (ok, out + &err)
     }
 
     fn list(&self, family: Family) -> String {
         let (ok, text) = self.nft(&["list", "table", family.nft_name(), "nftproxy"]);
         assert!(ok, "nft list failed: {text}");
         text
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
     }
 }
 
@@ -604,7 +562,7 @@ fn full_table(family: Family) -> Table {
 }
 
 fn check_full_table(family: Family) {
-    let ns = Netns::new();
+    let ns = Netns::new("nl");
     let mut nft = ns.open();
     assert!(nft.read_table(family).expect("read_table").is_none());
     let table = full_table(family);
@@ -647,7 +605,7 @@ fn full_table_ipv6_lists_as_rendered_and_reads_back_idempotently() {
 #[test]
 fn flush_delete_and_element_changes_round_trip() {
     let family = Family::V4;
-    let ns = Netns::new();
+    let ns = Netns::new("nl");
     let mut nft = ns.open();
     let a = full_table(family);
     nft.apply(&plan(None, &a)).expect("apply A");
@@ -726,7 +684,7 @@ fn flush_delete_and_element_changes_round_trip() {
 #[test]
 fn failing_op_is_named_and_leaves_the_table_untouched() {
     let family = Family::V6;
-    let ns = Netns::new();
+    let ns = Netns::new("nl");
     let mut nft = ns.open();
     let table = full_table(family);
     nft.apply(&plan(None, &table)).expect("apply");
@@ -824,7 +782,7 @@ fn failing_op_is_named_and_leaves_the_table_untouched() {
 #[test]
 fn large_transaction_20k_services() {
     let family = Family::V4;
-    let ns = Netns::new();
+    let ns = Netns::new("nl");
     let mut nft = ns.open();
     // NFTP_SERVICES=40000 gives a 120,000-message, 31 MB transaction.
     let services: u32 = std::env::var("NFTP_SERVICES")
