@@ -13,19 +13,24 @@ pub fn load_file(
     node_name: &str,
     proxy_name: &str,
 ) -> Result<(Cluster, Vec<Skipped>), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let (objects, mut skipped) = convert::parse_yaml(&text).map_err(|e| yaml_error(path, &e))?;
+    let text = read(path)?;
+    load_text(&text, node_name, proxy_name).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Converts YAML text already in memory (see [`load_file`]).
+pub fn load_text(
+    text: &str,
+    node_name: &str,
+    proxy_name: &str,
+) -> Result<(Cluster, Vec<Skipped>), String> {
+    let (objects, mut skipped) = convert::parse_yaml(text).map_err(|e| yaml_error(&e))?;
     let (cluster, more) = convert::cluster(&objects, node_name, proxy_name);
     skipped.extend(more);
     Ok((cluster, skipped))
 }
 
-/// Converts YAML text already in memory (see [`load_file`]).
-pub fn load_file_text(text: &str, node_name: &str) -> Result<(Cluster, Vec<Skipped>), String> {
-    let (objects, mut skipped) = convert::parse_yaml(text).map_err(|e| e.to_string())?;
-    let (cluster, more) = convert::cluster(&objects, node_name, "");
-    skipped.extend(more);
-    Ok((cluster, skipped))
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Logs each skipped object once, with its kind, name and reason.
@@ -38,8 +43,9 @@ pub fn report_skipped(skipped: &[Skipped]) {
 /// Replaces the tracker's content with the objects of a YAML file, as a re-list of every kind
 /// would: objects missing from the file are deleted, unchanged ones cause no sync.
 pub fn load_into(tracker: &mut Tracker, path: &Path) -> Result<(), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let (objects, skipped) = convert::parse_yaml(&text).map_err(|e| yaml_error(path, &e))?;
+    let text = read(path)?;
+    let (objects, skipped) = convert::parse_yaml(&text)
+        .map_err(|e| format!("{}: {}", path.display(), yaml_error(&e)))?;
     report_skipped(&skipped);
     let mut invalid = Vec::new();
     tracker.begin_list(Kind::Service);
@@ -68,14 +74,10 @@ pub fn load_into(tracker: &mut Tracker, path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn yaml_error(path: &Path, e: &serde_yaml_ng::Error) -> String {
+/// A YAML error with the line and column it names.
+fn yaml_error(e: &serde_yaml_ng::Error) -> String {
     match e.location() {
-        Some(l) => format!(
-            "{}: line {} column {}: {e}",
-            path.display(),
-            l.line(),
-            l.column()
-        ),
-        None => format!("{}: {e}", path.display()),
+        Some(l) => format!("line {} column {}: {e}", l.line(), l.column()),
+        None => e.to_string(),
     }
 }

@@ -160,8 +160,12 @@ pub fn run(
             continue;
         };
         let full = need_full || failed;
+        // Addresses are re-read when rtnetlink says they changed, and on full syncs (which
+        // also covers a host where the address watch could not be opened).
+        if full || addresses_changed {
+            config.local_addresses = crate::addresses::local_addresses();
+        }
         addresses_changed = false;
-        config.local_addresses = crate::addresses::local_addresses();
         let start = Instant::now();
         let result = syncer
             .sync(&cluster, &config, full)

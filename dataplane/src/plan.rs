@@ -233,19 +233,19 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
                     // Hook or priority changed: the kernel cannot alter it in place.
                     ops.push(Op::DeleteChain { name: name.clone() });
                 }
-                rewrite.push((name, chain, !c.empty && c.base == chain.base));
+                rewrite.push((name, chain, fp, !c.empty && c.base == chain.base));
             }
-            None => rewrite.push((name, chain, false)),
+            None => rewrite.push((name, chain, fp, false)),
         }
     }
     let mut flush_ops = Vec::new();
     let mut rule_ops = Vec::new();
-    for (name, chain, flush) in rewrite {
+    for (name, chain, fp, flush) in rewrite {
         ops.push(Op::AddChain {
             name: name.clone(),
             base: chain.base,
             comment: chain.comment.clone(),
-            fingerprint: fingerprint(chain),
+            fingerprint: fp,
         });
         if flush {
             flush_ops.push(Op::FlushChain { name: name.clone() });

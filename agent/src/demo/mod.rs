@@ -193,7 +193,7 @@ fn interrupted(stop: &AtomicBool) -> Result<(), String> {
 
 /// The trace's prediction for a flow, summarised like an observation.
 fn predict(settings: &Settings, flow: &Flow, src: IpAddr) -> Result<BTreeSet<Seen>, String> {
-    let (cluster, _) = source::load_file_text(CLUSTER, &settings.node_name)?;
+    let (cluster, _) = source::load_text(CLUSTER, &settings.node_name, "")?;
     let dst: SocketAddr = flow.dst.parse().map_err(|e| format!("{e}"))?;
     let table = build(&cluster, &settings.build, Family::of(&dst.ip())).table;
     let host = Host {

@@ -408,10 +408,19 @@ fn udp_attempt(p: &ProbeOpts) -> io::Result<Attempt> {
     s.connect(&p.dst)?;
     let src = s.local_addr()?;
     s.send(b"nettest probe")?;
-    let deadline = Instant::now() + p.timeout;
+    let start = Instant::now();
+    let deadline = start + p.timeout;
+    // Like any UDP client, send once more half-way: on a loaded host a datagram (or the ICMP
+    // error answering it) is occasionally lost, which must not read as a drop.
+    let mut resend_at = Some(start + p.timeout / 2);
     let mut buf = [0u8; 2048];
     loop {
-        let Some(left) = remaining(deadline) else {
+        let wait_until = resend_at.unwrap_or(deadline);
+        let Some(left) = remaining(wait_until) else {
+            if resend_at.take().is_some() {
+                s.send(b"nettest probe")?;
+                continue;
+            }
             return Ok(Attempt::Timeout);
         };
         if s.poll(libc::POLLIN, Some(left))? == 0 {
