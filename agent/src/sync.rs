@@ -4,14 +4,16 @@
 //! default) or iptables-restore (kube-proxy's iptables mode, see [`crate::iptables`]). The UDP
 //! conntrack cleanup after a commit is the same for both.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use dataplane::build::{BuildConfig, NoLocalEndpoints, build};
-use dataplane::conntrack::{Frontends, cleanup_needed};
+use dataplane::build::{BuildConfig, NoLocalEndpoints};
+use dataplane::conntrack::{FrontendIndex, FrontendKeys, Frontends, cleanup_needed};
+use dataplane::desired::{Desired, Updated};
 use dataplane::iptables::IptablesOptions;
-use dataplane::model::Cluster;
-use dataplane::plan::{TableState, plan, plan_cleanup};
+use dataplane::model::{Cluster, ObjectName};
+use dataplane::plan::{TableState, plan, plan_cleanup, plan_cleanup_scope, plan_scope};
 use dataplane::ruleset::{Family, TABLE};
 use metrics::ObjectCounts;
 
@@ -51,14 +53,25 @@ pub struct FamilyReport {
     pub iptables: Option<IptablesCounts>,
 }
 
+/// Which Services changed since the previous sync.
+#[derive(Clone, Copy, Debug)]
+pub enum Changed<'a> {
+    /// Unknown, or something every Service depends on: consider them all.
+    All,
+    /// Only these (created, updated or deleted).
+    Services(&'a BTreeSet<ObjectName>),
+}
+
 /// The kernel interface a [`Syncer`] programs.
 enum Backend {
     Nftables {
         nft: Nftables,
-        /// What the kernel holds after our last successful commit; `None` when unknown
+        /// What the kernel holds after our last successful commit; absent when unknown
         /// (startup, after a failure, or when a full sync asks to re-read it), and then read
-        /// back.
-        committed: BTreeMap<Family, Option<Option<TableState>>>,
+        /// back. `None` inside: there is no table.
+        committed: BTreeMap<Family, Option<TableState>>,
+        /// The desired table per family, updated Service by Service.
+        desired: BTreeMap<Family, Desired>,
     },
     Iptables(IptablesBackend),
 }
@@ -71,6 +84,10 @@ pub struct Syncer {
     /// The UDP frontends as of the last sync whose conntrack cleanup succeeded (or was not
     /// needed); absent at startup and then taken from the table read back from the kernel.
     udp_frontends: BTreeMap<Family, Frontends>,
+    /// The UDP frontends the cluster gives now, kept per Service.
+    udp_index: BTreeMap<Family, FrontendIndex>,
+    /// Frontends whose conntrack cleanup failed, compared again at the next sync.
+    udp_pending: BTreeMap<Family, FrontendKeys>,
     /// The family whose sync failed last (for per-family failure metrics).
     failed_family: Option<Family>,
 }
@@ -81,6 +98,7 @@ impl Syncer {
         Ok(Syncer::with_backend(Backend::Nftables {
             nft: Nftables::open()?,
             committed: BTreeMap::new(),
+            desired: BTreeMap::new(),
         }))
     }
 
@@ -108,6 +126,8 @@ impl Syncer {
                 .inspect_err(|e| tracing::warn!(error = %e, "no UDP conntrack cleanup"))
                 .ok(),
             udp_frontends: BTreeMap::new(),
+            udp_index: BTreeMap::new(),
+            udp_pending: BTreeMap::new(),
             failed_family: None,
         }
     }
@@ -127,20 +147,38 @@ impl Syncer {
         }
     }
 
-    /// Syncs both families. `full` re-reads the kernel state first, which repairs any drift.
+    /// Syncs both families, considering every Service. `full` re-reads the kernel state first,
+    /// which repairs any drift.
     pub fn sync(
         &mut self,
         cluster: &Cluster,
         config: &BuildConfig,
         full: bool,
     ) -> Result<BTreeMap<Family, FamilyReport>, SyncError> {
+        self.sync_changed(cluster, config, full, Changed::All)
+    }
+
+    /// Syncs both families after the Services in `changed` changed: in nftables mode the work
+    /// is proportional to the change, not to the cluster, unless `full`.
+    pub fn sync_changed(
+        &mut self,
+        cluster: &Cluster,
+        config: &BuildConfig,
+        full: bool,
+        changed: Changed<'_>,
+    ) -> Result<BTreeMap<Family, FamilyReport>, SyncError> {
         let mut reports = BTreeMap::new();
         for family in Family::ALL {
-            let report = self.sync_family(cluster, config, family, full);
+            let report = self.sync_family(cluster, config, family, full, changed);
             if report.is_err() {
+                // The other family may not have seen `changed`: rebuild both next time.
+                self.udp_index.clear();
                 match &mut self.backend {
-                    Backend::Nftables { committed, .. } => {
+                    Backend::Nftables {
+                        committed, desired, ..
+                    } => {
                         committed.remove(&family);
+                        desired.clear();
                     }
                     // The backend forgets what it wrote itself.
                     Backend::Iptables(_) => {}
@@ -158,12 +196,18 @@ impl Syncer {
         config: &BuildConfig,
         family: Family,
         full: bool,
+        changed: Changed<'_>,
     ) -> Result<FamilyReport, SyncError> {
         let start = Instant::now();
         let first = !self.udp_frontends.contains_key(&family);
         let (mut report, read_back) = match &mut self.backend {
-            Backend::Nftables { nft, committed } => {
-                sync_nftables(nft, committed, first, cluster, config, family, full)?
+            Backend::Nftables {
+                nft,
+                committed,
+                desired,
+            } => {
+                let desired = update_desired(desired, cluster, config, family, changed);
+                sync_nftables(nft, committed, first, desired, family, full)?
             }
             Backend::Iptables(ipt) => {
                 let r = ipt.sync_family(cluster, config, family, full)?;
@@ -186,7 +230,15 @@ impl Syncer {
                 (report, None)
             }
         };
-        self.clean_conntrack(family, Frontends::of(cluster, family), read_back);
+        let touched = match (self.udp_index.get_mut(&family), changed) {
+            (Some(index), Changed::Services(names)) => Some(index.update(cluster, names)),
+            _ => {
+                self.udp_index
+                    .insert(family, FrontendIndex::build(cluster, family));
+                None
+            }
+        };
+        self.clean_conntrack(family, touched, read_back);
         report.elapsed = start.elapsed();
         Ok(report)
     }
@@ -195,26 +247,53 @@ impl Syncer {
     /// UDP conntrack entries that still lead to endpoints no longer serving (or to frontends that
     /// are gone), so that their next packet is load-balanced afresh. A failure is logged and
     /// retried at the next sync; it never fails the sync.
+    ///
+    /// `touched` holds the frontends the sync's changes may have altered (`None`: any); only
+    /// those are compared with the previous ones.
     fn clean_conntrack(
         &mut self,
         family: Family,
-        current: Frontends,
+        touched: Option<FrontendKeys>,
         read_back: Option<Frontends>,
     ) {
-        let (previous, exact) = match self.udp_frontends.remove(&family) {
+        let Some(index) = self.udp_index.get(&family) else {
+            return;
+        };
+        let current = index.current();
+        let pending = self.udp_pending.remove(&family);
+        let (mut previous, exact) = match self.udp_frontends.remove(&family) {
             Some(previous) => (previous, true),
             None => (read_back.unwrap_or_default(), false),
         };
+        let scope = touched.filter(|_| exact).map(|mut keys| {
+            if let Some(p) = &pending {
+                keys.extend(p);
+            }
+            keys
+        });
+        let (was, now) = match &scope {
+            Some(keys) => (
+                Cow::Owned(previous.restricted(keys)),
+                Cow::Owned(current.restricted(keys)),
+            ),
+            None => (Cow::Borrowed(&previous), Cow::Borrowed(current)),
+        };
+        let cleaned = |previous: &mut Frontends| match &scope {
+            Some(keys) => previous.replace(keys, current),
+            None => *previous = current.clone(),
+        };
         let Some(ct) = self.conntrack.as_mut() else {
-            self.udp_frontends.insert(family, current);
+            cleaned(&mut previous);
+            self.udp_frontends.insert(family, previous);
             return;
         };
-        if !cleanup_needed(&previous, exact, &current) {
-            self.udp_frontends.insert(family, current);
+        if !cleanup_needed(&was, exact, &now) {
+            cleaned(&mut previous);
+            self.udp_frontends.insert(family, previous);
             return;
         }
         let start = Instant::now();
-        match ct.clean_stale_udp(family, &current, &previous) {
+        match ct.clean_stale_udp(family, current, &was) {
             Ok(stats) => {
                 metrics::observe_conntrack(family, start.elapsed(), stats.deleted as u64);
                 tracing::info!(
@@ -225,7 +304,9 @@ impl Syncer {
                     elapsed = ?start.elapsed(),
                     "UDP conntrack cleanup"
                 );
-                self.udp_frontends.insert(family, current);
+                drop(was);
+                cleaned(&mut previous);
+                self.udp_frontends.insert(family, previous);
             }
             Err(e) => {
                 // kube-proxy observes the duration of failed reconciles too.
@@ -236,8 +317,12 @@ impl Syncer {
                     elapsed = ?start.elapsed(),
                     "UDP conntrack cleanup failed, retrying at the next sync"
                 );
+                drop(was);
                 if exact {
                     self.udp_frontends.insert(family, previous);
+                    if let Some(keys) = scope {
+                        self.udp_pending.insert(family, keys);
+                    }
                 }
             }
         }
@@ -261,13 +346,14 @@ impl Syncer {
     /// iptables chains (in the variant in use). The next sync starts afresh.
     pub fn cleanup(&mut self) -> Result<(), SyncError> {
         match &mut self.backend {
-            Backend::Nftables { nft, committed } => {
+            Backend::Nftables { nft, committed, .. } => {
                 delete_tables(nft, TABLE)?;
                 committed.clear();
             }
             Backend::Iptables(ipt) => log_removed(&ipt.cleanup()?, "deleted iptables chains"),
         }
         self.udp_frontends.clear();
+        self.udp_pending.clear();
         Ok(())
     }
 
@@ -356,32 +442,64 @@ pub fn cleanup_all(kube_proxy: bool) -> Result<(), SyncError> {
     }
 }
 
+/// Brings `family`'s desired table up to date: in place for the changed Services, or rebuilt.
+fn update_desired<'d>(
+    desired: &'d mut BTreeMap<Family, Desired>,
+    cluster: &Cluster,
+    config: &BuildConfig,
+    family: Family,
+    changed: Changed<'_>,
+) -> (&'d Desired, Updated) {
+    let updated = match (desired.get_mut(&family), changed) {
+        (Some(d), Changed::Services(names)) => d.update(cluster, config, names),
+        _ => {
+            desired.insert(family, Desired::build(cluster, config, family));
+            Updated::All
+        }
+    };
+    (&desired[&family], updated)
+}
+
 /// One family's nftables sync: returns the report and, on the first sync, the UDP frontends
 /// the previous run programmed (read back from the kernel).
 fn sync_nftables(
     nft: &mut Nftables,
-    committed: &mut BTreeMap<Family, Option<Option<TableState>>>,
+    committed: &mut BTreeMap<Family, Option<TableState>>,
     first: bool,
-    cluster: &Cluster,
-    config: &BuildConfig,
+    (desired, updated): (&Desired, Updated),
     family: Family,
     full: bool,
 ) -> Result<(FamilyReport, Option<Frontends>), NftError> {
-    let built = build(cluster, config, family);
-    let current = match committed.get(&family) {
-        Some(Some(state)) if !full => state.clone(),
-        _ => nft.read_table(family)?,
+    // The committed state is taken out while the sync runs: if it fails, it is unknown.
+    let known = committed.remove(&family);
+    let (current, read, drifted) = match known {
+        Some(state) if !full => (state, false, false),
+        previous => {
+            let current = nft.read_table(family)?;
+            // A full sync that reads back something other than what we committed found drift.
+            let drifted = full && previous.is_some_and(|p| p != current);
+            (current, true, drifted)
+        }
     };
-    // A full sync that reads back something other than what we committed found drift.
-    let drifted =
-        full && matches!(committed.get(&family), Some(Some(committed)) if *committed != current);
     // At startup, what the previous run programmed tells which UDP frontends existed.
     let read_back = first.then(|| Frontends::from_table_state(current.as_ref()));
-    let tx = plan(current.as_ref(), &built.table);
+    let table = desired.table();
+    // A state read back may lack changes an earlier, failed sync was about to make: compare all.
+    let scope = match (&current, updated, read) {
+        (Some(_), Updated::Scope(scope), false) => Some(scope),
+        _ => None,
+    };
+    let tx = match (&current, &scope) {
+        (Some(cur), Some(scope)) => plan_scope(cur, table, scope),
+        _ => plan(current.as_ref(), table),
+    };
     let stats = nft.apply(&tx)?;
     let mut state = current.unwrap_or_default();
     state.apply(&tx);
-    let cleanup = plan_cleanup(&state, &built.table);
+    let cleanup = match &scope {
+        Some(scope) => plan_cleanup_scope(&state, table, scope),
+        None => plan_cleanup(&state, table),
+    };
     let mut cleanup_stats = ApplyStats::default();
     let mut cleanup_failed = false;
     if !cleanup.is_empty() {
@@ -398,13 +516,19 @@ fn sync_nftables(
             }
         }
     }
-    committed.insert(family, Some(Some(state)));
+    committed.insert(family, Some(state));
+    let (chains, rules, sets, set_elements) = desired.object_counts();
     let report = FamilyReport {
         ops: tx.ops.len() + cleanup.ops.len(),
         messages: stats.messages + cleanup_stats.messages,
         bytes: stats.bytes + cleanup_stats.bytes,
-        no_local_endpoints: built.no_local_endpoints,
-        objects: ObjectCounts::of(&built.table),
+        no_local_endpoints: desired.no_local_endpoints(),
+        objects: ObjectCounts {
+            chains,
+            rules,
+            sets,
+            set_elements,
+        },
         cleanup_failed,
         drift_repaired: drifted && !tx.is_empty(),
         elapsed: Duration::ZERO,

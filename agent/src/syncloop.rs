@@ -14,7 +14,7 @@ use dataplane::tracker::Tracker;
 
 use crate::config::Settings;
 use crate::http::health::{HealthState, node_eligible};
-use crate::sync::{FamilyReport, Syncer};
+use crate::sync::{Changed, FamilyReport, Syncer};
 
 /// How often a full sync (read back, repair drift) runs when nothing asks for one sooner. Like
 /// kube-proxy's nftables mode: full syncs cost O(cluster), so they are rare.
@@ -154,11 +154,12 @@ pub fn run(
             }
             let changes = t.take_changes();
             let worth_it = !changes.is_empty() || need_full || failed || addresses_changed;
-            worth_it.then(|| (t.cluster().clone(), changes.trigger_times))
+            worth_it.then(|| (t.cluster().clone(), changes))
         });
-        let Some((cluster, trigger_times)) = snapshot else {
+        let Some((cluster, changes)) = snapshot else {
             continue;
         };
+        let trigger_times = changes.trigger_times;
         let full = need_full || failed;
         // Addresses are re-read when rtnetlink says they changed, and on full syncs (which
         // also covers a host where the address watch could not be opened).
@@ -166,9 +167,14 @@ pub fn run(
             config.local_addresses = crate::addresses::local_addresses();
         }
         addresses_changed = false;
+        let changed = if changes.all {
+            Changed::All
+        } else {
+            Changed::Services(&changes.services)
+        };
         let start = Instant::now();
         let result = syncer
-            .sync(&cluster, &config, full)
+            .sync_changed(&cluster, &config, full, changed)
             .map_err(|e| (syncer.failed_family(), e.to_string()));
         let elapsed = start.elapsed();
         match &result {

@@ -353,10 +353,12 @@ pub fn remove_service(cluster: &mut Cluster, name: &ObjectName) {
 /// Adds a ready endpoint (on another node) to the IPv4 slice of Service `spec`.
 pub fn add_endpoint(cluster: &mut Cluster, spec: &Spec, addr: Ipv4Addr) -> Result<()> {
     let slice = ObjectName::new(&spec.namespace(), &slice_name(&spec.name(), Family::V4));
-    let s = cluster
+    // Slices has no get_mut (it would bypass its Service index): modify a copy, put it back.
+    let mut s = cluster
         .slices
-        .get_mut(&slice)
-        .with_context(|| format!("no EndpointSlice {slice}"))?;
+        .get(&slice)
+        .with_context(|| format!("no EndpointSlice {slice}"))?
+        .clone();
     s.endpoints.push(Endpoint {
         addr: IpAddr::V4(addr),
         ready: true,
@@ -366,21 +368,25 @@ pub fn add_endpoint(cluster: &mut Cluster, spec: &Spec, addr: Ipv4Addr) -> Resul
         zone_hints: Vec::new(),
         node_hints: Vec::new(),
     });
+    cluster.slices.insert(slice, s);
     Ok(())
 }
 
 /// Removes the endpoint `addr` from the IPv4 slice of Service `spec`.
 pub fn remove_endpoint(cluster: &mut Cluster, spec: &Spec, addr: Ipv4Addr) -> Result<()> {
     let slice = ObjectName::new(&spec.namespace(), &slice_name(&spec.name(), Family::V4));
-    let s = cluster
+    // Slices has no get_mut (it would bypass its Service index): modify a copy, put it back.
+    let mut s = cluster
         .slices
-        .get_mut(&slice)
-        .with_context(|| format!("no EndpointSlice {slice}"))?;
+        .get(&slice)
+        .with_context(|| format!("no EndpointSlice {slice}"))?
+        .clone();
     let before = s.endpoints.len();
     s.endpoints.retain(|e| e.addr != IpAddr::V4(addr));
     if s.endpoints.len() == before {
         bail!("{slice} has no endpoint {addr}");
     }
+    cluster.slices.insert(slice, s);
     Ok(())
 }
 

@@ -272,8 +272,8 @@ impl NodePortIps {
     }
 }
 
-/// The static part of the table: base chains, helper chains and the dispatch maps.
-fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Table {
+/// The static part of the table: base chains, helper chains and the (empty) shared maps.
+pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Table {
     let mut t = Table::new(family);
     let mark = 1u32 << config.masquerade_bit;
     let c = &mut t.chains;
@@ -474,6 +474,18 @@ pub struct NoLocalEndpoints {
     pub external: u64,
 }
 
+impl NoLocalEndpoints {
+    pub fn add(&mut self, other: NoLocalEndpoints) {
+        self.internal += other.internal;
+        self.external += other.external;
+    }
+
+    pub fn sub(&mut self, other: NoLocalEndpoints) {
+        self.internal = self.internal.saturating_sub(other.internal);
+        self.external = self.external.saturating_sub(other.external);
+    }
+}
+
 /// The result of building one family's table.
 #[derive(Clone, Debug)]
 pub struct Built {
@@ -517,40 +529,107 @@ pub fn port_endpoints(
     out
 }
 
+/// What one family's table needs from the cluster beyond the Service itself, resolved once per
+/// build.
+pub struct BuildEnv<'a> {
+    config: &'a BuildConfig,
+    family: Family,
+    det: Detector,
+    zone: Option<String>,
+    node_ip: Option<IpAddr>,
+}
+
+impl<'a> BuildEnv<'a> {
+    pub fn new(cluster: &Cluster, config: &'a BuildConfig, family: Family) -> BuildEnv<'a> {
+        BuildEnv {
+            config,
+            family,
+            det: detector(config, cluster, family),
+            zone: cluster
+                .node
+                .as_ref()
+                .and_then(|n| n.zone())
+                .map(str::to_string),
+            node_ip: cluster.node.as_ref().and_then(|n| n.primary_ip(family)),
+        }
+    }
+}
+
+/// What one Service contributes to a family's table: its own chains and sets, and its elements
+/// of the shared maps (keyed by map name).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Part {
+    pub chains: BTreeMap<String, Chain>,
+    pub sets: BTreeMap<String, Set>,
+    pub elements: BTreeMap<(&'static str, Key), Option<Verdict>>,
+    pub no_local_endpoints: NoLocalEndpoints,
+}
+
+impl Part {
+    /// Adds this part to `table`; an element of a map the table lacks is ignored.
+    pub fn merge_into(&self, table: &mut Table) {
+        for (name, chain) in &self.chains {
+            table.chains.insert(name.clone(), chain.clone());
+        }
+        for (name, set) in &self.sets {
+            table.sets.insert(name.clone(), set.clone());
+        }
+        for ((set, key), value) in &self.elements {
+            if let Some(s) = table.sets.get_mut(*set) {
+                s.elements.insert(*key, value.clone());
+            }
+        }
+    }
+}
+
+/// The part of `family`'s table that Service `svc` (with its EndpointSlices) accounts for.
+pub fn service_part<'s>(
+    svc: &Service,
+    slices: impl IntoIterator<Item = &'s EndpointSlice>,
+    env: &BuildEnv<'_>,
+) -> Part {
+    let mut part = Part::default();
+    let Some(cluster_ip) = svc.cluster_ip(env.family) else {
+        return part;
+    };
+    let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
+    let topo = NodeTopology {
+        node_name: &env.config.node_name,
+        zone: env.zone.as_deref(),
+    };
+    for port in &svc.ports {
+        let endpoints = port_endpoints(&slices, port, env.family, &env.config.node_name);
+        let ctx = PortContext {
+            svc,
+            port,
+            family: env.family,
+            cluster_ip,
+            config: env.config,
+            det: &env.det,
+            node_ip: env.node_ip,
+        };
+        let usage = Usage::new(
+            svc.internal_policy_local,
+            svc.external_policy_local,
+            svc.externally_accessible(port),
+        );
+        let cat = categorize(&endpoints, usage, &topo);
+        ctx.add(&mut part, &cat, usage);
+    }
+    part
+}
+
 /// Builds the complete desired table of `family`.
 pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Built {
     let mut table = base_table(config, cluster, family);
     let mut counts = NoLocalEndpoints::default();
-    let det = detector(config, cluster, family);
+    let env = BuildEnv::new(cluster, config, family);
     let by_service = slices_by_service(&cluster.slices);
-    let topo = NodeTopology {
-        node_name: &config.node_name,
-        zone: cluster.node.as_ref().and_then(|n| n.zone()),
-    };
     for svc in cluster.services.values() {
-        let Some(cluster_ip) = svc.cluster_ip(family) else {
-            continue;
-        };
-        let slices: &[&EndpointSlice] = by_service.get(&svc.name).map(Vec::as_slice).unwrap_or(&[]);
-        for port in &svc.ports {
-            let endpoints = port_endpoints(slices, port, family, &config.node_name);
-            let ctx = PortContext {
-                svc,
-                port,
-                family,
-                cluster_ip,
-                config,
-                det: &det,
-                node_ip: cluster.node.as_ref().and_then(|n| n.primary_ip(family)),
-            };
-            let usage = Usage::new(
-                svc.internal_policy_local,
-                svc.external_policy_local,
-                svc.externally_accessible(port),
-            );
-            let cat = categorize(&endpoints, usage, &topo);
-            ctx.add(&mut table, &cat, usage, &mut counts);
-        }
+        let slices = by_service.get(&svc.name).into_iter().flatten().copied();
+        let part = service_part(svc, slices, &env);
+        part.merge_into(&mut table);
+        counts.add(part.no_local_endpoints);
     }
     Built {
         table,
@@ -569,10 +648,8 @@ struct PortContext<'a> {
     node_ip: Option<IpAddr>,
 }
 
-fn insert_element(table: &mut Table, set: &str, key: Key, value: Option<Verdict>) {
-    if let Some(s) = table.sets.get_mut(set) {
-        s.elements.insert(key, value);
-    }
+fn insert_element(part: &mut Part, set: &'static str, key: Key, value: Option<Verdict>) {
+    part.elements.insert((set, key), value);
 }
 
 impl PortContext<'_> {
@@ -591,13 +668,7 @@ impl PortContext<'_> {
         }
     }
 
-    fn add(
-        &self,
-        table: &mut Table,
-        cat: &Categorized,
-        usage: Usage,
-        counts: &mut NoLocalEndpoints,
-    ) {
+    fn add(&self, part: &mut Part, cat: &Categorized, usage: Usage) {
         let proto = self.port.protocol;
         let port = self.port.port;
         let svc = self.svc;
@@ -613,13 +684,13 @@ impl PortContext<'_> {
             .collect();
         let lb_ips: Vec<IpAddr> = self.ips_of_family(&svc.load_balancer_ips).collect();
         let cip_key = Key::AddrProtoPort(self.cluster_ip, proto, port);
-        insert_element(table, CLUSTER_IPS, Key::Addr(self.cluster_ip), None);
+        insert_element(part, CLUSTER_IPS, Key::Addr(self.cluster_ip), None);
 
         if !cat.has_any {
-            insert_element(table, NO_ENDPOINT_SERVICES, cip_key, reject.clone());
+            insert_element(part, NO_ENDPOINT_SERVICES, cip_key, reject.clone());
             for ip in &external_ips {
                 insert_element(
-                    table,
+                    part,
                     NO_ENDPOINT_SERVICES,
                     Key::AddrProtoPort(*ip, proto, port),
                     reject.clone(),
@@ -627,7 +698,7 @@ impl PortContext<'_> {
             }
             if let Some(np) = self.port.node_port {
                 insert_element(
-                    table,
+                    part,
                     NO_ENDPOINT_NODEPORTS,
                     Key::ProtoPort(proto, np),
                     reject,
@@ -656,7 +727,7 @@ impl PortContext<'_> {
                         set: affinity.clone(),
                     },
                 ));
-                table.sets.insert(
+                part.sets.insert(
                     affinity.clone(),
                     Set {
                         decl: SetDecl {
@@ -682,7 +753,7 @@ impl PortContext<'_> {
                 self.comment(),
                 std::net::SocketAddr::new(ep.addr, ep.port)
             ));
-            table.chains.insert(name.clone(), chain);
+            part.chains.insert(name.clone(), chain);
             ep_chains.insert((ep.addr, ep.port), (name, affinity));
         }
         let dispatch = |eps: &[PortEndpoint]| -> Vec<Rule> {
@@ -720,12 +791,12 @@ impl PortContext<'_> {
         if uses_cluster_chain {
             let mut chain = regular(dispatch(&cat.cluster));
             chain.comment = Some(self.comment());
-            table.chains.insert(cluster_chain.clone(), chain);
+            part.chains.insert(cluster_chain.clone(), chain);
         }
         if uses_local_chain {
             let mut chain = regular(dispatch(&cat.local));
             chain.comment = Some(self.comment());
-            table.chains.insert(local_chain.clone(), chain);
+            part.chains.insert(local_chain.clone(), chain);
         }
 
         // Internal (ClusterIP) traffic.
@@ -753,21 +824,21 @@ impl PortContext<'_> {
                 })
             };
             if let Some(matches) = masq_match
-                && let Some(chain) = table.chains.get_mut(internal_chain)
+                && let Some(chain) = part.chains.get_mut(internal_chain)
             {
                 chain
                     .rules
                     .insert(0, Rule::new(matches, jump(MARK_FOR_MASQUERADE)));
             }
             insert_element(
-                table,
+                part,
                 SERVICE_IPS,
                 cip_key,
                 Some(Verdict::Goto(internal_chain.clone())),
             );
         } else {
-            counts.internal += 1;
-            insert_element(table, NO_ENDPOINT_SERVICES, cip_key, Some(Verdict::Drop));
+            part.no_local_endpoints.internal += 1;
+            insert_element(part, NO_ENDPOINT_SERVICES, cip_key, Some(Verdict::Drop));
         }
 
         // External (NodePort, external IP, load balancer IP) traffic.
@@ -800,24 +871,24 @@ impl PortContext<'_> {
         }
         let mut chain = regular(rules);
         chain.comment = Some(self.comment());
-        table.chains.insert(external_chain.clone(), chain);
+        part.chains.insert(external_chain.clone(), chain);
         let to_external = Some(Verdict::Goto(external_chain));
         for ip in &external_ips {
             let key = Key::AddrProtoPort(*ip, proto, port);
-            insert_element(table, SERVICE_IPS, key, to_external.clone());
+            insert_element(part, SERVICE_IPS, key, to_external.clone());
             if !has_external {
-                insert_element(table, NO_ENDPOINT_SERVICES, key, Some(Verdict::Drop));
+                insert_element(part, NO_ENDPOINT_SERVICES, key, Some(Verdict::Drop));
             }
         }
         if let Some(np) = self.port.node_port {
             let key = Key::ProtoPort(proto, np);
-            insert_element(table, SERVICE_NODEPORTS, key, to_external.clone());
+            insert_element(part, SERVICE_NODEPORTS, key, to_external.clone());
             if !has_external {
-                insert_element(table, NO_ENDPOINT_NODEPORTS, key, Some(Verdict::Drop));
+                insert_element(part, NO_ENDPOINT_NODEPORTS, key, Some(Verdict::Drop));
             }
         }
         if !has_external {
-            counts.external += 1;
+            part.no_local_endpoints.external += 1;
         }
 
         // loadBalancerSourceRanges, checked before DNAT.
@@ -845,10 +916,10 @@ impl PortContext<'_> {
             rules.push(Rule::new(vec![], Action::Verdict(Verdict::Drop)));
             let mut chain = regular(rules);
             chain.comment = Some(self.comment());
-            table.chains.insert(firewall_chain.clone(), chain);
+            part.chains.insert(firewall_chain.clone(), chain);
             for ip in &lb_ips {
                 insert_element(
-                    table,
+                    part,
                     FIREWALL_IPS,
                     Key::AddrProtoPort(*ip, proto, port),
                     Some(Verdict::Goto(firewall_chain.clone())),

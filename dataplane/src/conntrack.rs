@@ -24,12 +24,11 @@
 //!
 //! TCP (and SCTP) entries are never stale: graceful termination relies on existing connections.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use crate::build::port_endpoints;
-use crate::convert::slices_by_service;
-use crate::model::{Cluster, EndpointSlice};
+use crate::model::{Cluster, EndpointSlice, ObjectName, Service};
 use crate::plan::TableState;
 use crate::ruleset::{Family, Key, Proto};
 
@@ -59,38 +58,77 @@ impl Frontends {
     /// are not proxied in it and have none. Two Services claiming one frontend share it: the
     /// endpoints of both count.
     pub fn of(cluster: &Cluster, family: Family) -> Frontends {
-        let by_service = slices_by_service(&cluster.slices);
+        FrontendIndex::build(cluster, family).current
+    }
+
+    /// The UDP frontends of one Service.
+    fn of_service(svc: &Service, slices: &[&EndpointSlice], family: Family) -> Frontends {
         let mut out = Frontends::default();
-        for svc in cluster.services.values() {
-            let Some(cluster_ip) = svc.cluster_ip(family) else {
-                continue;
-            };
-            let slices: &[&EndpointSlice] =
-                by_service.get(&svc.name).map(Vec::as_slice).unwrap_or(&[]);
-            let addrs: Vec<IpAddr> = std::iter::once(cluster_ip)
-                .chain(svc.external_ips.iter().copied())
-                .chain(svc.load_balancer_ips.iter().copied())
-                .filter(|ip| Family::of(ip) == family)
+        let Some(cluster_ip) = svc.cluster_ip(family) else {
+            return out;
+        };
+        let addrs: Vec<IpAddr> = std::iter::once(cluster_ip)
+            .chain(svc.external_ips.iter().copied())
+            .chain(svc.load_balancer_ips.iter().copied())
+            .filter(|ip| Family::of(ip) == family)
+            .collect();
+        for port in svc.ports.iter().filter(|p| p.protocol == Proto::Udp) {
+            // The node name only decides `local`, which does not matter here.
+            let serving: BTreeSet<IpAddr> = port_endpoints(slices, port, family, "")
+                .into_iter()
+                .filter(|e| e.serving)
+                .map(|e| e.addr)
                 .collect();
-            for port in svc.ports.iter().filter(|p| p.protocol == Proto::Udp) {
-                // The node name only decides `local`, which does not matter here.
-                let serving: BTreeSet<IpAddr> = port_endpoints(slices, port, family, "")
-                    .into_iter()
-                    .filter(|e| e.serving)
-                    .map(|e| e.addr)
-                    .collect();
-                for addr in &addrs {
-                    out.addrs
-                        .entry((*addr, port.port))
-                        .or_default()
-                        .extend(&serving);
-                }
-                if let Some(np) = port.node_port {
-                    out.node_ports.entry(np).or_default().extend(&serving);
-                }
+            for addr in &addrs {
+                out.addrs
+                    .entry((*addr, port.port))
+                    .or_default()
+                    .extend(&serving);
+            }
+            if let Some(np) = port.node_port {
+                out.node_ports.entry(np).or_default().extend(&serving);
             }
         }
         out
+    }
+
+    /// The frontends among `keys`, with their endpoints.
+    pub fn restricted(&self, keys: &FrontendKeys) -> Frontends {
+        Frontends {
+            addrs: keys
+                .addrs
+                .iter()
+                .filter_map(|k| self.addrs.get(k).map(|v| (*k, v.clone())))
+                .collect(),
+            node_ports: keys
+                .node_ports
+                .iter()
+                .filter_map(|k| self.node_ports.get(k).map(|v| (*k, v.clone())))
+                .collect(),
+        }
+    }
+
+    /// Makes the frontends among `keys` those of `from` (dropping those `from` lacks).
+    pub fn replace(&mut self, keys: &FrontendKeys, from: &Frontends) {
+        for k in &keys.addrs {
+            match from.addrs.get(k) {
+                Some(v) => self.addrs.insert(*k, v.clone()),
+                None => self.addrs.remove(k),
+            };
+        }
+        for k in &keys.node_ports {
+            match from.node_ports.get(k) {
+                Some(v) => self.node_ports.insert(*k, v.clone()),
+                None => self.node_ports.remove(k),
+            };
+        }
+    }
+
+    fn keys(&self) -> impl Iterator<Item = FrontendKey> + '_ {
+        self.addrs
+            .keys()
+            .map(|k| FrontendKey::Addr(*k))
+            .chain(self.node_ports.keys().map(|k| FrontendKey::NodePort(*k)))
     }
 
     /// The UDP frontends programmed in a table read back from the kernel (the map keys of
@@ -119,6 +157,138 @@ impl Frontends {
 
     pub fn is_empty(&self) -> bool {
         self.addrs.is_empty() && self.node_ports.is_empty()
+    }
+}
+
+/// One frontend: an address and port, or a NodePort.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum FrontendKey {
+    Addr((IpAddr, u16)),
+    NodePort(u16),
+}
+
+/// A set of frontends (without their endpoints).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FrontendKeys {
+    pub addrs: BTreeSet<(IpAddr, u16)>,
+    pub node_ports: BTreeSet<u16>,
+}
+
+impl FrontendKeys {
+    pub fn is_empty(&self) -> bool {
+        self.addrs.is_empty() && self.node_ports.is_empty()
+    }
+
+    pub fn extend(&mut self, other: &FrontendKeys) {
+        self.addrs.extend(other.addrs.iter().copied());
+        self.node_ports.extend(other.node_ports.iter().copied());
+    }
+
+    fn insert(&mut self, key: FrontendKey) {
+        match key {
+            FrontendKey::Addr(k) => {
+                self.addrs.insert(k);
+            }
+            FrontendKey::NodePort(k) => {
+                self.node_ports.insert(k);
+            }
+        }
+    }
+}
+
+/// One family's UDP frontends, kept per Service so that a sync that changed a few Services
+/// updates them in O(change) rather than recomputing them from the whole cluster.
+#[derive(Clone, Debug, Default)]
+pub struct FrontendIndex {
+    family: Option<Family>,
+    services: HashMap<ObjectName, Frontends>,
+    owners: HashMap<FrontendKey, BTreeSet<ObjectName>>,
+    current: Frontends,
+}
+
+impl FrontendIndex {
+    pub fn build(cluster: &Cluster, family: Family) -> FrontendIndex {
+        let mut index = FrontendIndex {
+            family: Some(family),
+            ..FrontendIndex::default()
+        };
+        let names: Vec<&ObjectName> = cluster.services.keys().collect();
+        index.update(cluster, names);
+        index
+    }
+
+    /// All frontends, as of the last update.
+    pub fn current(&self) -> &Frontends {
+        &self.current
+    }
+
+    /// Re-reads the Services in `changed` from `cluster`; returns the frontends that may have
+    /// changed (before or after).
+    pub fn update<'a>(
+        &mut self,
+        cluster: &Cluster,
+        changed: impl IntoIterator<Item = &'a ObjectName>,
+    ) -> FrontendKeys {
+        let Some(family) = self.family else {
+            return FrontendKeys::default();
+        };
+        let mut touched = FrontendKeys::default();
+        for name in changed {
+            let new = cluster.services.get(name).map(|svc| {
+                let slices: Vec<&EndpointSlice> = cluster.slices_of(name).collect();
+                Frontends::of_service(svc, &slices, family)
+            });
+            let old = match new {
+                Some(f) if !f.is_empty() => self.services.insert(name.clone(), f),
+                _ => self.services.remove(name),
+            };
+            for key in old.iter().flat_map(Frontends::keys) {
+                if let Some(owners) = self.owners.get_mut(&key) {
+                    owners.remove(name);
+                    if owners.is_empty() {
+                        self.owners.remove(&key);
+                    }
+                }
+                touched.insert(key);
+            }
+            if let Some(f) = self.services.get(name) {
+                for key in f.keys() {
+                    self.owners.entry(key).or_default().insert(name.clone());
+                    touched.insert(key);
+                }
+            }
+        }
+        for k in &touched.addrs {
+            let union = self.union(FrontendKey::Addr(*k), |f| f.addrs.get(k));
+            match union {
+                Some(v) => self.current.addrs.insert(*k, v),
+                None => self.current.addrs.remove(k),
+            };
+        }
+        for k in &touched.node_ports {
+            let union = self.union(FrontendKey::NodePort(*k), |f| f.node_ports.get(k));
+            match union {
+                Some(v) => self.current.node_ports.insert(*k, v),
+                None => self.current.node_ports.remove(k),
+            };
+        }
+        touched
+    }
+
+    /// The endpoints of frontend `key` over all the Services claiming it.
+    fn union(
+        &self,
+        key: FrontendKey,
+        get: impl Fn(&Frontends) -> Option<&BTreeSet<IpAddr>>,
+    ) -> Option<BTreeSet<IpAddr>> {
+        let owners = self.owners.get(&key)?;
+        let mut out = BTreeSet::new();
+        for name in owners {
+            if let Some(eps) = self.services.get(name).and_then(&get) {
+                out.extend(eps.iter().copied());
+            }
+        }
+        Some(out)
     }
 }
 
@@ -330,21 +500,24 @@ mod tests {
     fn serving_counts_not_ready_or_policy() {
         let mut c = udp_cluster(true);
         // Terminating but serving: still a valid target for existing flows.
-        let s = c.slices.values_mut().next().unwrap();
+        let mut s = c.slices.values().next().unwrap().clone();
         s.endpoints[1].ready = false;
         s.endpoints[1].terminating = true;
-        let svc = c.services.values_mut().next().unwrap();
+        c.slices.insert(s.name.clone(), s);
+        let mut svc = c.services.values().next().unwrap().clone();
         svc.internal_policy_local = true;
         svc.external_policy_local = true;
+        c.services.insert(svc.name.clone(), svc);
         let f = Frontends::of(&c, Family::V4);
         assert_eq!(
             f.addrs[&(ip("172.30.0.10"), 53)],
             set(&["10.0.0.1", "10.0.0.2"])
         );
         // Not serving (e.g. failing readiness, not terminating): not a target.
-        let s = c.slices.values_mut().next().unwrap();
+        let mut s = c.slices.values().next().unwrap().clone();
         s.endpoints[1].serving = false;
         s.endpoints[1].terminating = false;
+        c.slices.insert(s.name.clone(), s);
         let f = Frontends::of(&c, Family::V4);
         assert_eq!(f.addrs[&(ip("172.30.0.10"), 53)], set(&["10.0.0.1"]));
     }
@@ -603,5 +776,46 @@ mod tests {
         // What a restarted agent makes of an entry to a Service deleted meanwhile.
         let e = entry(UDP, "10.0.5.5", ("172.30.0.10", 53), ("10.0.0.1", 5353));
         assert!(stale(&e, &Frontends::default(), &f));
+    }
+
+    #[test]
+    fn index_updates_like_a_rebuild() {
+        let shared = |name: &str, cip: &str| {
+            let mut s = service(name, &[cip], &[("p", Proto::Udp, 53, Some(30053))]);
+            s.external_ips = vec![ip("192.0.2.10")];
+            s
+        };
+        let one_slice = |svc: &str, eps: &[&str]| {
+            slice(
+                svc,
+                &format!("{svc}1"),
+                &[("p", Proto::Udp, 53)],
+                eps.iter().map(|e| endpoint(e, true)).collect(),
+            )
+        };
+        let before = cluster(
+            vec![shared("a", "172.30.0.10"), shared("b", "172.30.0.11")],
+            vec![one_slice("a", &["10.0.0.1"]), one_slice("b", &["10.0.0.2"])],
+        );
+        let after = cluster(
+            vec![shared("b", "172.30.0.11")],
+            vec![one_slice("b", &["10.0.0.3"])],
+        );
+        let mut index = FrontendIndex::build(&before, Family::V4);
+        assert_eq!(index.current(), &Frontends::of(&before, Family::V4));
+        let (a, b) = (ObjectName::new("ns", "a"), ObjectName::new("ns", "b"));
+        let touched = index.update(&after, [&a, &b]);
+        assert_eq!(index.current(), &Frontends::of(&after, Family::V4));
+        assert_eq!(
+            index.current().addrs[&(ip("192.0.2.10"), 53)],
+            set(&["10.0.0.3"])
+        );
+        assert!(touched.addrs.contains(&(ip("172.30.0.10"), 53)));
+        assert!(touched.addrs.contains(&(ip("192.0.2.10"), 53)));
+        assert!(touched.node_ports.contains(&30053));
+        // Only what was touched is compared and carried over.
+        let mut previous = Frontends::of(&before, Family::V4);
+        previous.replace(&touched, index.current());
+        assert_eq!(&previous, index.current());
     }
 }

@@ -13,6 +13,7 @@ use k8s_openapi::api::networking::v1 as networking;
 
 use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, Node, ObjectName, Service, ServicePort, ServiceType,
+    Slices,
 };
 use crate::ruleset::{Family, Proto};
 
@@ -559,15 +560,12 @@ pub fn cluster(
     (cluster, skipped)
 }
 
-/// Groups slices by the Service they belong to.
-pub fn slices_by_service(
-    slices: &BTreeMap<ObjectName, EndpointSlice>,
-) -> BTreeMap<&ObjectName, Vec<&EndpointSlice>> {
-    let mut out: BTreeMap<&ObjectName, Vec<&EndpointSlice>> = BTreeMap::new();
-    for s in slices.values() {
-        out.entry(&s.service).or_default().push(s);
-    }
-    out
+/// Groups slices by the Service they belong to, each group in slice name order.
+pub fn slices_by_service(slices: &Slices) -> BTreeMap<&ObjectName, Vec<&EndpointSlice>> {
+    slices
+        .services()
+        .map(|service| (service, slices.of_service(service).collect()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 pub mod build;
 pub mod conntrack;
 pub mod convert;
+pub mod desired;
 pub mod iptables;
 pub mod model;
 pub mod plan;

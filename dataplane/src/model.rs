@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
+use imbl::{OrdMap, OrdSet};
 use ipnet::IpNet;
 
 use crate::ruleset::{Family, Proto};
@@ -126,6 +127,139 @@ pub struct Node {
     pub taint_keys: Vec<String>,
 }
 
+/// EndpointSlices by name, plus an index from each Service to the names of its slices so that
+/// [`Slices::of_service`] costs O(that Service's slices) rather than a scan of every slice.
+///
+/// There is deliberately no `get_mut`: changing a slice's `service` in place would leave the
+/// index stale. Replace a slice with [`Slices::insert`] instead.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Slices {
+    by_name: OrdMap<ObjectName, EndpointSlice>,
+    by_service: OrdMap<ObjectName, OrdSet<ObjectName>>,
+}
+
+impl Slices {
+    pub fn new() -> Slices {
+        Slices::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    pub fn get(&self, name: &ObjectName) -> Option<&EndpointSlice> {
+        self.by_name.get(name)
+    }
+
+    pub fn contains_key(&self, name: &ObjectName) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// Adds or replaces the slice `name`, returning the one it replaced.
+    pub fn insert(&mut self, name: ObjectName, slice: EndpointSlice) -> Option<EndpointSlice> {
+        let service = slice.service.clone();
+        let old = self.by_name.insert(name.clone(), slice);
+        if let Some(o) = &old {
+            self.unindex(&o.service, &name);
+        }
+        self.by_service.entry(service).or_default().insert(name);
+        old
+    }
+
+    pub fn remove(&mut self, name: &ObjectName) -> Option<EndpointSlice> {
+        let old = self.by_name.remove(name)?;
+        self.unindex(&old.service, name);
+        Some(old)
+    }
+
+    fn unindex(&mut self, service: &ObjectName, name: &ObjectName) {
+        if let Some(names) = self.by_service.get_mut(service) {
+            names.remove(name);
+            // Drop empty entries so that `services()` lists only Services with slices.
+            if names.is_empty() {
+                self.by_service.remove(service);
+            }
+        }
+    }
+
+    /// Keeps only the slices for which `keep` returns true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&ObjectName, &EndpointSlice) -> bool) {
+        let gone: Vec<ObjectName> = self
+            .by_name
+            .iter()
+            .filter(|(name, slice)| !keep(name, slice))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &gone {
+            self.remove(name);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        *self = Slices::default();
+    }
+
+    /// All slices with their names, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&ObjectName, &EndpointSlice)> {
+        self.by_name.iter()
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &ObjectName> {
+        self.by_name.keys()
+    }
+
+    /// All slices, in name order.
+    pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
+        self.by_name.values()
+    }
+
+    /// The Services that have at least one slice, in name order.
+    pub fn services(&self) -> impl Iterator<Item = &ObjectName> {
+        self.by_service.keys()
+    }
+
+    /// The slices of `service`, in slice name order.
+    pub fn of_service<'a>(
+        &'a self,
+        service: &ObjectName,
+    ) -> impl Iterator<Item = &'a EndpointSlice> + use<'a> {
+        self.by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.by_name.get(name))
+    }
+}
+
+impl FromIterator<(ObjectName, EndpointSlice)> for Slices {
+    fn from_iter<I: IntoIterator<Item = (ObjectName, EndpointSlice)>>(iter: I) -> Slices {
+        let mut out = Slices::default();
+        out.extend(iter);
+        out
+    }
+}
+
+impl Extend<(ObjectName, EndpointSlice)> for Slices {
+    fn extend<I: IntoIterator<Item = (ObjectName, EndpointSlice)>>(&mut self, iter: I) {
+        for (name, slice) in iter {
+            self.insert(name, slice);
+        }
+    }
+}
+
+impl IntoIterator for Slices {
+    type Item = (ObjectName, EndpointSlice);
+    type IntoIter = <OrdMap<ObjectName, EndpointSlice> as IntoIterator>::IntoIter;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.by_name.into_iter()
+    }
+}
+
 impl Node {
     /// The Node's primary IP of `family`: its first InternalIP, else its first ExternalIP.
     pub fn primary_ip(&self, family: Family) -> Option<IpAddr> {
@@ -143,10 +277,13 @@ impl Node {
 }
 
 /// Everything the proxy knows about the cluster at one moment.
+///
+/// Services and slices live in persistent maps so that a clone (taken on every sync) is O(1)
+/// and shares structure with the original. Both iterate in name order, like a `BTreeMap`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cluster {
-    pub services: BTreeMap<ObjectName, Service>,
-    pub slices: BTreeMap<ObjectName, EndpointSlice>,
+    pub services: OrdMap<ObjectName, Service>,
+    pub slices: Slices,
     pub node: Option<Node>,
     pub service_cidrs: BTreeMap<String, Vec<IpNet>>,
 }
@@ -155,9 +292,9 @@ impl Cluster {
     /// The EndpointSlices of one Service, in name order.
     pub fn slices_of<'a>(
         &'a self,
-        service: &'a ObjectName,
-    ) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
-        self.slices.values().filter(move |s| &s.service == service)
+        service: &ObjectName,
+    ) -> impl Iterator<Item = &'a EndpointSlice> + use<'a> {
+        self.slices.of_service(service)
     }
 
     pub fn service_cidrs(&self, family: Family) -> Vec<IpNet> {
@@ -171,5 +308,57 @@ impl Cluster {
         out.sort();
         out.dedup();
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(name: &str, service: &str) -> EndpointSlice {
+        EndpointSlice {
+            name: ObjectName::new("ns", name),
+            service: ObjectName::new("ns", service),
+            family: Family::V4,
+            ports: Vec::new(),
+            endpoints: Vec::new(),
+            trigger_time: None,
+        }
+    }
+
+    fn names_of(c: &Cluster, service: &str) -> Vec<String> {
+        c.slices_of(&ObjectName::new("ns", service))
+            .map(|s| s.name.name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn slice_index_follows_inserts_moves_and_removals() {
+        let mut c = Cluster::default();
+        for (name, service) in [("b-2", "b"), ("a-1", "a"), ("b-1", "b"), ("b-3", "b")] {
+            c.slices
+                .insert(ObjectName::new("ns", name), slice(name, service));
+        }
+        assert_eq!(names_of(&c, "b"), ["b-1", "b-2", "b-3"], "slice name order");
+        assert_eq!(names_of(&c, "a"), ["a-1"]);
+
+        // A slice that changes Service leaves the old one's index.
+        c.slices
+            .insert(ObjectName::new("ns", "b-2"), slice("b-2", "a"));
+        assert_eq!(names_of(&c, "a"), ["a-1", "b-2"]);
+        assert_eq!(names_of(&c, "b"), ["b-1", "b-3"]);
+
+        c.slices.remove(&ObjectName::new("ns", "a-1"));
+        c.slices.retain(|name, _| name.name != "b-2");
+        assert!(names_of(&c, "a").is_empty());
+        let services: Vec<&ObjectName> = c.slices.services().collect();
+        assert_eq!(services, [&ObjectName::new("ns", "b")]);
+        assert_eq!(c.slices.len(), 2);
+
+        // A clone is independent of later changes to the original.
+        let before = c.clone();
+        c.slices.clear();
+        assert!(c.slices.is_empty() && names_of(&c, "b").is_empty());
+        assert_eq!(names_of(&before, "b"), ["b-1", "b-3"]);
     }
 }

@@ -8,8 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 
+use crate::desired::Scope;
 use crate::render;
-use crate::ruleset::{Action, BaseChain, Chain, Family, Key, Match, Rule, SetDecl, Table, Verdict};
+use crate::ruleset::{
+    Action, BaseChain, Chain, Family, Key, Match, Rule, Set, SetDecl, Table, Verdict,
+};
 
 /// One nftables operation inside a transaction on table `nftproxy` of the transaction's family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -328,6 +331,71 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
             ops.push(Op::DeleteSet { name: name.clone() });
         }
     }
+    Transaction {
+        family: desired.family,
+        ops,
+    }
+}
+
+/// Plans the transaction for a change confined to `scope` (see [`crate::desired`]): what
+/// [`plan`] gives for the whole table, found by comparing only what the scope names, so it costs
+/// O(change) instead of O(table).
+pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Transaction {
+    let mut cur = TableState::default();
+    let mut want = Table::new(desired.family);
+    for name in &scope.chains {
+        if let Some(c) = current.chains.get(name) {
+            cur.chains.insert(name.clone(), c.clone());
+        }
+        if let Some(c) = desired.chains.get(name) {
+            want.chains.insert(name.clone(), c.clone());
+        }
+    }
+    for name in &scope.sets {
+        if let Some(s) = current.sets.get(name) {
+            cur.sets.insert(name.clone(), s.clone());
+        }
+        if let Some(s) = desired.sets.get(name) {
+            want.sets.insert(name.clone(), s.clone());
+        }
+    }
+    for (name, keys) in &scope.elements {
+        let pick = |elements: &BTreeMap<Key, Option<Verdict>>| {
+            keys.iter()
+                .filter_map(|k| elements.get(k).map(|v| (*k, v.clone())))
+                .collect()
+        };
+        if let Some(s) = current.sets.get(name) {
+            cur.sets.insert(
+                name.clone(),
+                SetState {
+                    decl: s.decl.clone(),
+                    elements: pick(&s.elements),
+                },
+            );
+        }
+        if let Some(s) = desired.sets.get(name) {
+            want.sets.insert(
+                name.clone(),
+                Set {
+                    decl: s.decl.clone(),
+                    elements: pick(&s.elements),
+                },
+            );
+        }
+    }
+    plan(Some(&cur), &want)
+}
+
+/// [`plan_cleanup`] for the chains of `scope` only.
+pub fn plan_cleanup_scope(current: &TableState, desired: &Table, scope: &Scope) -> Transaction {
+    let ops = scope
+        .chains
+        .iter()
+        .filter(|name| !desired.chains.contains_key(*name))
+        .filter(|name| current.chains.get(*name).is_some_and(|c| c.empty))
+        .map(|name| Op::DeleteChain { name: name.clone() })
+        .collect();
     Transaction {
         family: desired.family,
         ops,

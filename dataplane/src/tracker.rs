@@ -270,8 +270,9 @@ impl Tracker {
                     self.cluster.slices.remove(&name);
                 }
             }
-        } else if let (Some(n), Some(o)) = (new, self.cluster.slices.get_mut(&name)) {
-            o.trigger_time = n.trigger_time;
+        } else if let Some(n) = new {
+            // Only the trigger time differs: keep the latest without reporting a change.
+            self.cluster.slices.insert(name.clone(), n);
         }
         self.note_invalid(Kind::EndpointSlice, &name, skip)
     }

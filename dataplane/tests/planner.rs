@@ -5,10 +5,13 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use nftproxy_dataplane::build::{BuildConfig, LocalDetector, build};
+use nftproxy_dataplane::desired::{Desired, Updated};
 use nftproxy_dataplane::model::{
     Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
 };
-use nftproxy_dataplane::plan::{Op, TableState, fingerprint, plan, plan_cleanup};
+use nftproxy_dataplane::plan::{
+    Op, TableState, fingerprint, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
+};
 use nftproxy_dataplane::ruleset::{Family, Proto, Table};
 use proptest::prelude::*;
 
@@ -148,6 +151,106 @@ proptest! {
         prop_assert!(plan(Some(&state), &tb).is_empty());
         prop_assert!(plan_cleanup(&state, &tb).is_empty());
     }
+}
+
+/// Services whose spec differs between `a` and `b` (as the change tracker would report them),
+/// plus `extra` unchanged ones (a tracker may report Services that turn out unchanged).
+fn changed_names(a: &[SvcSpec], b: &[SvcSpec], extra: &[u8]) -> Vec<ObjectName> {
+    let key = |s: &SvcSpec| (s.endpoints.clone(), s.node_port, s.udp);
+    let ma: BTreeMap<u8, _> = a.iter().map(|s| (s.id, key(s))).collect();
+    let mb: BTreeMap<u8, _> = b.iter().map(|s| (s.id, key(s))).collect();
+    let mut ids: Vec<u8> = ma
+        .keys()
+        .chain(mb.keys())
+        .copied()
+        .filter(|id| ma.get(id) != mb.get(id) || extra.contains(id))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids.iter()
+        .map(|id| ObjectName::new("ns", &format!("svc{id}")))
+        .collect()
+}
+
+proptest! {
+    #[test]
+    fn incremental_update_equals_full_build(
+        a in specs(),
+        b in specs(),
+        extra in prop::collection::vec(1u8..40, 0..3),
+    ) {
+        let (ca, cb) = (cluster(&a), cluster(&b));
+        let mut desired = Desired::build(&ca, &config(), Family::V4);
+        prop_assert_eq!(desired.table(), &table(&a));
+        let mut state = None;
+        step(&mut state, desired.table());
+        let mut state = state.unwrap();
+
+        let names = changed_names(&a, &b, &extra);
+        let updated = desired.update(&cb, &config(), &names);
+        let full = build(&cb, &config(), Family::V4);
+        prop_assert_eq!(desired.table(), &full.table);
+        prop_assert_eq!(desired.no_local_endpoints(), full.no_local_endpoints);
+        let counts = desired.object_counts();
+        prop_assert_eq!(counts.0, full.table.chains.len());
+        prop_assert_eq!(counts.1, full.table.chains.values().map(|c| c.rules.len()).sum::<usize>());
+        prop_assert_eq!(counts.3, full.table.sets.values().map(|s| s.elements.len()).sum::<usize>());
+
+        // Planning only the scope takes the kernel to the same state as planning everything.
+        let Updated::Scope(scope) = updated else {
+            panic!("no node-wide change, no conflict: expected a scoped update");
+        };
+        let tx = plan_scope(&state, desired.table(), &scope);
+        state.apply(&tx);
+        let cleanup = plan_cleanup_scope(&state, desired.table(), &scope);
+        state.apply(&cleanup);
+        prop_assert_eq!(&state, &fresh_state(&full.table));
+    }
+}
+
+#[test]
+fn services_claiming_one_element_resolve_like_a_full_build() {
+    let mut c = cluster(&[
+        SvcSpec {
+            id: 1,
+            endpoints: vec![1],
+            node_port: false,
+            udp: false,
+        },
+        SvcSpec {
+            id: 2,
+            endpoints: vec![1],
+            node_port: false,
+            udp: false,
+        },
+        SvcSpec {
+            id: 3,
+            endpoints: vec![1],
+            node_port: false,
+            udp: false,
+        },
+    ]);
+    let shared: IpAddr = "192.0.2.7".parse().unwrap();
+    for svc in ["svc1", "svc2"] {
+        let name = ObjectName::new("ns", svc);
+        let mut s = c.services.get(&name).unwrap().clone();
+        s.external_ips = vec![shared];
+        c.services.insert(name, s);
+    }
+    let mut desired = Desired::build(&c, &config(), Family::V4);
+    assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
+    // svc2 (last by name) wins; deleting it must hand the element back to svc1.
+    let gone = ObjectName::new("ns", "svc2");
+    c.services.remove(&gone);
+    let updated = desired.update(&c, &config(), [&gone]);
+    assert_eq!(updated, Updated::All);
+    assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
+    // Services outside the conflict still update in place.
+    let other = ObjectName::new("ns", "svc3");
+    c.services.remove(&other);
+    let updated = desired.update(&c, &config(), [&other]);
+    assert!(matches!(updated, Updated::Scope(_)));
+    assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
 }
 
 #[test]

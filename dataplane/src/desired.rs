@@ -1,0 +1,244 @@
+//! The desired table of one family, kept up to date Service by Service.
+//!
+//! A full [`build`](crate::build::build) costs O(cluster). The agent instead keeps the desired
+//! table between syncs and, when a few Services change, removes what they contributed and adds
+//! what they contribute now: O(changed Services). It also returns the [`Scope`] of the change,
+//! the chains, sets and map elements that may differ, so that planning is O(change) as well.
+//!
+//! The result is always the table a full build would give. Two Services claiming the same map
+//! element (e.g. the same external IP and port) are resolved by a full build's order (the last
+//! Service by name wins); rather than tracking every claimant, such a rare conflict makes
+//! [`Desired::update`] rebuild everything.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use ipnet::IpNet;
+
+use crate::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
+use crate::model::{Cluster, Node, ObjectName};
+use crate::ruleset::{Family, Key, Table};
+
+/// What an incremental update touched: everything a planner must compare.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub chains: BTreeSet<String>,
+    /// Sets owned by one Service (affinity sets), compared whole.
+    pub sets: BTreeSet<String>,
+    /// Elements of shared maps, per map.
+    pub elements: BTreeMap<String, BTreeSet<Key>>,
+}
+
+impl Scope {
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty() && self.sets.is_empty() && self.elements.is_empty()
+    }
+
+    fn cover(&mut self, part: &PartKeys) {
+        self.chains.extend(part.chains.iter().cloned());
+        self.sets.extend(part.sets.iter().cloned());
+        for (set, key) in &part.elements {
+            self.elements
+                .entry((*set).to_string())
+                .or_default()
+                .insert(*key);
+        }
+    }
+}
+
+/// What a Service contributed, by name only (the content lives in the table).
+#[derive(Clone, Debug, Default)]
+struct PartKeys {
+    chains: Vec<String>,
+    sets: Vec<String>,
+    elements: Vec<(&'static str, Key)>,
+    rules: usize,
+    no_local_endpoints: NoLocalEndpoints,
+}
+
+impl PartKeys {
+    fn of(part: &Part) -> PartKeys {
+        PartKeys {
+            chains: part.chains.keys().cloned().collect(),
+            sets: part.sets.keys().cloned().collect(),
+            elements: part.elements.keys().copied().collect(),
+            rules: part.chains.values().map(|c| c.rules.len()).sum(),
+            no_local_endpoints: part.no_local_endpoints,
+        }
+    }
+}
+
+/// The outcome of [`Desired::update`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Updated {
+    /// Only this scope may differ from the previous desired table.
+    Scope(Scope),
+    /// Everything was rebuilt: plan the whole table.
+    All,
+}
+
+/// The cluster-wide inputs of every Service's part: when they change, everything is rebuilt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct NodeInputs {
+    node: Option<Node>,
+    service_cidrs: Vec<IpNet>,
+}
+
+impl NodeInputs {
+    fn of(cluster: &Cluster, family: Family) -> NodeInputs {
+        NodeInputs {
+            node: cluster.node.clone(),
+            service_cidrs: cluster.service_cidrs(family),
+        }
+    }
+}
+
+/// One family's desired table and, per Service, what it contributed.
+#[derive(Clone, Debug)]
+pub struct Desired {
+    table: Table,
+    /// The configuration and node-wide inputs the table was built for.
+    config: BuildConfig,
+    inputs: NodeInputs,
+    parts: HashMap<ObjectName, PartKeys>,
+    /// How many Services claim each shared-map element.
+    claims: HashMap<(&'static str, Key), u32>,
+    rules: usize,
+    elements: usize,
+    no_local_endpoints: NoLocalEndpoints,
+}
+
+impl Desired {
+    /// Builds the whole table (O(cluster)).
+    pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Desired {
+        let table = base_table(config, cluster, family);
+        let mut desired = Desired {
+            rules: table.chains.values().map(|c| c.rules.len()).sum(),
+            elements: table.sets.values().map(|s| s.elements.len()).sum(),
+            table,
+            config: config.clone(),
+            inputs: NodeInputs::of(cluster, family),
+            parts: HashMap::new(),
+            claims: HashMap::new(),
+            no_local_endpoints: NoLocalEndpoints::default(),
+        };
+        let env = BuildEnv::new(cluster, config, family);
+        for svc in cluster.services.values() {
+            let part = service_part(svc, cluster.slices_of(&svc.name), &env);
+            // Contested elements resolve by insertion order here, as in a full build.
+            desired.insert(svc.name.clone(), &part);
+        }
+        desired
+    }
+
+    pub fn family(&self) -> Family {
+        self.table.family
+    }
+
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    pub fn no_local_endpoints(&self) -> NoLocalEndpoints {
+        self.no_local_endpoints
+    }
+
+    /// (chains, rules, sets, set elements) of the table, kept as counts so that reporting them
+    /// costs nothing.
+    pub fn object_counts(&self) -> (usize, usize, usize, usize) {
+        (
+            self.table.chains.len(),
+            self.rules,
+            self.table.sets.len(),
+            self.elements,
+        )
+    }
+
+    /// Brings the table up to date with `cluster` for the Services in `changed` (created,
+    /// updated or deleted ones alike). Anything node-wide that changed (configuration, Node,
+    /// ServiceCIDRs) rebuilds everything, as does a conflict between two Services.
+    pub fn update<'a>(
+        &mut self,
+        cluster: &Cluster,
+        config: &BuildConfig,
+        changed: impl IntoIterator<Item = &'a ObjectName>,
+    ) -> Updated {
+        let family = self.family();
+        if *config != self.config || NodeInputs::of(cluster, family) != self.inputs {
+            *self = Desired::build(cluster, config, family);
+            return Updated::All;
+        }
+        let env = BuildEnv::new(cluster, config, family);
+        let mut scope = Scope::default();
+        for name in changed {
+            let mut contested = false;
+            if let Some((old, c)) = self.remove(name) {
+                scope.cover(&old);
+                contested |= c;
+            }
+            if let Some(svc) = cluster.services.get(name) {
+                let part = service_part(svc, cluster.slices_of(name), &env);
+                scope.cover(&PartKeys::of(&part));
+                contested |= self.insert(name.clone(), &part);
+            }
+            if contested {
+                *self = Desired::build(cluster, config, family);
+                return Updated::All;
+            }
+        }
+        Updated::Scope(scope)
+    }
+
+    /// Adds a Service's part; true if another Service already claims one of its elements.
+    fn insert(&mut self, name: ObjectName, part: &Part) -> bool {
+        let keys = PartKeys::of(part);
+        let mut contested = false;
+        for key in &keys.elements {
+            let n = self.claims.entry(*key).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                self.elements += 1;
+            } else {
+                contested = true;
+            }
+        }
+        self.elements += part.sets.values().map(|s| s.elements.len()).sum::<usize>();
+        part.merge_into(&mut self.table);
+        self.rules += keys.rules;
+        self.no_local_endpoints.add(keys.no_local_endpoints);
+        self.parts.insert(name, keys);
+        contested
+    }
+
+    /// Removes a Service's part; also tells whether another Service still claims one of its
+    /// elements (whose value only a rebuild can tell).
+    fn remove(&mut self, name: &ObjectName) -> Option<(PartKeys, bool)> {
+        let keys = self.parts.remove(name)?;
+        let mut contested = false;
+        for chain in &keys.chains {
+            self.table.chains.remove(chain);
+        }
+        for set in &keys.sets {
+            if let Some(s) = self.table.sets.remove(set) {
+                self.elements -= s.elements.len();
+            }
+        }
+        for key in &keys.elements {
+            let Some(n) = self.claims.get_mut(key) else {
+                continue;
+            };
+            *n -= 1;
+            if *n == 0 {
+                self.claims.remove(key);
+                if let Some(s) = self.table.sets.get_mut(key.0) {
+                    s.elements.remove(&key.1);
+                }
+                self.elements -= 1;
+            } else {
+                contested = true;
+            }
+        }
+        self.rules -= keys.rules;
+        self.no_local_endpoints.sub(keys.no_local_endpoints);
+        Some((keys, contested))
+    }
+}
