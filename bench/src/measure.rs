@@ -1,7 +1,7 @@
 //! The measurements: syncs through the agent's `Syncer`, the same pipeline timed phase by
 //! phase, the kube-proxy-shaped `nft -f` baseline, the real agent process, first-packet latency.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -12,13 +12,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use dataplane::build::{BuildConfig, build};
-use dataplane::conntrack::Frontends;
-use dataplane::model::Cluster;
-use dataplane::plan::{TableState, plan, plan_cleanup};
+use dataplane::build::BuildConfig;
+use dataplane::conntrack::{FrontendIndex, Frontends};
+use dataplane::desired::{Desired, Updated};
+use dataplane::model::{Cluster, ObjectName};
+use dataplane::plan::{TableState, plan, plan_cleanup, plan_cleanup_scope, plan_scope};
 use dataplane::ruleset::Family;
 use nftproxy::nftables::Nftables;
-use nftproxy::sync::Syncer;
+use nftproxy::sync::{Changed, Syncer};
 use serde::Serialize;
 
 use crate::heap;
@@ -173,26 +174,41 @@ impl PartialOp {
         }
     }
 
-    /// Applies the change for repetition `rep` to a cluster of `n` Services.
-    fn apply(self, cluster: &mut Cluster, n: usize, k: usize, rep: usize) -> Result<()> {
+    /// Applies the change for repetition `rep` to a cluster of `n` Services; returns the
+    /// Services it changed (what the agent's change tracker would report).
+    fn apply(
+        self,
+        cluster: &mut Cluster,
+        n: usize,
+        k: usize,
+        rep: usize,
+    ) -> Result<BTreeSet<ObjectName>> {
         // A ClusterIP Service in the middle of the cluster, a different one per repetition.
         let target = Spec::of((n / 2) / 10 * 10 + rep * 10, k);
         let extra_ep = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + rep as u32);
         let extra_svc = synth::extra_spec(n, rep, k);
-        match self {
-            PartialOp::AddEndpoint => synth::add_endpoint(cluster, &target, extra_ep),
-            PartialOp::RemoveEndpoint => synth::remove_endpoint(cluster, &target, extra_ep),
+        let changed = match self {
+            PartialOp::AddEndpoint => {
+                synth::add_endpoint(cluster, &target, extra_ep)?;
+                Some(target.object_name())
+            }
+            PartialOp::RemoveEndpoint => {
+                synth::remove_endpoint(cluster, &target, extra_ep)?;
+                Some(target.object_name())
+            }
             PartialOp::AddService => {
                 let mut objects = vec![extra_svc.service()];
                 objects.extend(extra_svc.slices());
-                synth::add_to_cluster(cluster, &objects)
+                synth::add_to_cluster(cluster, &objects)?;
+                Some(extra_svc.object_name())
             }
             PartialOp::DeleteService => {
                 synth::remove_service(cluster, &extra_svc.object_name());
-                Ok(())
+                Some(extra_svc.object_name())
             }
-            PartialOp::NoChange => Ok(()),
-        }
+            PartialOp::NoChange => None,
+        };
+        Ok(changed.into_iter().collect())
     }
 }
 
@@ -220,14 +236,20 @@ pub fn syncer_bench(
         let mut cluster = cluster.clone();
         let mut syncer = Syncer::new().context("opening the Syncer")?;
         let mut out = SyncerResult {
-            cold: syncer_run(&mut syncer, &cluster, &config, true)?,
+            cold: syncer_run(&mut syncer, &cluster, &config, true, Changed::All)?,
             ..SyncerResult::default()
         };
         for rep in 0..reps {
             for op in PartialOp::ALL {
-                op.apply(&mut cluster, n, k, rep)?;
-                let run = syncer_run(&mut syncer, &cluster, &config, false)
-                    .with_context(|| format!("partial sync ({})", op.name()))?;
+                let changed = op.apply(&mut cluster, n, k, rep)?;
+                let run = syncer_run(
+                    &mut syncer,
+                    &cluster,
+                    &config,
+                    false,
+                    Changed::Services(&changed),
+                )
+                .with_context(|| format!("partial sync ({})", op.name()))?;
                 out.partial_runs
                     .entry(op.key().to_string())
                     .or_default()
@@ -246,9 +268,10 @@ fn syncer_run(
     cluster: &Cluster,
     config: &BuildConfig,
     full: bool,
+    changed: Changed<'_>,
 ) -> Result<SyncRun> {
     let sw = Stopwatch::start();
-    let reports = syncer.sync(cluster, config, full)?;
+    let reports = syncer.sync_changed(cluster, config, full, changed)?;
     let (wall_ms, user_ms, sys_ms) = sw.stop();
     let v4 = reports.get(&Family::V4).copied().unwrap_or_default();
     Ok(SyncRun {
@@ -269,7 +292,7 @@ fn syncer_run(
 /// Where one family's sync spends its time (wall, ms). Mirrors `Syncer::sync_family`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Phases {
-    /// `dataplane::build::build`: the desired table from the whole model.
+    /// `Desired::build` (cold) or `Desired::update` of the changed Services (partial).
     pub build_ms: f64,
     /// The current state: read back from the kernel (full syncs) or a clone of the committed
     /// state (partial syncs).
@@ -342,6 +365,8 @@ impl Phases {
 struct Phased {
     nft: Nftables,
     committed: BTreeMap<Family, Option<TableState>>,
+    desired: BTreeMap<Family, Desired>,
+    udp: BTreeMap<Family, FrontendIndex>,
 }
 
 impl Phased {
@@ -351,28 +376,44 @@ impl Phased {
         config: &BuildConfig,
         family: Family,
         full: bool,
+        changed: Changed<'_>,
     ) -> Result<Phases> {
         let sw = Stopwatch::start();
         let mut p = Phases::default();
         let heap_start = heap::current();
         heap::reset_peak();
         let t = Instant::now();
-        let built = build(cluster, config, family);
+        let updated = match (self.desired.get_mut(&family), changed) {
+            (Some(d), Changed::Services(names)) => d.update(cluster, config, names),
+            _ => {
+                self.desired
+                    .insert(family, Desired::build(cluster, config, family));
+                Updated::All
+            }
+        };
+        let desired = &self.desired[&family];
         p.build_ms = ms(t.elapsed());
         let heap_built = heap::current();
         p.heap_table_mib = heap::mib(heap_built.saturating_sub(heap_start));
 
         let t = Instant::now();
         let first = !self.committed.contains_key(&family);
-        let current = match self.committed.get(&family) {
-            Some(state) if !full => state.clone(),
-            _ => self.nft.read_table(family)?,
+        let (current, read) = match self.committed.remove(&family) {
+            Some(state) if !full => (state, false),
+            _ => (self.nft.read_table(family)?, true),
         };
         p.state_ms = ms(t.elapsed());
 
         let heap_before_plan = heap::current();
         let t = Instant::now();
-        let tx = plan(current.as_ref(), &built.table);
+        let scope = match (&current, updated, read) {
+            (Some(_), Updated::Scope(scope), false) => Some(scope),
+            _ => None,
+        };
+        let tx = match (&current, &scope) {
+            (Some(cur), Some(scope)) => plan_scope(cur, desired.table(), scope),
+            _ => plan(current.as_ref(), desired.table()),
+        };
         p.plan_ms = ms(t.elapsed());
         let heap_planned = heap::current();
         p.heap_transaction_mib = heap::mib(heap_planned.saturating_sub(heap_before_plan));
@@ -397,7 +438,10 @@ impl Phased {
         state.apply(&tx);
         p.state_update_ms = ms(t.elapsed());
         let t = Instant::now();
-        let cleanup = plan_cleanup(&state, &built.table);
+        let cleanup = match &scope {
+            Some(scope) => plan_cleanup_scope(&state, desired.table(), scope),
+            None => plan_cleanup(&state, desired.table()),
+        };
         let mut messages = stats.messages;
         let mut bytes = stats.bytes;
         if !cleanup.is_empty() {
@@ -409,14 +453,22 @@ impl Phased {
         p.cleanup_ms = ms(t.elapsed());
         let ops = tx.ops.len() + cleanup.ops.len();
         let t = Instant::now();
-        drop((tx, cleanup, built));
+        drop((tx, cleanup, scope));
         p.free_ms = ms(t.elapsed());
         self.committed.insert(family, Some(state));
         // Meaningful for the cold sync, when nothing was committed before.
         p.heap_state_mib = heap::mib(heap::current().saturating_sub(heap_start));
         let t = Instant::now();
-        let frontends = Frontends::of(cluster, family);
-        drop((read_back, frontends));
+        match (self.udp.get_mut(&family), changed) {
+            (Some(index), Changed::Services(names)) => {
+                index.update(cluster, names);
+            }
+            _ => {
+                self.udp
+                    .insert(family, FrontendIndex::build(cluster, family));
+            }
+        }
+        drop(read_back);
         frontends_ms += ms(t.elapsed());
         p.frontends_ms = frontends_ms;
         p.other_ms = ms(t_other.elapsed());
@@ -436,12 +488,13 @@ impl Phased {
         cluster: &Cluster,
         config: &BuildConfig,
         full: bool,
+        changed: Changed<'_>,
     ) -> Result<BTreeMap<String, Phases>> {
         let mut out = BTreeMap::new();
         for family in Family::ALL {
             out.insert(
                 family.k8s_name().to_string(),
-                self.sync_family(cluster, config, family, full)?,
+                self.sync_family(cluster, config, family, full, changed)?,
             );
         }
         Ok(out)
@@ -473,16 +526,20 @@ pub fn phased_bench(
         let mut phased = Phased {
             nft: Nftables::open()?,
             committed: BTreeMap::new(),
+            desired: BTreeMap::new(),
+            udp: BTreeMap::new(),
         };
         let mut out = PhasedResult {
-            cold: phased.sync(&cluster, &config, true)?,
+            cold: phased.sync(&cluster, &config, true, Changed::All)?,
             ..PhasedResult::default()
         };
         let mut runs: BTreeMap<(String, String), Vec<Phases>> = BTreeMap::new();
         for rep in 0..reps {
             for op in PartialOp::ALL {
-                op.apply(&mut cluster, n, k, rep)?;
-                for (family, p) in phased.sync(&cluster, &config, false)? {
+                let changed = op.apply(&mut cluster, n, k, rep)?;
+                for (family, p) in
+                    phased.sync(&cluster, &config, false, Changed::Services(&changed))?
+                {
                     runs.entry((op.key().to_string(), family))
                         .or_default()
                         .push(p);
