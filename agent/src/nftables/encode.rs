@@ -902,18 +902,9 @@ pub(super) fn encode_delete_named_table(family: Family, name: &str, begin_seq: u
 /// every failing message anyway, and one ACK per message would flood the receive buffer.
 pub(super) fn encode_transaction(tx: &Transaction, begin_seq: u32) -> Result<Batch, EncodeError> {
     let family = nfproto(tx.family);
-    let mut next_set_id = 0;
-    let mut commands = Vec::with_capacity(tx.ops.len());
-    for (index, op) in tx.ops.iter().enumerate() {
-        let cmds = encode_op(tx.family, op, &mut next_set_id)
-            .map_err(|reason| EncodeError { index, reason })?;
-        for c in cmds {
-            commands.push((index, c));
-        }
-    }
     let batch_header =
         || NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
-    let mut buf = Vec::with_capacity(commands.len() * 160 + 64);
+    let mut buf = Vec::with_capacity(tx.ops.len() * 200 + 64);
     push_message(
         &mut buf,
         batch_header(),
@@ -921,18 +912,23 @@ pub(super) fn encode_transaction(tx: &Transaction, begin_seq: u32) -> Result<Bat
         0,
         begin_seq,
     );
-    let last = commands.len().saturating_sub(1);
-    let mut op_of_message = Vec::with_capacity(commands.len());
-    for (i, (index, cmd)) in commands.into_iter().enumerate() {
-        let ack = if i == last { NLM_F_ACK } else { 0 };
-        let seq = begin_seq.wrapping_add(1).wrapping_add(i as u32);
+    // Ops are serialised one at a time so that only one op's message trees exist at once; the
+    // previous command waits in `pending` because only the very last one asks for an ACK.
+    let mut next_set_id = 0;
+    let mut op_of_message = Vec::with_capacity(tx.ops.len());
+    let mut pending: Option<(usize, Command)> = None;
+    let mut push = |buf: &mut Vec<u8>, index: usize, cmd: Command, ack: u16| {
+        let seq = begin_seq
+            .wrapping_add(1)
+            .wrapping_add(op_of_message.len() as u32);
         let len = push_message(
-            &mut buf,
+            buf,
             NetfilterHeader::new(family, 0, 0),
             cmd.msg.into(),
             cmd.flags | ack,
             seq,
         );
+        op_of_message.push(index);
         if len > MAX_MESSAGE_BYTES {
             return Err(EncodeError {
                 index,
@@ -941,7 +937,19 @@ pub(super) fn encode_transaction(tx: &Transaction, begin_seq: u32) -> Result<Bat
                 ),
             });
         }
-        op_of_message.push(index);
+        Ok(())
+    };
+    for (index, op) in tx.ops.iter().enumerate() {
+        let cmds = encode_op(tx.family, op, &mut next_set_id)
+            .map_err(|reason| EncodeError { index, reason })?;
+        for cmd in cmds {
+            if let Some((i, previous)) = pending.replace((index, cmd)) {
+                push(&mut buf, i, previous, 0)?;
+            }
+        }
+    }
+    if let Some((i, last)) = pending {
+        push(&mut buf, i, last, NLM_F_ACK)?;
     }
     let end_seq = begin_seq
         .wrapping_add(1)
