@@ -1,11 +1,21 @@
 //! Builds the desired nftables table of one family from the cluster model.
 //!
 //! The shape follows kube-proxy's nftables mode (same base chains, hooks, priorities, map names
-//! and chain names) with one deliberate difference: endpoint selection is a cascade of
-//! `numgen random mod (N-i) 0 goto endpoint-i` rules instead of one anonymous verdict map per
-//! Service, because the kernel's cost of creating anonymous sets grows with the square of their
-//! number (see docs/architecture.md). A Service therefore costs O(1) + O(endpoints) kernel
-//! objects and no sets, unless it uses session affinity.
+//! and chain names) with two deliberate differences, both because the kernel's work (loading,
+//! and re-validating the table on every change) grows with the number of sets, chains and rules
+//! (see docs/architecture.md):
+//! - endpoint selection is a cascade of `numgen random mod (N-i) 0 … dnat to EP` rules in the
+//!   Service chain instead of one anonymous verdict map per Service and one chain per endpoint
+//!   (Services with session affinity keep kube-proxy's `endpoint-…` chains, which record the
+//!   client);
+//! - hairpin traffic (an endpoint reaching itself through its Service) is masqueraded by one
+//!   rule in `masquerading` that looks `ip saddr . ip daddr` up in the `hairpin-endpoints` set,
+//!   instead of one rule per endpoint;
+//! - ClusterIP traffic from outside the pod network is marked for masquerade by one rule in
+//!   `services` (`ip daddr @cluster-ips`) instead of one rule per Service chain.
+//!
+//! A Service port therefore costs one chain (two with external traffic), one rule per endpoint
+//! and no sets, unless it uses session affinity.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -17,8 +27,8 @@ use sha2::{Digest, Sha256};
 use crate::convert::slices_by_service;
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
 use crate::ruleset::{
-    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Rule, Set, SetDecl,
-    Table, Verdict,
+    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule, Set,
+    SetDecl, Table, Verdict,
 };
 use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
 
@@ -87,6 +97,7 @@ pub const SERVICE_NODEPORTS: &str = "service-nodeports";
 pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
+pub const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
 
 /// Longest chain-name base (kube-proxy keeps 16 of nftables' 256 bytes for prefixes).
 const CHAIN_NAME_BASE_MAX: usize = 240;
@@ -145,6 +156,18 @@ fn base(chain_type: ChainType, hook: Hook, priority: i32) -> Chain {
         comment: None,
         rules: Vec::new(),
     }
+}
+
+/// `[MATCHES] meta l4proto P dnat to EP`.
+fn dnat_rule(mut matches: Vec<Match>, proto: Proto, ep: &PortEndpoint) -> Rule {
+    matches.push(Match::L4Proto(proto));
+    Rule::new(
+        matches,
+        Action::Dnat {
+            addr: ep.addr,
+            port: ep.port,
+        },
+    )
 }
 
 fn regular(rules: Vec<Rule>) -> Chain {
@@ -334,6 +357,15 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         MASQUERADING.into(),
         regular(vec![
             Rule::new(
+                vec![
+                    Match::CtStatusDnat,
+                    Match::SaddrDaddrInSet {
+                        set: HAIRPIN_ENDPOINTS.into(),
+                    },
+                ],
+                Action::MarkOr(mark),
+            ),
+            Rule::new(
                 vec![Match::MarkUnset { mask: mark }],
                 Action::Verdict(Verdict::Return),
             ),
@@ -385,6 +417,22 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
                 (vec![m.clone()], vec![m])
             }
         };
+    // ClusterIP traffic from outside the pod network (or all of it with masqueradeAll) is
+    // masqueraded: one rule for every ClusterIP instead of one per Service chain.
+    let cluster_ip = Match::DaddrInSet {
+        set: CLUSTER_IPS.into(),
+    };
+    let masquerade = if config.masquerade_all {
+        Some(vec![cluster_ip])
+    } else {
+        detector(config, cluster, family)
+            .is_not_local
+            .map(|m| vec![cluster_ip, m])
+    };
+    let mut services = Vec::new();
+    if let Some(matches) = masquerade {
+        services.push(Rule::new(matches, jump(MARK_FOR_MASQUERADE)));
+    }
     let c = &mut t.chains;
     c.insert(
         SERVICES.into(),
@@ -403,6 +451,8 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
             ),
         ]),
     );
+    let rules = &mut c.get_mut(SERVICES).expect("just inserted").rules;
+    rules.splice(0..0, services);
     c.insert(
         NODEPORT_ENDPOINTS_CHECK.into(),
         regular(vec![Rule::new(
@@ -438,6 +488,14 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     t.sets.insert(
         CLUSTER_IPS.into(),
         set(KeyType::Addr, false, "Active ClusterIPs"),
+    );
+    t.sets.insert(
+        HAIRPIN_ENDPOINTS.into(),
+        set(
+            KeyType::AddrPair,
+            false,
+            "endpoints masqueraded when they reach themselves through a Service",
+        ),
     );
     for (name, key, comment) in [
         (
@@ -604,7 +662,6 @@ pub fn service_part<'s>(
             port,
             family: env.family,
             cluster_ip,
-            config: env.config,
             det: &env.det,
             node_ip: env.node_ip,
         };
@@ -642,7 +699,6 @@ struct PortContext<'a> {
     port: &'a ServicePort,
     family: Family,
     cluster_ip: IpAddr,
-    config: &'a BuildConfig,
     det: &'a Detector,
     /// The Node's primary IP of this family (for the load-balancer source-range exception).
     node_ip: Option<IpAddr>,
@@ -707,61 +763,56 @@ impl PortContext<'_> {
             return;
         }
 
-        // Endpoint chains.
-        let mut ep_chains = BTreeMap::new();
-        for ep in &cat.all_reachable {
-            let eb = endpoint_base(svc, self.port, ep);
-            let name = format!("endpoint-{eb}");
-            let affinity = format!("affinity-{eb}");
-            let mut rules = vec![Rule::new(
-                vec![Match::Saddr {
-                    net: host_net(ep.addr),
-                    negate: false,
-                }],
-                jump(MARK_FOR_MASQUERADE),
-            )];
-            if let Some(timeout) = svc.affinity_timeout {
-                rules.push(Rule::new(
-                    vec![],
-                    Action::UpdateSaddr {
-                        set: affinity.clone(),
-                    },
-                ));
-                part.sets.insert(
-                    affinity.clone(),
-                    Set {
-                        decl: SetDecl {
-                            key: KeyType::Addr,
-                            is_vmap: false,
-                            comment: None,
-                            timeout_secs: Some(timeout),
+        // Endpoints are DNATed to straight from the cascade; with session affinity each gets
+        // an endpoint chain that also records the client.
+        let affinity_chains: BTreeMap<(IpAddr, u16), (String, String)> = match svc.affinity_timeout
+        {
+            None => BTreeMap::new(),
+            Some(timeout) => cat
+                .all_reachable
+                .iter()
+                .map(|ep| {
+                    let eb = endpoint_base(svc, self.port, ep);
+                    let name = format!("endpoint-{eb}");
+                    let affinity = format!("affinity-{eb}");
+                    let mut chain = regular(vec![
+                        Rule::new(
+                            vec![],
+                            Action::UpdateSaddr {
+                                set: affinity.clone(),
+                            },
+                        ),
+                        dnat_rule(vec![], proto, ep),
+                    ]);
+                    chain.comment = Some(format!(
+                        "{} -> {}",
+                        self.comment(),
+                        std::net::SocketAddr::new(ep.addr, ep.port)
+                    ));
+                    part.chains.insert(name.clone(), chain);
+                    part.sets.insert(
+                        affinity.clone(),
+                        Set {
+                            decl: SetDecl {
+                                key: KeyType::Addr,
+                                is_vmap: false,
+                                comment: None,
+                                timeout_secs: Some(timeout),
+                            },
+                            elements: BTreeMap::new(),
                         },
-                        elements: BTreeMap::new(),
-                    },
-                );
-            }
-            rules.push(Rule::new(
-                vec![Match::L4Proto(proto)],
-                Action::Dnat {
-                    addr: ep.addr,
-                    port: ep.port,
-                },
-            ));
-            let mut chain = regular(rules);
-            chain.comment = Some(format!(
-                "{} -> {}",
-                self.comment(),
-                std::net::SocketAddr::new(ep.addr, ep.port)
-            ));
-            part.chains.insert(name.clone(), chain);
-            ep_chains.insert((ep.addr, ep.port), (name, affinity));
+                    );
+                    ((ep.addr, ep.port), (name, affinity))
+                })
+                .collect(),
+        };
+        for ep in &cat.all_reachable {
+            insert_element(part, HAIRPIN_ENDPOINTS, Key::AddrPair(ep.addr), None);
         }
         let dispatch = |eps: &[PortEndpoint]| -> Vec<Rule> {
-            let chosen: Vec<&(String, String)> =
-                eps.iter().map(|e| &ep_chains[&(e.addr, e.port)]).collect();
             let mut rules = Vec::new();
-            if svc.affinity_timeout.is_some() {
-                for (chain, affinity) in &chosen {
+            for ep in eps {
+                if let Some((chain, affinity)) = affinity_chains.get(&(ep.addr, ep.port)) {
                     rules.push(Rule::new(
                         vec![Match::SaddrInSet {
                             set: affinity.clone(),
@@ -770,8 +821,8 @@ impl PortContext<'_> {
                     ));
                 }
             }
-            let n = chosen.len();
-            for (i, (chain, _)) in chosen.iter().enumerate() {
+            let n = eps.len();
+            for (i, ep) in eps.iter().enumerate() {
                 let remaining = (n - i) as u32;
                 let matches = if remaining > 1 {
                     vec![Match::Numgen {
@@ -781,7 +832,10 @@ impl PortContext<'_> {
                 } else {
                     vec![]
                 };
-                rules.push(Rule::new(matches, goto(chain)));
+                rules.push(match affinity_chains.get(&(ep.addr, ep.port)) {
+                    Some((chain, _)) => Rule::new(matches, goto(chain)),
+                    None => dnat_rule(matches, proto, ep),
+                });
             }
             rules
         };
@@ -807,29 +861,6 @@ impl PortContext<'_> {
         };
         let has_internal = !(svc.internal_policy_local && cat.local.is_empty());
         if has_internal {
-            let masq_match = if self.config.masquerade_all {
-                Some(vec![Match::Daddr {
-                    net: host_net(self.cluster_ip),
-                    negate: false,
-                }])
-            } else {
-                self.det.is_not_local.as_ref().map(|m| {
-                    vec![
-                        Match::Daddr {
-                            net: host_net(self.cluster_ip),
-                            negate: false,
-                        },
-                        m.clone(),
-                    ]
-                })
-            };
-            if let Some(matches) = masq_match
-                && let Some(chain) = part.chains.get_mut(internal_chain)
-            {
-                chain
-                    .rules
-                    .insert(0, Rule::new(matches, jump(MARK_FOR_MASQUERADE)));
-            }
             insert_element(
                 part,
                 SERVICE_IPS,

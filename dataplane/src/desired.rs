@@ -5,10 +5,12 @@
 //! what they contribute now: O(changed Services). It also returns the [`Scope`] of the change,
 //! the chains, sets and map elements that may differ, so that planning is O(change) as well.
 //!
-//! The result is always the table a full build would give. Two Services claiming the same map
-//! element (e.g. the same external IP and port) are resolved by a full build's order (the last
-//! Service by name wins); rather than tracking every claimant, such a rare conflict makes
-//! [`Desired::update`] rebuild everything.
+//! The result is always the table a full build would give. Elements of plain sets may be shared
+//! (an endpoint of several Services is one `hairpin-endpoints` element): they are counted and
+//! stay while any Service claims them. Two Services claiming the same map element (e.g. the
+//! same external IP and port) are resolved by a full build's order (the last Service by name
+//! wins); rather than tracking every claimant, such a rare conflict makes [`Desired::update`]
+//! rebuild everything.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -192,13 +194,15 @@ impl Desired {
     fn insert(&mut self, name: ObjectName, part: &Part) -> bool {
         let keys = PartKeys::of(part);
         let mut contested = false;
-        for key in &keys.elements {
+        for (key, value) in &part.elements {
             let n = self.claims.entry(*key).or_insert(0);
             *n += 1;
             if *n == 1 {
                 self.elements += 1;
             } else {
-                contested = true;
+                // Plain-set elements (e.g. an endpoint shared by two Services) carry no value to
+                // disagree on; map elements do.
+                contested |= value.is_some();
             }
         }
         self.elements += part.sets.values().map(|s| s.elements.len()).sum::<usize>();
@@ -234,7 +238,12 @@ impl Desired {
                 }
                 self.elements -= 1;
             } else {
-                contested = true;
+                contested |= self
+                    .table
+                    .sets
+                    .get(key.0)
+                    .and_then(|s| s.elements.get(&key.1))
+                    .is_some_and(|value| value.is_some());
             }
         }
         self.rules -= keys.rules;

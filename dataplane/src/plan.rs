@@ -177,7 +177,9 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
     }
     chain.rules.iter().any(|r| {
         let in_matches = r.matches.iter().any(|m| match m {
-            Match::DaddrInSet { set } | Match::SaddrInSet { set } => sets.contains(set),
+            Match::DaddrInSet { set }
+            | Match::SaddrInSet { set }
+            | Match::SaddrDaddrInSet { set } => sets.contains(set),
             _ => false,
         });
         let in_action = match &r.action {

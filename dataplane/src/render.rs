@@ -42,6 +42,8 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
             }
             Match::DaddrInSet { set } => format!("{fam} daddr @{set}"),
             Match::SaddrInSet { set } => format!("{fam} saddr @{set}"),
+            Match::SaddrDaddrInSet { set } => format!("{fam} saddr . {fam} daddr @{set}"),
+            Match::CtStatusDnat => "ct status dnat".to_string(),
             Match::FibSaddrLocal => "fib saddr type local".to_string(),
             Match::FibDaddrLocal => "fib daddr type local".to_string(),
             Match::L4Proto(p) => format!("meta l4proto {p}"),
@@ -107,6 +109,8 @@ pub fn key_type_text(family: Family, key: KeyType) -> &'static str {
         (Family::V4, KeyType::AddrProtoPort) => "ipv4_addr . inet_proto . inet_service",
         (Family::V6, KeyType::AddrProtoPort) => "ipv6_addr . inet_proto . inet_service",
         (_, KeyType::ProtoPort) => "inet_proto . inet_service",
+        (Family::V4, KeyType::AddrPair) => "ipv4_addr . ipv4_addr",
+        (Family::V6, KeyType::AddrPair) => "ipv6_addr . ipv6_addr",
     }
 }
 
@@ -115,6 +119,7 @@ pub fn key_text(key: &Key) -> String {
         Key::Addr(a) => a.to_string(),
         Key::AddrProtoPort(a, p, port) => format!("{a} . {p} . {port}"),
         Key::ProtoPort(p, port) => format!("{p} . {port}"),
+        Key::AddrPair(a) => format!("{a} . {a}"),
     }
 }
 

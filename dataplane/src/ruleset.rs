@@ -174,6 +174,10 @@ pub enum Match {
     DaddrInSet { set: String },
     /// `ip saddr @SET`
     SaddrInSet { set: String },
+    /// `ip saddr . ip daddr @SET` (a set of [`Key::AddrPair`])
+    SaddrDaddrInSet { set: String },
+    /// `ct status dnat`: the connection's destination was translated.
+    CtStatusDnat,
     /// `fib saddr type local`
     FibSaddrLocal,
     /// `fib daddr type local`
@@ -250,6 +254,8 @@ pub enum KeyType {
     AddrProtoPort,
     /// `inet_proto . inet_service`
     ProtoPort,
+    /// `ipv4_addr . ipv4_addr`
+    AddrPair,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -257,6 +263,8 @@ pub enum Key {
     Addr(IpAddr),
     AddrProtoPort(IpAddr, Proto, u16),
     ProtoPort(Proto, u16),
+    /// `A . A`: an address paired with itself, for `ip saddr . ip daddr` (hairpin) lookups.
+    AddrPair(IpAddr),
 }
 
 impl Key {
@@ -265,6 +273,7 @@ impl Key {
             Key::Addr(_) => KeyType::Addr,
             Key::AddrProtoPort(..) => KeyType::AddrProtoPort,
             Key::ProtoPort(..) => KeyType::ProtoPort,
+            Key::AddrPair(_) => KeyType::AddrPair,
         }
     }
 }

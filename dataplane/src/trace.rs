@@ -93,6 +93,7 @@ impl Trace {
 struct State {
     mark: u32,
     dnat: Option<SocketAddr>,
+    masqueraded: bool,
 }
 
 /// How a chain evaluation ended.
@@ -142,6 +143,15 @@ impl Tracer<'_> {
             Match::DaddrInSet { set } => set_has(set, dst),
             // Affinity sets are filled at run time; a first connection has no entry.
             Match::SaddrInSet { .. } => false,
+            Match::SaddrDaddrInSet { set } => {
+                src == dst
+                    && self
+                        .table
+                        .sets
+                        .get(set)
+                        .is_some_and(|s| s.elements.contains_key(&Key::AddrPair(src)))
+            }
+            Match::CtStatusDnat => state.dnat.is_some(),
             Match::FibSaddrLocal => self.host.is_local(&src),
             Match::FibDaddrLocal => self.host.is_local(&dst),
             Match::L4Proto(p) => *p == self.pkt.proto,
@@ -265,7 +275,10 @@ impl Tracer<'_> {
                 state.dnat = Some(SocketAddr::new(*addr, *port));
                 vec![End::Accept(state)]
             }
-            Action::Masquerade => vec![End::Accept(state)],
+            Action::Masquerade => {
+                state.masqueraded = true;
+                vec![End::Accept(state)]
+            }
             Action::MarkOr(bits) => {
                 state.mark |= bits;
                 continue_here(self, state)
@@ -316,6 +329,7 @@ pub fn trace(table: &Table, host: &Host, pkt: &Packet) -> Trace {
     let start = vec![State {
         mark: 0,
         dnat: None,
+        masqueraded: false,
     }];
     let (pre, nat) = if from_host {
         ("filter-output-pre-dnat", "nat-output")
@@ -346,13 +360,12 @@ pub fn trace(table: &Table, host: &Host, pkt: &Packet) -> Trace {
         }
         after_filter.extend(states);
     }
-    let mark_states = t.hook("nat-postrouting", after_filter.clone(), &mut finals);
-    for (before, after) in after_filter.iter().zip(&mark_states) {
-        // The masquerading chain clears the mark bit it masquerades on; any bit cleared means
-        // the packet was masqueraded.
-        let masquerade = before.mark & !after.mark != 0;
-        finals.insert(match before.dnat {
-            Some(addr) => Outcome::Endpoint { addr, masquerade },
+    for s in t.hook("nat-postrouting", after_filter, &mut finals) {
+        finals.insert(match s.dnat {
+            Some(addr) => Outcome::Endpoint {
+                addr,
+                masquerade: s.masqueraded,
+            },
             None => Outcome::Untouched,
         });
     }

@@ -12,7 +12,7 @@ use nftproxy_dataplane::model::{
 use nftproxy_dataplane::plan::{
     Op, TableState, fingerprint, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
 };
-use nftproxy_dataplane::ruleset::{Family, Proto, Table};
+use nftproxy_dataplane::ruleset::{Family, Key, Proto, Table};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -209,6 +209,44 @@ proptest! {
 }
 
 #[test]
+fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
+    let spec = |id| SvcSpec {
+        id,
+        endpoints: vec![1],
+        node_port: false,
+        udp: false,
+    };
+    let mut c = cluster(&[spec(1), spec(2), spec(3)]);
+    // svc2's endpoint is svc1's pod: one hairpin element, claimed twice.
+    let slice = ObjectName::new("ns", "svc2-x");
+    let mut s = c.slices.get(&slice).unwrap().clone();
+    s.endpoints[0].addr = IpAddr::from([10, 180, 1, 1]);
+    c.slices.insert(slice, s);
+    let hairpin = |d: &Desired| {
+        d.table().sets["hairpin-endpoints"]
+            .elements
+            .contains_key(&Key::AddrPair(IpAddr::from([10, 180, 1, 1])))
+    };
+    let mut desired = Desired::build(&c, &config(), Family::V4);
+    assert!(hairpin(&desired));
+    let mut state = fresh_state(desired.table());
+    for gone in ["svc1", "svc2"] {
+        let name = ObjectName::new("ns", gone);
+        c.services.remove(&name);
+        let updated = desired.update(&c, &config(), [&name]);
+        let Updated::Scope(scope) = updated else {
+            panic!("a shared plain-set element is no conflict: expected a scoped update");
+        };
+        assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
+        let tx = plan_scope(&state, desired.table(), &scope);
+        state.apply(&tx);
+        state.apply(&plan_cleanup_scope(&state, desired.table(), &scope));
+        assert_eq!(state, fresh_state(desired.table()));
+        assert_eq!(hairpin(&desired), gone == "svc1", "after deleting {gone}");
+    }
+}
+
+#[test]
 fn services_claiming_one_element_resolve_like_a_full_build() {
     let mut c = cluster(&[
         SvcSpec {
@@ -268,12 +306,18 @@ fn one_endpoint_change_touches_only_that_service() {
     let mut state = None;
     step(&mut state, &table(&many));
     let tx = plan(state.as_ref(), &table(&changed));
-    // New endpoint chain (add + 2 rules), service chain rewritten (add + flush + 3 rules).
-    assert!(tx.ops.len() <= 10, "{:#?}", tx.ops);
+    // Service chain rewritten (add + flush + 3 rules), the new endpoint's hairpin element.
+    assert!(tx.ops.len() <= 6, "{:#?}", tx.ops);
     for op in &tx.ops {
         let touches_svc8 = match op {
             Op::AddChain { name, .. } | Op::FlushChain { name } => name.contains("ns/svc8/"),
             Op::AddRule { chain, .. } => chain.contains("ns/svc8/"),
+            Op::AddElements { set, elements } => {
+                set == "hairpin-endpoints"
+                    && elements
+                        .iter()
+                        .all(|(k, _)| *k == Key::AddrPair("10.180.8.3".parse().unwrap()))
+            }
             _ => false,
         };
         assert!(touches_svc8, "unexpected op {op:?}");

@@ -386,6 +386,8 @@ struct World {
     pod: Ns,
     pod2: Option<Ns>,
     lbsrc: Option<Ns>,
+    /// Holds every endpoint address; a client only for hairpin flows.
+    eps: Ns,
     dir: PathBuf,
     /// Every address of the node namespace (the tracer's and the builder's local addresses).
     node_addrs: Vec<IpAddr>,
@@ -490,6 +492,7 @@ fn world(mode: Mode, opts: Opts) -> World {
         pod,
         pod2,
         lbsrc,
+        eps,
         dir,
         node_addrs,
         tables: BTreeMap::new(),
@@ -609,6 +612,7 @@ impl World {
             self.pod2.as_ref(),
             Some(&self.ext),
             self.lbsrc.as_ref(),
+            Some(&self.eps),
         ]
         .into_iter()
         .flatten()
@@ -1793,7 +1797,61 @@ fn masquerade_and_detect_local_modes(mode: Mode) {
     w.finish();
 }
 
+// ------------------------------------------------------------------------------------------
+// Hairpin: an endpoint reaching itself through its Service is masqueraded, or its own answer
+// would bypass the node's reverse translation. Only that endpoint: other clients are not.
+
+fn hairpin(mode: Mode) {
+    let mut w = world(mode, Opts::default());
+    let objects = base_objects()
+        .with(Service::new("ns1", "hp", "172.30.0.70").port("", Proto::Tcp, 80))
+        .with(
+            Slice::new("ns1", "hp-a", "hp")
+                .port("", Proto::Tcp, 80)
+                .endpoint(ep("10.180.0.1").node(NODE_NAME)),
+        )
+        .with(
+            Service::new("ns1", "hp-udp", "172.30.0.71")
+                .port("dns", Proto::Udp, 53)
+                .client_ip_affinity(10800),
+        )
+        .with(
+            Slice::new("ns1", "hp-udp-a", "hp-udp")
+                .port("dns", Proto::Udp, 53)
+                .endpoint(ep("10.180.0.2").node(NODE_NAME)),
+        )
+        // The same endpoint behind a second Service: deleting one keeps the other's hairpin.
+        .with(Service::new("ns1", "hp2", "172.30.0.72").port("", Proto::Tcp, 80))
+        .with(
+            Slice::new("ns1", "hp2-a", "hp2")
+                .port("", Proto::Tcp, 80)
+                .endpoint(ep("10.180.0.1").node(NODE_NAME)),
+        );
+    w.apply("hairpin", &objects, &base_config());
+    #[rustfmt::skip]
+    w.check(&[
+        tcp("endpoint to its own Service",        "10.180.0.1", "172.30.0.70:80", "10.180.0.1:80", true),
+        tcp("endpoint to the second Service",     "10.180.0.1", "172.30.0.72:80", "10.180.0.1:80", true),
+        flow("endpoint to its own UDP Service with affinity", Proto::Udp, "10.180.0.2", "172.30.0.71:53", "10.180.0.2:53", true),
+        tcp("pod to the Service",                 POD,          "172.30.0.70:80", "10.180.0.1:80", false),
+    ]);
+    let objects = base_objects()
+        .with(Service::new("ns1", "hp2", "172.30.0.72").port("", Proto::Tcp, 80))
+        .with(
+            Slice::new("ns1", "hp2-a", "hp2")
+                .port("", Proto::Tcp, 80)
+                .endpoint(ep("10.180.0.1").node(NODE_NAME)),
+        );
+    w.apply("hairpin, first Service deleted", &objects, &base_config());
+    #[rustfmt::skip]
+    w.check(&[
+        tcp("endpoint to the second Service", "10.180.0.1", "172.30.0.72:80", "10.180.0.1:80", true),
+    ]);
+    w.finish();
+}
+
 in_both_modes!(
+    hairpin,
     no_endpoints_reject,
     load_balancer,
     node_ports_ipv4,

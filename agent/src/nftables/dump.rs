@@ -520,12 +520,17 @@ impl RawSet {
         } else {
             None
         };
-        let key = [KeyType::Addr, KeyType::AddrProtoPort, KeyType::ProtoPort]
-            .into_iter()
-            .find(|k| {
-                let (t, l) = key_layout(family, *k);
-                Some(l) == self.key_len && Some(t) == self.key_type
-            })?;
+        let key = [
+            KeyType::Addr,
+            KeyType::AddrProtoPort,
+            KeyType::ProtoPort,
+            KeyType::AddrPair,
+        ]
+        .into_iter()
+        .find(|k| {
+            let (t, l) = key_layout(family, *k);
+            Some(l) == self.key_len && Some(t) == self.key_type
+        })?;
         Some(SetDecl {
             key,
             is_vmap,
@@ -561,6 +566,10 @@ fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> {
         KeyType::ProtoPort => {
             let (p, port) = decode_proto_port(b)?;
             Some(Key::ProtoPort(p, port))
+        }
+        // Only an address paired with itself is modelled; anything else is foreign.
+        KeyType::AddrPair if b.len() == 2 * alen && b[..alen] == b[alen..] => {
+            Some(Key::AddrPair(decode_addr(&b[..alen])?))
         }
         _ => None,
     }
@@ -855,6 +864,61 @@ fn decode_match(family: Family, ex: &[Ex]) -> Option<(Match, usize)> {
             && data == &[0; 4] =>
         {
             Some((Match::CtStateNew, 3))
+        }
+        [
+            Ex::Other { name, attrs },
+            Ex::Bitwise {
+                sreg,
+                dreg,
+                len: 4,
+                mask,
+                xor,
+            },
+            Ex::Cmp {
+                sreg: cs,
+                op: CMP_NEQ,
+                data,
+            },
+            ..,
+        ] if name == "ct"
+            && only(attrs, &[NFTA_CT_DREG, NFTA_CT_KEY])
+            && get_u32(attrs, NFTA_CT_KEY) == Some(NFT_CT_STATUS)
+            && reg_of(attrs, NFTA_CT_DREG) == Some(*sreg)
+            && sreg == dreg
+            && dreg == cs
+            && u32_ne(mask) == Some(CT_STATUS_DNAT_BIT)
+            && xor == &[0; 4]
+            && data == &[0; 4] =>
+        {
+            Some((Match::CtStatusDnat, 3))
+        }
+        [
+            Ex::Payload {
+                dreg: first,
+                base: NFT_PAYLOAD_NETWORK_HEADER,
+                offset: so,
+                len: sl,
+            },
+            Ex::Payload {
+                dreg: second,
+                base: NFT_PAYLOAD_NETWORK_HEADER,
+                offset: d_o,
+                len: dl,
+            },
+            Ex::Lookup {
+                set,
+                sreg,
+                dreg: None,
+            },
+            ..,
+        ] if *so == saddr_off
+            && *d_o == daddr_off
+            && *sl == alen
+            && *dl == alen
+            && *second == *first + alen / 4
+            && sreg == first =>
+        {
+            Some((Match::SaddrDaddrInSet { set: set.clone() }, 3))
         }
         [
             Ex::Payload {
@@ -1269,6 +1333,10 @@ mod tests {
                 Match::Saddr { net, negate: true },
                 Match::DaddrInSet { set: "s".into() },
                 Match::SaddrInSet { set: "s".into() },
+                Match::CtStatusDnat,
+                Match::SaddrDaddrInSet {
+                    set: "pairs".into(),
+                },
                 Match::FibSaddrLocal,
                 Match::FibDaddrLocal,
                 Match::L4Proto(Proto::Sctp),

@@ -49,6 +49,9 @@ pub(super) const NFTA_CT_KEY: u16 = 2;
 pub(super) const NFT_CT_STATE: u32 = 0;
 /// `IP_CT_NEW` as a `ct state` bit (`NF_CT_STATE_BIT(IP_CT_NEW)`).
 pub(super) const CT_STATE_NEW_BIT: u32 = 1 << 3;
+pub(super) const NFT_CT_STATUS: u32 = 2;
+/// `IPS_DST_NAT` as a `ct status` bit.
+pub(super) const CT_STATUS_DNAT_BIT: u32 = 1 << 5;
 
 pub(super) const NFTA_FIB_DREG: u16 = 1;
 pub(super) const NFTA_FIB_RESULT: u16 = 2;
@@ -167,6 +170,7 @@ pub(super) fn key_layout(family: Family, key: KeyType) -> (u32, u32) {
             addr_len + 8,
         ),
         KeyType::ProtoPort => (concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]), 8),
+        KeyType::AddrPair => (concat(&[addr_type, addr_type]), 2 * addr_len),
     }
 }
 
@@ -207,6 +211,11 @@ pub(super) fn key_bytes(family: Family, key: &Key) -> Result<Vec<u8>, String> {
             proto_port(&mut out, *proto, *port);
         }
         Key::ProtoPort(proto, port) => proto_port(&mut out, *proto, *port),
+        Key::AddrPair(a) => {
+            check_family(family, a)?;
+            out.extend(addr_bytes(a));
+            out.extend(addr_bytes(a));
+        }
     }
     Ok(out)
 }
@@ -359,6 +368,36 @@ fn match_exprs(family: Family, m: &Match, out: &mut Vec<Expr>) -> Result<(), Str
             // ct state is a host-endian bit field, tested like nft does: state & new != 0.
             out.push(bitwise(CT_STATE_NEW_BIT.to_ne_bytes().to_vec(), vec![0; 4]));
             out.push(cmp(Operator::NotEqual, vec![0; 4]));
+        }
+        Match::CtStatusDnat => {
+            out.push(other(
+                "ct",
+                vec![
+                    u32_attr(NFTA_CT_DREG, Register::Reg1.into()),
+                    u32_attr(NFTA_CT_KEY, NFT_CT_STATUS),
+                ],
+            ));
+            // ct status is a host-endian bit field too: status & dnat != 0.
+            out.push(bitwise(
+                CT_STATUS_DNAT_BIT.to_ne_bytes().to_vec(),
+                vec![0; 4],
+            ));
+            out.push(cmp(Operator::NotEqual, vec![0; 4]));
+        }
+        Match::SaddrDaddrInSet { set } => {
+            out.push(payload(
+                NFT_PAYLOAD_NETWORK_HEADER,
+                saddr_off,
+                alen,
+                reg32(0),
+            ));
+            out.push(payload(
+                NFT_PAYLOAD_NETWORK_HEADER,
+                daddr_off,
+                alen,
+                reg32(alen / 4),
+            ));
+            out.push(lookup(set, reg32(0), false));
         }
         Match::Daddr { net, negate } | Match::Saddr { net, negate } => {
             check_family(family, &net.addr())?;
