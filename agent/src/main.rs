@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
@@ -15,10 +15,11 @@ use dataplane::ruleset::{Family, Proto};
 use dataplane::trace::{Host, Packet, trace};
 use dataplane::tracker::Tracker;
 use nftproxy::config::{KubeProxyConfiguration, Overrides, ProxyMode, Settings};
+use nftproxy::nftables::Nftables;
 use nftproxy::nftables::monitor::Monitor;
 use nftproxy::source;
 use nftproxy::sync::{self, Syncer};
-use nftproxy::syncloop::{self, Shared, Wake};
+use nftproxy::syncloop::{self, Observer, Shared, SyncRun, Wake};
 use nftproxy::{addresses, iptables, watch};
 
 #[derive(Parser)]
@@ -240,15 +241,35 @@ fn watch_addresses(shared: Arc<Shared>) {
     }
 }
 
-/// Wakes the sync loop whenever someone else changes nftproxy's tables.
-fn monitor_drift(shared: Arc<Shared>, ignore_portid: u32) {
-    let mut monitor = match Monitor::open(ignore_portid) {
+/// Wakes the sync loop whenever someone else changes nftproxy's tables, from the first
+/// successful sync on (`first_sync`), so that the largest transaction, the first, does not pay
+/// for notifications (see [`Monitor::subscribe`]).
+fn monitor_drift(shared: Arc<Shared>, ignore_portid: u32, first_sync: mpsc::Receiver<()>) {
+    let opened = Monitor::open(ignore_portid)
+        .map_err(|e| e.to_string())
+        .and_then(|m| Ok((m, Nftables::open().map_err(|e| e.to_string())?)));
+    let (mut monitor, mut nft) = match opened {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch nftables changes; drift is repaired by periodic full syncs only");
             return;
         }
     };
+    if first_sync.recv().is_err() {
+        return;
+    }
+    // A commit by someone else between our first sync and the subscription would go unseen:
+    // the generation, which counts every commit, tells.
+    let before = nft.generation();
+    if let Err(e) = monitor.subscribe() {
+        tracing::warn!(error = %e, "cannot watch nftables changes; drift is repaired by periodic full syncs only");
+        return;
+    }
+    match (before, nft.generation()) {
+        (Ok(a), Ok(b)) if a == b => {}
+        _ => shared.wake(Wake::Drift),
+    }
+    drop(nft);
     loop {
         match monitor.wait() {
             Ok(event) => {
@@ -333,9 +354,10 @@ fn run(
         let (shared, path) = (shared.clone(), path.to_path_buf());
         std::thread::spawn(move || follow_file(shared, path));
     }
+    let (first_sync_tx, first_sync) = mpsc::channel();
     if let Some(portid) = syncer.portid() {
         let shared = shared.clone();
-        std::thread::spawn(move || monitor_drift(shared, portid));
+        std::thread::spawn(move || monitor_drift(shared, portid, first_sync));
     }
     {
         let shared = shared.clone();
@@ -346,15 +368,18 @@ fn run(
         std::thread::spawn(move || monitor_canary(shared, variant, period));
     }
     // Metrics, /healthz and /livez, health-check node ports.
-    let mut telemetry =
-        nftproxy::telemetry::Telemetry::start(rt.handle(), &settings, shared.clone())
-            .map_err(usage)?;
+    let telemetry = nftproxy::telemetry::Telemetry::start(rt.handle(), &settings, shared.clone())
+        .map_err(usage)?;
     shared.changed();
     {
         let shared = shared.clone();
         let settings = settings.clone();
         std::thread::spawn(move || {
-            syncloop::run(&shared, rx, &settings, &mut syncer, &mut telemetry)
+            let mut observer = FirstSync {
+                inner: telemetry,
+                first: Some(first_sync_tx),
+            };
+            syncloop::run(&shared, rx, &settings, &mut syncer, &mut observer)
         });
     }
     rt.block_on(async {
@@ -367,6 +392,23 @@ fn run(
         Ok::<(), Failure>(())
     })?;
     Ok(())
+}
+
+/// Passes every sync on to `inner` and tells `first` when one succeeded for the first time.
+struct FirstSync<O> {
+    inner: O,
+    first: Option<mpsc::Sender<()>>,
+}
+
+impl<O: Observer> Observer for FirstSync<O> {
+    fn synced(&mut self, run: &SyncRun<'_>) {
+        self.inner.synced(run);
+        if run.result.is_ok()
+            && let Some(tx) = self.first.take()
+        {
+            let _ = tx.send(());
+        }
+    }
 }
 
 /// Writes to stdout; a closed pipe (`nftproxy render | head`) is not an error.

@@ -192,7 +192,7 @@ fn data_verdict(b: &[u8]) -> Option<Verdict> {
     )
 }
 
-fn generation(nft: &mut Nftables, family: Family) -> Result<u32, NftError> {
+pub(super) fn generation(nft: &mut Nftables, family: Family) -> Result<u32, NftError> {
     let get = NfTablesMessage::GetGen(GenMessage { attributes: vec![] });
     match nft.request("get generation", family, get, false)? {
         Reply::Errno(errno) => Err(request_error("get generation", errno)),

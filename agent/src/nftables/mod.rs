@@ -194,6 +194,11 @@ impl Nftables {
         self.sock.portid()
     }
 
+    /// The ruleset generation: nf_tables counts every committed transaction (of any table).
+    pub fn generation(&mut self) -> Result<u32, NftError> {
+        dump::generation(self, Family::V4)
+    }
+
     /// Reads back table `nftproxy` of `family`; `Ok(None)` if the table does not exist.
     pub fn read_table(&mut self, family: Family) -> Result<Option<TableState>, NftError> {
         dump::read_table(self, family)

@@ -37,12 +37,12 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    /// Subscribes in the calling thread's network namespace. Changes caused by the netlink
-    /// socket with port id `ignore_portid` (the agent's own) are not reported.
+    /// Opens a socket in the calling thread's network namespace; [`Monitor::subscribe`] starts
+    /// the notifications. Changes caused by the netlink socket with port id `ignore_portid` (the
+    /// agent's own) are not reported.
     pub fn open(ignore_portid: u32) -> io::Result<Monitor> {
         let mut sock = Socket::new(NETLINK_NETFILTER)?;
         sock.bind_auto()?;
-        sock.add_membership(NFNLGRP_NFTABLES)?;
         let size = RCVBUF as libc::c_int;
         for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
             // SAFETY: setsockopt with a pointer to a live c_int and its size.
@@ -64,6 +64,14 @@ impl Monitor {
             ignore_portid,
             buf: vec![0; 1 << 16],
         })
+    }
+
+    /// Starts receiving notifications. While anyone listens, nf_tables builds a notification
+    /// for every object a transaction adds or deletes, inside the committing `sendmsg`: that
+    /// doubles the kernel's work for a large transaction, so the agent subscribes only after
+    /// its first sync.
+    pub fn subscribe(&mut self) -> io::Result<()> {
+        self.sock.add_membership(NFNLGRP_NFTABLES)
     }
 
     /// Blocks until a relevant notification arrives.
