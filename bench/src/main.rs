@@ -775,7 +775,7 @@ fn render(report: &Report, cli: &Cli) -> String {
         col(&|s| s.agent.as_ref().map(|a| f(a.once.wall_ms))),
     );
     t.row(
-        "--once: peak RSS (ru_maxrss), MiB",
+        "--once: peak RSS (VmHWM), MiB",
         col(&|s| {
             s.agent
                 .as_ref()

@@ -565,7 +565,9 @@ pub struct ChildRun {
     pub wall_ms: f64,
     pub user_ms: f64,
     pub sys_ms: f64,
-    /// ru_maxrss: peak resident set size, KiB.
+    /// Peak resident set size, KiB: the child's VmHWM, polled while it runs. (Its ru_maxrss
+    /// would start at the bench's own RSS: std spawns with vfork, and exec takes the
+    /// high-water mark of the memory it leaves, which is the bench's.)
     pub max_rss_kib: u64,
     pub status: i32,
 }
@@ -603,7 +605,7 @@ fn wait4(pid: u32, start: Instant, block: bool) -> Result<Option<ChildRun>> {
         wall_ms: ms(start.elapsed()),
         user_ms: ms(tv(ru.ru_utime)),
         sys_ms: ms(tv(ru.ru_stime)),
-        max_rss_kib: ru.ru_maxrss as u64,
+        max_rss_kib: 0,
         status: code,
     }))
 }
@@ -629,8 +631,20 @@ fn run_child(mut cmd: Command, stderr_file: &Path) -> Result<ChildRun> {
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err);
     let start = Instant::now();
     let child = cmd.spawn().with_context(|| format!("spawning {cmd:?}"))?;
-    netns::register_child(child.id());
-    let run = wait4(child.id(), start, true)?.expect("blocking wait4 returns the child");
+    let pid = child.id();
+    netns::register_child(pid);
+    let mut hwm_mib: f64 = 0.0;
+    let mut run = loop {
+        // A zombie has no memory left to report: the last reading before exit is the peak.
+        if let Ok((_, hwm)) = process_rss(pid) {
+            hwm_mib = hwm_mib.max(hwm);
+        }
+        if let Some(run) = wait4(pid, start, false)? {
+            break run;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    run.max_rss_kib = (hwm_mib * 1024.0) as u64;
     if run.status != 0 {
         let text = std::fs::read_to_string(stderr_file).unwrap_or_default();
         let tail: String = text.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
