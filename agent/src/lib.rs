@@ -7,6 +7,7 @@ pub mod demo;
 pub mod explain;
 pub mod http;
 pub mod iptables;
+pub mod memory;
 pub mod nftables;
 pub mod source;
 pub mod sync;

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use dataplane::convert::{self, Skipped};
+use dataplane::convert::{self, Object, Skipped};
 use dataplane::model::Cluster;
 use dataplane::tracker::{Kind, Tracker};
 
@@ -41,36 +41,35 @@ pub fn report_skipped(skipped: &[Skipped]) {
 }
 
 /// Replaces the tracker's content with the objects of a YAML file, as a re-list of every kind
-/// would: objects missing from the file are deleted, unchanged ones cause no sync.
+/// would: objects missing from the file are deleted, unchanged ones cause no sync. A file that
+/// cannot be parsed changes nothing.
 pub fn load_into(tracker: &mut Tracker, path: &Path) -> Result<(), String> {
     let text = read(path)?;
-    let (objects, skipped) = convert::parse_yaml(&text)
-        .map_err(|e| format!("{}: {}", path.display(), yaml_error(&e)))?;
-    report_skipped(&skipped);
+    let mut staged = tracker.clone();
+    for kind in Kind::ALL {
+        staged.begin_list(kind);
+    }
+    let mut skipped = Vec::new();
     let mut invalid = Vec::new();
-    tracker.begin_list(Kind::Service);
-    invalid.extend(
-        objects
-            .services
-            .iter()
-            .filter_map(|o| tracker.apply_service(o)),
-    );
-    tracker.end_list(Kind::Service);
-    tracker.begin_list(Kind::EndpointSlice);
-    invalid.extend(objects.slices.iter().filter_map(|o| tracker.apply_slice(o)));
-    tracker.end_list(Kind::EndpointSlice);
-    tracker.begin_list(Kind::Node);
-    invalid.extend(objects.nodes.iter().filter_map(|o| tracker.apply_node(o)));
-    tracker.end_list(Kind::Node);
-    tracker.begin_list(Kind::ServiceCidr);
-    invalid.extend(
-        objects
-            .service_cidrs
-            .iter()
-            .filter_map(|o| tracker.apply_service_cidr(o)),
-    );
-    tracker.end_list(Kind::ServiceCidr);
+    // Each object is applied as soon as it is parsed, so that the file's objects never all
+    // exist at once.
+    convert::for_each_object(&text, &mut skipped, |object| {
+        invalid.extend(match &object {
+            Object::Service(o) => staged.apply_service(o),
+            Object::Slice(o) => staged.apply_slice(o),
+            Object::Node(o) => staged.apply_node(o),
+            Object::ServiceCidr(o) => staged.apply_service_cidr(o),
+        })
+    })
+    .map_err(|e| format!("{}: {}", path.display(), yaml_error(&e)))?;
+    for kind in Kind::ALL {
+        staged.end_list(kind);
+    }
+    *tracker = staged;
+    report_skipped(&skipped);
     report_skipped(&invalid);
+    drop(text);
+    crate::memory::release_freed();
     Ok(())
 }
 
@@ -79,5 +78,53 @@ fn yaml_error(e: &serde_yaml_ng::Error) -> String {
     match e.location() {
         Some(l) => format!("line {} column {}: {e}", l.line(), l.column()),
         None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::model::ObjectName;
+
+    fn service(name: &str, ip: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns}}\n\
+             spec: {{clusterIP: {ip}, ports: [{{port: 80, protocol: TCP}}]}}\n"
+        )
+    }
+
+    fn write(name: &str, text: &str) -> std::path::PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("nftproxy-source-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_file_broken_half_way_changes_nothing() {
+        let mut tracker = Tracker::new("node", "");
+        let good = write("good.yaml", &service("a", "10.96.0.1"));
+        load_into(&mut tracker, &good).unwrap();
+        let names = |t: &Tracker| t.cluster().services.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(names(&tracker), [ObjectName::new("ns", "a")]);
+
+        // b parses, then the YAML breaks: neither b's arrival nor a's removal may take effect.
+        let broken = write(
+            "broken.yaml",
+            &format!(
+                "{}---\nkind: Service\nmetadata: [unterminated\n",
+                service("b", "10.96.0.2")
+            ),
+        );
+        let err = load_into(&mut tracker, &broken).unwrap_err();
+        assert!(err.contains("broken.yaml") && err.contains("line"), "{err}");
+        assert_eq!(names(&tracker), [ObjectName::new("ns", "a")]);
+
+        let next = write("next.yaml", &service("b", "10.96.0.2"));
+        load_into(&mut tracker, &next).unwrap();
+        assert_eq!(names(&tracker), [ObjectName::new("ns", "b")]);
+        for p in [good, broken, next] {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }

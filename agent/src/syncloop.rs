@@ -205,22 +205,12 @@ pub fn run(
                 .is_ok_and(|r| r.values().any(|f| f.bytes > LARGE_SYNC_BYTES));
         drop((cluster, result));
         if large {
-            release_freed_memory();
+            crate::memory::release_freed();
         }
         last_end = Some(Instant::now());
     }
 }
 
-/// A sync that sent more than this is followed by handing freed heap back to the kernel.
+/// A sync that sent more than this is followed by handing freed heap back to the kernel (its
+/// transaction and encoded batch are gone).
 const LARGE_SYNC_BYTES: usize = 1 << 20;
-
-/// A large sync frees its transaction and encoded batch, but glibc keeps most of that memory
-/// mapped (it only trims the top of the main heap), so the agent's RSS would stay at its peak
-/// until the next large sync reused it.
-fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks the allocator's own free lists; no pointer is passed.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}

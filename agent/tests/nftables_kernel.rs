@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use dataplane::plan::{Op, TableState, Transaction, plan, plan_cleanup};
@@ -260,7 +261,7 @@ fn regular(comment: Option<&str>, rules: Vec<Rule>) -> Chain {
     Chain {
         base: None,
         comment: comment.map(str::to_string),
-        rules,
+        rules: Arc::new(rules),
     }
 }
 
@@ -272,7 +273,7 @@ fn base(chain_type: ChainType, hook: Hook, priority: i32, rules: Vec<Rule>) -> C
             priority,
         }),
         comment: Some(format!("{} hook", hook.name())),
-        rules,
+        rules: Arc::new(rules),
     }
 }
 
@@ -568,7 +569,15 @@ fn check_full_table(family: Family) {
     let table = full_table(family);
     let tx = plan(None, &table);
     let stats = nft.apply(&tx).expect("apply the full table");
-    assert_eq!(stats.messages, tx.ops.len() + 2);
+    let messages: usize = tx
+        .ops
+        .iter()
+        .map(|op| match op {
+            Op::AddRules { rules, .. } => rules.len(),
+            _ => 1,
+        })
+        .sum();
+    assert_eq!(stats.messages, messages + 2);
     assert_listing(&ns, &table, false);
 
     let state = assert_idempotent(&mut nft, &table);
@@ -616,7 +625,7 @@ fn flush_delete_and_element_changes_round_trip() {
     let mut b = a.clone();
     b.chains.remove("svc-b");
     b.sets.remove("local-addrs");
-    b.chains.get_mut("filter-input").unwrap().rules.remove(0);
+    Arc::make_mut(&mut b.chains.get_mut("filter-input").unwrap().rules).remove(0);
     let addrs = addrs(family);
     let ips = &mut b.sets.get_mut("service-ips").unwrap().elements;
     ips.retain(|_, v| v.as_ref().and_then(|v| v.target()) != Some("svc-b"));
@@ -625,7 +634,7 @@ fn flush_delete_and_element_changes_round_trip() {
         Some(Verdict::Goto("svc-c".into())),
     );
     ips.remove(&Key::AddrProtoPort(addrs.vip[3], Proto::Tcp, 83));
-    b.chains.get_mut("svc-a").unwrap().rules[1] = Rule::new(
+    Arc::make_mut(&mut b.chains.get_mut("svc-a").unwrap().rules)[1] = Rule::new(
         vec![Match::Numgen {
             modulus: 3,
             value: 0,
@@ -705,9 +714,9 @@ fn failing_op_is_named_and_leaves_the_table_untouched() {
             Op::FlushChain {
                 name: "svc-a".into(),
             },
-            Op::AddRule {
+            Op::AddRules {
                 chain: "svc-a".into(),
-                rule: Rule::new(vec![], goto("no-such-chain")),
+                rules: Arc::new(vec![Rule::new(vec![], goto("no-such-chain"))]),
             },
             Op::AddChain {
                 name: "later".into(),
@@ -761,15 +770,15 @@ fn failing_op_is_named_and_leaves_the_table_untouched() {
             Op::FlushChain {
                 name: "later".into(),
             },
-            Op::AddRule {
+            Op::AddRules {
                 chain: "later".into(),
-                rule: Rule::new(
+                rules: Arc::new(vec![Rule::new(
                     vec![],
                     Action::Dnat {
                         addr: ip("10.0.0.1"),
                         port: 80,
                     },
-                ),
+                )]),
             },
         ],
     };
@@ -851,7 +860,7 @@ fn large_transaction_20k_services() {
 
     // An incremental change on top of the big table.
     let mut t2 = t.clone();
-    t2.chains.get_mut("svc-7").unwrap().rules[1] = Rule::new(
+    Arc::make_mut(&mut t2.chains.get_mut("svc-7").unwrap().rules)[1] = Rule::new(
         vec![Match::L4Proto(Proto::Tcp)],
         Action::Dnat {
             addr: ip("10.1.2.3"),

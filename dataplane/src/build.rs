@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use data_encoding::BASE32;
 use ipnet::IpNet;
@@ -154,7 +155,7 @@ fn base(chain_type: ChainType, hook: Hook, priority: i32) -> Chain {
             priority,
         }),
         comment: None,
-        rules: Vec::new(),
+        rules: Arc::default(),
     }
 }
 
@@ -170,11 +171,17 @@ fn dnat_rule(mut matches: Vec<Match>, proto: Proto, ep: &PortEndpoint) -> Rule {
     )
 }
 
-fn regular(rules: Vec<Rule>) -> Chain {
+fn regular(mut rules: Vec<Rule>) -> Chain {
+    // The table keeps these for as long as the Service exists, so spare capacity left by
+    // building them would stay allocated too.
+    for rule in &mut rules {
+        rule.matches.shrink_to_fit();
+    }
+    rules.shrink_to_fit();
     Chain {
         base: None,
         comment: None,
-        rules,
+        rules: Arc::new(rules),
     }
 }
 
@@ -335,7 +342,7 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
 
     let new_jump = |target: &str| Rule::new(vec![Match::CtStateNew], jump(target));
     let push = |c: &mut BTreeMap<String, Chain>, chain: &str, rule: Rule| {
-        c.get_mut(chain).expect("base chain").rules.push(rule)
+        Arc::make_mut(&mut c.get_mut(chain).expect("base chain").rules).push(rule)
     };
     push(c, "filter-prerouting-pre-dnat", new_jump(FIREWALL_CHECK));
     push(c, "filter-output-pre-dnat", new_jump(FIREWALL_CHECK));
@@ -378,7 +385,7 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         Chain {
             base: None,
             comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports".into()),
-            rules: vec![Rule::new(vec![], Action::Reject)],
+            rules: Arc::new(vec![Rule::new(vec![], Action::Reject)]),
         },
     );
     c.insert(
@@ -451,7 +458,7 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
             ),
         ]),
     );
-    let rules = &mut c.get_mut(SERVICES).expect("just inserted").rules;
+    let rules = Arc::make_mut(&mut c.get_mut(SERVICES).expect("just inserted").rules);
     rules.splice(0..0, services);
     c.insert(
         NODEPORT_ENDPOINTS_CHECK.into(),

@@ -435,20 +435,46 @@ pub struct Objects {
     pub service_cidrs: Vec<networking::ServiceCIDR>,
 }
 
+/// One object of an input document, before conversion.
+#[derive(Clone, Debug)]
+pub enum Object {
+    Service(Box<core::Service>),
+    Slice(Box<discovery::EndpointSlice>),
+    Node(Box<core::Node>),
+    ServiceCidr(Box<networking::ServiceCIDR>),
+}
+
 /// Splits YAML text (a multi-document stream, `kind: List` documents, or both) into typed
 /// objects. Objects of other kinds are ignored; objects that do not match their schema are
 /// reported in the second return value.
 pub fn parse_yaml(text: &str) -> Result<(Objects, Vec<Skipped>), serde_yaml_ng::Error> {
     let mut objects = Objects::default();
     let mut skipped = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(text) {
-        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
-        collect(value, &mut objects, &mut skipped);
-    }
+    for_each_object(text, &mut skipped, |o| match o {
+        Object::Service(v) => objects.services.push(*v),
+        Object::Slice(v) => objects.slices.push(*v),
+        Object::Node(v) => objects.nodes.push(*v),
+        Object::ServiceCidr(v) => objects.service_cidrs.push(*v),
+    })?;
     Ok((objects, skipped))
 }
 
-fn collect(value: serde_json::Value, out: &mut Objects, skipped: &mut Vec<Skipped>) {
+/// Like [`parse_yaml`], but hands each object to `f` as soon as its document is parsed: the
+/// typed objects of a whole file take several times the memory of the model built from them.
+/// On a YAML error, `f` has already seen the objects before it.
+pub fn for_each_object(
+    text: &str,
+    skipped: &mut Vec<Skipped>,
+    mut f: impl FnMut(Object),
+) -> Result<(), serde_yaml_ng::Error> {
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        collect(value, &mut f, skipped);
+    }
+    Ok(())
+}
+
+fn collect(value: serde_json::Value, out: &mut impl FnMut(Object), skipped: &mut Vec<Skipped>) {
     if value.is_null() {
         return;
     }
@@ -471,38 +497,34 @@ fn collect(value: serde_json::Value, out: &mut Objects, skipped: &mut Vec<Skippe
             None => n.to_string(),
         }
     };
-    let fail = |e: serde_json::Error, skipped: &mut Vec<Skipped>| {
-        skipped.push(Skipped {
-            kind: kind.clone(),
-            name: name.clone(),
-            skip: Skip::Invalid(format!("does not match the {kind} schema: {e}")),
-        })
+    let typed = |value: serde_json::Value| -> Result<Option<Object>, serde_json::Error> {
+        Ok(Some(match kind.as_str() {
+            "Service" => Object::Service(serde_json::from_value(value)?),
+            "EndpointSlice" => Object::Slice(serde_json::from_value(value)?),
+            "Node" => Object::Node(serde_json::from_value(value)?),
+            "ServiceCIDR" => Object::ServiceCidr(serde_json::from_value(value)?),
+            _ => return Ok(None),
+        }))
     };
     match kind.as_str() {
         "List" | "ServiceList" | "EndpointSliceList" | "NodeList" | "ServiceCIDRList" => {
-            if let Some(serde_json::Value::Array(items)) = value.get("items").cloned() {
+            if let serde_json::Value::Object(mut list) = value
+                && let Some(serde_json::Value::Array(items)) = list.remove("items")
+            {
                 for item in items {
                     collect(item, out, skipped);
                 }
             }
         }
-        "Service" => match serde_json::from_value(value) {
-            Ok(v) => out.services.push(v),
-            Err(e) => fail(e, skipped),
+        _ => match typed(value) {
+            Ok(Some(object)) => out(object),
+            Ok(None) => {}
+            Err(e) => skipped.push(Skipped {
+                skip: Skip::Invalid(format!("does not match the {kind} schema: {e}")),
+                kind,
+                name,
+            }),
         },
-        "EndpointSlice" => match serde_json::from_value(value) {
-            Ok(v) => out.slices.push(v),
-            Err(e) => fail(e, skipped),
-        },
-        "Node" => match serde_json::from_value(value) {
-            Ok(v) => out.nodes.push(v),
-            Err(e) => fail(e, skipped),
-        },
-        "ServiceCIDR" => match serde_json::from_value(value) {
-            Ok(v) => out.service_cidrs.push(v),
-            Err(e) => fail(e, skipped),
-        },
-        _ => {}
     }
 }
 

@@ -5,6 +5,7 @@
 //! agent keeps after its own commits.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -33,9 +34,10 @@ pub enum Op {
     DeleteChain {
         name: String,
     },
-    AddRule {
+    /// Append rules to a chain (one message per rule).
+    AddRules {
         chain: String,
-        rule: Rule,
+        rules: Arc<Vec<Rule>>,
     },
     AddSet {
         name: String,
@@ -117,9 +119,9 @@ impl TableState {
                 Op::DeleteChain { name } => {
                     self.chains.remove(name);
                 }
-                Op::AddRule { chain, .. } => {
+                Op::AddRules { chain, rules } => {
                     if let Some(c) = self.chains.get_mut(chain) {
-                        c.empty = false;
+                        c.empty &= rules.is_empty();
                     }
                 }
                 Op::AddSet { name, decl } => {
@@ -159,7 +161,7 @@ pub fn fingerprint(chain: &Chain) -> u64 {
 ",
         chain.base
     ));
-    for rule in &chain.rules {
+    for rule in chain.rules.iter() {
         h.update(render::rule_text(rule));
         h.update(
             b"
@@ -255,10 +257,10 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
         if flush {
             flush_ops.push(Op::FlushChain { name: name.clone() });
         }
-        for rule in &chain.rules {
-            rule_ops.push(Op::AddRule {
+        if !chain.rules.is_empty() {
+            rule_ops.push(Op::AddRules {
                 chain: name.clone(),
-                rule: rule.clone(),
+                rules: chain.rules.clone(),
             });
         }
     }

@@ -186,7 +186,7 @@ pub fn table_text(table: &Table) -> String {
         if let Some(b) = &chain.base {
             let _ = writeln!(out, "\t\t{}", base_chain_text(b));
         }
-        for rule in &chain.rules {
+        for rule in chain.rules.iter() {
             let _ = writeln!(out, "\t\t{}", rule_text_in(table.family, rule));
         }
         let _ = writeln!(out, "\t}}");
@@ -228,10 +228,16 @@ pub fn transaction_text(tx: &Transaction) -> String {
             }
             Op::FlushChain { name } => format!("flush chain {f} {TABLE} {name}"),
             Op::DeleteChain { name } => format!("delete chain {f} {TABLE} {name}"),
-            Op::AddRule { chain, rule } => format!(
-                "add rule {f} {TABLE} {chain} {}",
-                rule_text_in(tx.family, rule)
-            ),
+            Op::AddRules { chain, rules } => rules
+                .iter()
+                .map(|rule| {
+                    format!(
+                        "add rule {f} {TABLE} {chain} {}",
+                        rule_text_in(tx.family, rule)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
             Op::AddSet { name, decl } => {
                 let mut body = String::new();
                 set_decl_lines(tx.family, decl, &mut body, "");

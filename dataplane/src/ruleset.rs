@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -136,7 +137,9 @@ pub struct BaseChain {
 pub struct Chain {
     pub base: Option<BaseChain>,
     pub comment: Option<String>,
-    pub rules: Vec<Rule>,
+    /// Shared with the transactions that write the chain, which would otherwise copy every
+    /// rule of a cold sync.
+    pub rules: Arc<Vec<Rule>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

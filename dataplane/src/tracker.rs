@@ -22,6 +22,13 @@ pub enum Kind {
 }
 
 impl Kind {
+    pub const ALL: [Kind; 4] = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Node,
+        Kind::ServiceCidr,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::Service => "Service",
@@ -63,7 +70,7 @@ pub struct ChangeCounts {
     pub endpoints_pending: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct EventStats {
     service_events: u64,
     slice_events: u64,
@@ -71,8 +78,9 @@ struct EventStats {
     pending_endpoints: BTreeSet<ObjectName>,
 }
 
-/// Holds the current cluster model and the changes not yet synced.
-#[derive(Debug)]
+/// Holds the current cluster model and the changes not yet synced. Cloning is cheap (the model
+/// is persistent), so a whole input can be staged on a copy.
+#[derive(Clone, Debug)]
 pub struct Tracker {
     node_name: String,
     proxy_name: String,

@@ -311,7 +311,7 @@ fn one_endpoint_change_touches_only_that_service() {
     for op in &tx.ops {
         let touches_svc8 = match op {
             Op::AddChain { name, .. } | Op::FlushChain { name } => name.contains("ns/svc8/"),
-            Op::AddRule { chain, .. } => chain.contains("ns/svc8/"),
+            Op::AddRules { chain, .. } => chain.contains("ns/svc8/"),
             Op::AddElements { set, elements } => {
                 set == "hairpin-endpoints"
                     && elements

@@ -437,7 +437,7 @@ fn decode_chain(
             fingerprint(&Chain {
                 base,
                 comment: None,
-                rules,
+                rules: rules.into(),
             })
         });
     Some((

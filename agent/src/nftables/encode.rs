@@ -754,6 +754,24 @@ fn element(family: Family, key: &Key, value: Option<&Verdict>) -> Result<Expr2, 
     Ok(ListAttribute::Element(attrs))
 }
 
+fn rule_message(family: Family, chain: &str, rule: &Rule) -> Result<Command, String> {
+    let mut attributes = vec![
+        RuleAttribute::Table(TABLE.to_string()),
+        RuleAttribute::Chain(chain.to_string()),
+        RuleAttribute::Expressions(rule_exprs(family, rule)?),
+    ];
+    if let Some(c) = &rule.comment {
+        attributes.push(RuleAttribute::UserData(udata_string(
+            UDATA_RULE_COMMENT,
+            c,
+        )?));
+    }
+    Ok(Command {
+        msg: NfTablesMessage::NewRule(RuleMessage { attributes }),
+        flags: NLM_F_CREATE | NLM_F_APPEND,
+    })
+}
+
 /// The messages of one operation. `next_set_id` numbers the sets created in the batch.
 pub(super) fn encode_op(
     family: Family,
@@ -794,23 +812,10 @@ pub(super) fn encode_op(
             }),
             flags: 0,
         }],
-        Op::AddRule { chain, rule } => {
-            let mut attributes = vec![
-                RuleAttribute::Table(table_only()),
-                RuleAttribute::Chain(chain.clone()),
-                RuleAttribute::Expressions(rule_exprs(family, rule)?),
-            ];
-            if let Some(c) = &rule.comment {
-                attributes.push(RuleAttribute::UserData(udata_string(
-                    UDATA_RULE_COMMENT,
-                    c,
-                )?));
-            }
-            vec![Command {
-                msg: NfTablesMessage::NewRule(RuleMessage { attributes }),
-                flags: NLM_F_CREATE | NLM_F_APPEND,
-            }]
-        }
+        Op::AddRules { chain, rules } => rules
+            .iter()
+            .map(|rule| rule_message(family, chain, rule))
+            .collect::<Result<_, _>>()?,
         Op::AddSet { name, decl } => {
             *next_set_id += 1;
             vec![set_message(family, name, decl, *next_set_id)?]
@@ -939,11 +944,21 @@ pub(super) fn encode_delete_named_table(family: Family, name: &str, begin_seq: u
 
 /// Encodes a non-empty transaction. Only the last command asks for an ACK: the kernel reports
 /// every failing message anyway, and one ACK per message would flood the receive buffer.
+/// Roughly what an op encodes to, so that the batch buffer of a cold sync (tens of MiB) is
+/// allocated once instead of being copied as it grows.
+fn estimated_bytes(op: &Op) -> usize {
+    match op {
+        Op::AddRules { rules, .. } => rules.len() * 384,
+        Op::AddElements { elements, .. } => elements.len() * 64 + 200,
+        _ => 200,
+    }
+}
+
 pub(super) fn encode_transaction(tx: &Transaction, begin_seq: u32) -> Result<Batch, EncodeError> {
     let family = nfproto(tx.family);
     let batch_header =
         || NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
-    let mut buf = Vec::with_capacity(tx.ops.len() * 200 + 64);
+    let mut buf = Vec::with_capacity(tx.ops.iter().map(estimated_bytes).sum::<usize>() + 64);
     push_message(
         &mut buf,
         batch_header(),
