@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use imbl::{OrdMap, OrdSet};
+use imbl::OrdMap;
 use ipnet::IpNet;
 
 use crate::ruleset::{Family, Proto};
@@ -135,7 +135,9 @@ pub struct Node {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Slices {
     by_name: OrdMap<ObjectName, EndpointSlice>,
-    by_service: OrdMap<ObjectName, OrdSet<ObjectName>>,
+    /// Sorted slice names. Most Services have one or two slices; an `OrdSet` would allocate a
+    /// whole B-tree node (about 3 KiB) for each.
+    by_service: OrdMap<ObjectName, Vec<ObjectName>>,
 }
 
 impl Slices {
@@ -166,7 +168,10 @@ impl Slices {
         if let Some(o) = &old {
             self.unindex(&o.service, &name);
         }
-        self.by_service.entry(service).or_default().insert(name);
+        let names = self.by_service.entry(service).or_default();
+        if let Err(i) = names.binary_search(&name) {
+            names.insert(i, name);
+        }
         old
     }
 
@@ -178,7 +183,9 @@ impl Slices {
 
     fn unindex(&mut self, service: &ObjectName, name: &ObjectName) {
         if let Some(names) = self.by_service.get_mut(service) {
-            names.remove(name);
+            if let Ok(i) = names.binary_search(name) {
+                names.remove(i);
+            }
             // Drop empty entries so that `services()` lists only Services with slices.
             if names.is_empty() {
                 self.by_service.remove(service);
