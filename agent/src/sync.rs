@@ -13,7 +13,10 @@ use dataplane::conntrack::{FrontendIndex, FrontendKeys, Frontends, cleanup_neede
 use dataplane::desired::{Desired, Updated};
 use dataplane::iptables::IptablesOptions;
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::plan::{TableState, plan, plan_cleanup, plan_cleanup_scope, plan_scope};
+use dataplane::plan::{
+    RULES_PER_PART, TableState, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
+    split_new_chains,
+};
 use dataplane::ruleset::{Family, TABLE};
 use metrics::ObjectCounts;
 
@@ -493,9 +496,16 @@ fn sync_nftables(
         (Some(cur), Some(scope)) => plan_scope(cur, table, scope),
         _ => plan(current.as_ref(), table),
     };
-    let stats = nft.apply(&tx)?;
+    let drift_repaired = drifted && !tx.is_empty();
+    let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
     let mut state = current.unwrap_or_default();
-    state.apply(&tx);
+    let mut stats = ApplyStats::default();
+    for part in &parts {
+        let s = nft.apply(part)?;
+        state.apply(part);
+        stats.messages += s.messages;
+        stats.bytes += s.bytes;
+    }
     let cleanup = match &scope {
         Some(scope) => plan_cleanup_scope(&state, table, scope),
         None => plan_cleanup(&state, table),
@@ -519,7 +529,7 @@ fn sync_nftables(
     committed.insert(family, Some(state));
     let (chains, rules, sets, set_elements) = desired.object_counts();
     let report = FamilyReport {
-        ops: tx.ops.len() + cleanup.ops.len(),
+        ops: parts.iter().map(|p| p.ops.len()).sum::<usize>() + cleanup.ops.len(),
         messages: stats.messages + cleanup_stats.messages,
         bytes: stats.bytes + cleanup_stats.bytes,
         no_local_endpoints: desired.no_local_endpoints(),
@@ -530,7 +540,7 @@ fn sync_nftables(
             set_elements,
         },
         cleanup_failed,
-        drift_repaired: drifted && !tx.is_empty(),
+        drift_repaired,
         elapsed: Duration::ZERO,
         iptables: None,
     };

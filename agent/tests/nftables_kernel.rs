@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use dataplane::plan::{Op, TableState, Transaction, plan, plan_cleanup};
+use dataplane::plan::{Op, TableState, Transaction, plan, plan_cleanup, split_new_chains};
 use dataplane::render;
 use dataplane::ruleset::{
     Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule, Set,
@@ -788,16 +788,8 @@ fn failing_op_is_named_and_leaves_the_table_untouched() {
     }
 }
 
-#[test]
-fn large_transaction_20k_services() {
-    let family = Family::V4;
-    let ns = Netns::new("nl");
-    let mut nft = ns.open();
-    // NFTP_SERVICES=40000 gives a 120,000-message, 31 MB transaction.
-    let services: u32 = std::env::var("NFTP_SERVICES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
+/// `services` Services, each a chain with two rules behind one `service-ips` map element.
+fn many_services(family: Family, services: u32) -> Table {
     let mut t = Table::new(family);
     let mut map = set(KeyType::AddrProtoPort, true, Some("services"), None);
     for i in 0..services {
@@ -840,6 +832,20 @@ fn large_transaction_20k_services() {
             )],
         ),
     );
+    t
+}
+
+#[test]
+fn large_transaction_20k_services() {
+    let family = Family::V4;
+    let ns = Netns::new("nl");
+    let mut nft = ns.open();
+    // NFTP_SERVICES=40000 gives a 120,000-message, 31 MB transaction.
+    let services: u32 = std::env::var("NFTP_SERVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let t = many_services(family, services);
 
     let started = Instant::now();
     let tx = plan(None, &t);
@@ -878,4 +884,36 @@ fn large_transaction_20k_services() {
         stats.bytes,
         tx2.ops.len()
     );
+}
+
+#[test]
+fn a_split_cold_start_commits_in_parts_and_a_retry_completes_it() {
+    let family = Family::V4;
+    let ns = Netns::new("split");
+    let mut nft = ns.open();
+    let t = many_services(family, 300);
+    let parts = split_new_chains(None, plan(None, &t), 100);
+    assert!(parts.len() >= 6, "{} parts", parts.len());
+    let (last, early) = parts.split_last().unwrap();
+    for part in early {
+        nft.apply(part).expect("apply a part");
+        // The chains are there, but nothing leads to them yet.
+        let read = nft.read_table(family).unwrap().expect("table");
+        assert!(read.sets["service-ips"].elements.is_empty());
+        assert!(read.chains["nat-prerouting"].empty);
+    }
+    // The last part is lost (as if it had failed): the next sync completes the table without
+    // sending the chains again.
+    let read = nft.read_table(family).unwrap();
+    let retry = plan(read.as_ref(), &t);
+    let resent = |op: &Op| match op {
+        Op::AddChain { name, .. } | Op::AddRules { chain: name, .. } => name.starts_with("svc-"),
+        _ => false,
+    };
+    assert!(!retry.ops.iter().any(resent), "{retry:?}");
+    assert!(retry.ops.len() <= last.ops.len() + 1, "{retry:?}");
+    nft.apply(&retry).expect("apply the rest");
+    let state = assert_idempotent(&mut nft, &t);
+    assert_eq!(state.sets["service-ips"].elements.len(), 300);
+    assert_listing(&ns, &t, false);
 }

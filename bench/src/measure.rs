@@ -16,9 +16,12 @@ use dataplane::build::BuildConfig;
 use dataplane::conntrack::{FrontendIndex, Frontends};
 use dataplane::desired::{Desired, Updated};
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::plan::{TableState, plan, plan_cleanup, plan_cleanup_scope, plan_scope};
+use dataplane::plan::{
+    RULES_PER_PART, TableState, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
+    split_new_chains,
+};
 use dataplane::ruleset::Family;
-use nftproxy::nftables::Nftables;
+use nftproxy::nftables::{ApplyStats, Nftables};
 use nftproxy::sync::{Changed, Syncer};
 use serde::Serialize;
 
@@ -421,7 +424,13 @@ impl Phased {
         let sw_apply = Stopwatch::start();
         let peak_before_apply = heap::peak();
         heap::reset_peak();
-        let stats = self.nft.apply(&tx)?;
+        let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
+        let mut stats = ApplyStats::default();
+        for part in &parts {
+            let s = self.nft.apply(part)?;
+            stats.messages += s.messages;
+            stats.bytes += s.bytes;
+        }
         let (kernel, kernel_user, kernel_sys) = sw_apply.stop();
         p.kernel_ms = kernel;
         p.kernel_user_ms = kernel_user;
@@ -435,7 +444,9 @@ impl Phased {
         let mut frontends_ms = ms(t.elapsed());
         let t = Instant::now();
         let mut state = current.unwrap_or_default();
-        state.apply(&tx);
+        for part in &parts {
+            state.apply(part);
+        }
         p.state_update_ms = ms(t.elapsed());
         let t = Instant::now();
         let cleanup = match &scope {
@@ -451,9 +462,9 @@ impl Phased {
             bytes += s.bytes;
         }
         p.cleanup_ms = ms(t.elapsed());
-        let ops = tx.ops.len() + cleanup.ops.len();
+        let ops = parts.iter().map(|p| p.ops.len()).sum::<usize>() + cleanup.ops.len();
         let t = Instant::now();
-        drop((tx, cleanup, scope));
+        drop((parts, cleanup, scope));
         p.free_ms = ms(t.elapsed());
         self.committed.insert(family, Some(state));
         // Meaningful for the cold sync, when nothing was committed before.

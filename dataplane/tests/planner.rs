@@ -11,6 +11,7 @@ use nftproxy_dataplane::model::{
 };
 use nftproxy_dataplane::plan::{
     Op, TableState, fingerprint, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
+    split_new_chains,
 };
 use nftproxy_dataplane::ruleset::{Family, Key, Proto, Table};
 use proptest::prelude::*;
@@ -150,6 +151,59 @@ proptest! {
         // Nothing left to do afterwards.
         prop_assert!(plan(Some(&state), &tb).is_empty());
         prop_assert!(plan_cleanup(&state, &tb).is_empty());
+    }
+}
+
+proptest! {
+    #[test]
+    fn split_parts_reach_the_same_state_and_only_the_last_is_visible(
+        a in specs(),
+        b in specs(),
+        cold in any::<bool>(),
+        per_part in 1usize..8,
+    ) {
+        let mut start = None;
+        if !cold {
+            step(&mut start, &table(&a));
+        }
+        let tb = table(&b);
+        let tx = plan(start.as_ref(), &tb);
+        let parts = split_new_chains(start.as_ref(), tx.clone(), per_part);
+
+        let mut whole = start.clone().unwrap_or_default();
+        whole.apply(&tx);
+        let mut stepwise = start.clone().unwrap_or_default();
+        for part in &parts {
+            stepwise.apply(part);
+        }
+        prop_assert_eq!(&stepwise, &whole);
+        prop_assert_eq!(
+            parts.iter().map(|p| p.ops.len()).sum::<usize>(),
+            tx.ops.len()
+        );
+
+        let existed = |chain: &str| start.as_ref().is_some_and(|s| s.chains.contains_key(chain));
+        let (_, early) = parts.split_last().expect("at least one part");
+        for part in early {
+            let mut rules = 0;
+            for op in &part.ops {
+                match op {
+                    Op::AddTable => prop_assert!(start.is_none()),
+                    Op::AddSet { name, .. } => {
+                        prop_assert!(!start.as_ref().is_some_and(|s| s.sets.contains_key(name)))
+                    }
+                    Op::AddChain { name, .. } => prop_assert!(!existed(name), "{:?}", op),
+                    Op::AddRules { chain, rules: r } => {
+                        prop_assert!(!existed(chain), "{:?}", op);
+                        prop_assert!(tb.chains[chain].base.is_none());
+                        rules += r.len();
+                    }
+                    other => prop_assert!(false, "{:?} before the last part", other),
+                }
+            }
+            let rule_ops = part.ops.iter().filter(|op| matches!(op, Op::AddRules { .. })).count();
+            prop_assert!(rules <= per_part || rule_ops == 1, "{} rules in a part", rules);
+        }
     }
 }
 
