@@ -102,8 +102,10 @@ pub struct Desired {
     config: BuildConfig,
     inputs: NodeInputs,
     parts: HashMap<ObjectName, PartKeys>,
-    /// How many Services claim each shared-map element.
-    claims: HashMap<(&'static str, Key), u32>,
+    /// Shared-map elements claimed by more than one Service, with the number of claimants
+    /// beyond the first. An element in the table and not here has exactly one claimant (almost
+    /// all of them: counting every element would cost as much memory as the elements).
+    shared: HashMap<(&'static str, Key), u32>,
     rules: usize,
     elements: usize,
     no_local_endpoints: NoLocalEndpoints,
@@ -120,7 +122,7 @@ impl Desired {
             config: config.clone(),
             inputs: NodeInputs::of(cluster, family),
             parts: HashMap::new(),
-            claims: HashMap::new(),
+            shared: HashMap::new(),
             no_local_endpoints: NoLocalEndpoints::default(),
         };
         let env = BuildEnv::new(cluster, config, family);
@@ -195,14 +197,17 @@ impl Desired {
         let keys = PartKeys::of(part);
         let mut contested = false;
         for (key, value) in &part.elements {
-            let n = self.claims.entry(*key).or_insert(0);
-            *n += 1;
-            if *n == 1 {
-                self.elements += 1;
-            } else {
+            // `merge_into` ignores elements of maps the table lacks.
+            let Some(set) = self.table.sets.get(key.0) else {
+                continue;
+            };
+            if set.elements.contains_key(&key.1) {
+                *self.shared.entry(*key).or_insert(0) += 1;
                 // Plain-set elements (e.g. an endpoint shared by two Services) carry no value to
                 // disagree on; map elements do.
                 contested |= value.is_some();
+            } else {
+                self.elements += 1;
             }
         }
         self.elements += part.sets.values().map(|s| s.elements.len()).sum::<usize>();
@@ -227,23 +232,25 @@ impl Desired {
             }
         }
         for key in &keys.elements {
-            let Some(n) = self.claims.get_mut(key) else {
-                continue;
-            };
-            *n -= 1;
-            if *n == 0 {
-                self.claims.remove(key);
-                if let Some(s) = self.table.sets.get_mut(key.0) {
-                    s.elements.remove(&key.1);
+            match self.shared.get_mut(key) {
+                Some(others) => {
+                    *others -= 1;
+                    if *others == 0 {
+                        self.shared.remove(key);
+                    }
+                    contested |= self
+                        .table
+                        .sets
+                        .get(key.0)
+                        .and_then(|s| s.elements.get(&key.1))
+                        .is_some_and(|value| value.is_some());
                 }
-                self.elements -= 1;
-            } else {
-                contested |= self
-                    .table
-                    .sets
-                    .get(key.0)
-                    .and_then(|s| s.elements.get(&key.1))
-                    .is_some_and(|value| value.is_some());
+                None => {
+                    let set = self.table.sets.get_mut(key.0);
+                    if set.is_some_and(|s| s.elements.remove(&key.1).is_some()) {
+                        self.elements -= 1;
+                    }
+                }
             }
         }
         self.rules -= keys.rules;
