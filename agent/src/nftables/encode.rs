@@ -18,7 +18,7 @@ use dataplane::ruleset::{
 };
 use ipnet::IpNet;
 use netlink_packet_core::{
-    DefaultNla, Emitable, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST, NetlinkMessage,
+    DefaultNla, Emitable, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST, NetlinkMessage, Nla,
 };
 use netlink_packet_netfilter::nftables::{
     Bitwise, ChainAttribute, ChainMessage, Cmp, DataAttribute, ExpressionAttribute, Expressions,
@@ -719,7 +719,7 @@ fn element_messages(
                 attributes: vec![
                     SetElementList::Table(TABLE.to_string()),
                     SetElementList::Set(set.to_string()),
-                    SetElementList::Elements(chunk),
+                    pre_emitted(SetElementList::Elements(chunk), SetElementList::Other),
                 ],
             }),
             flags,
@@ -754,11 +754,24 @@ fn element(family: Family, key: &Key, value: Option<&Verdict>) -> Result<Expr2, 
     Ok(ListAttribute::Element(attrs))
 }
 
+/// `attr` serialised once, as an opaque attribute (`other` wraps it). Emitting a message
+/// computes each nested attribute's length again at every level above it, so a rule's
+/// expressions and an element list (the deepest and largest parts) were measured again and
+/// again: about half the encoding time of a cold sync.
+fn pre_emitted<T: Nla>(attr: T, other: fn(DefaultNla) -> T) -> T {
+    let mut value = vec![0; attr.value_len()];
+    attr.emit_value(&mut value);
+    other(DefaultNla::new(attr.kind(), value))
+}
+
 fn rule_message(family: Family, chain: &str, rule: &Rule) -> Result<Command, String> {
     let mut attributes = vec![
         RuleAttribute::Table(TABLE.to_string()),
         RuleAttribute::Chain(chain.to_string()),
-        RuleAttribute::Expressions(rule_exprs(family, rule)?),
+        pre_emitted(
+            RuleAttribute::Expressions(rule_exprs(family, rule)?),
+            RuleAttribute::Other,
+        ),
     ];
     if let Some(c) = &rule.comment {
         attributes.push(RuleAttribute::UserData(udata_string(
