@@ -3,24 +3,26 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use imbl::OrdMap;
 use ipnet::IpNet;
 
 use crate::ruleset::{Family, Proto};
 
-/// `namespace/name` of a Kubernetes object.
+/// `namespace/name` of a Kubernetes object. Names are copied into many indexes and change
+/// sets; shared strings make those copies free and keep them from fragmenting the heap.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectName {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl ObjectName {
     pub fn new(namespace: &str, name: &str) -> ObjectName {
         ObjectName {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
+            namespace: namespace.into(),
+            name: name.into(),
         }
     }
 }
@@ -335,7 +337,7 @@ mod tests {
 
     fn names_of(c: &Cluster, service: &str) -> Vec<String> {
         c.slices_of(&ObjectName::new("ns", service))
-            .map(|s| s.name.name.clone())
+            .map(|s| s.name.name.to_string())
             .collect()
     }
 
@@ -356,7 +358,7 @@ mod tests {
         assert_eq!(names_of(&c, "b"), ["b-1", "b-3"]);
 
         c.slices.remove(&ObjectName::new("ns", "a-1"));
-        c.slices.retain(|name, _| name.name != "b-2");
+        c.slices.retain(|name, _| &*name.name != "b-2");
         assert!(names_of(&c, "a").is_empty());
         let services: Vec<&ObjectName> = c.slices.services().collect();
         assert_eq!(services, [&ObjectName::new("ns", "b")]);

@@ -287,7 +287,7 @@ impl Tracker {
 
     pub fn apply_node(&mut self, node: &core::Node) -> Option<Skipped> {
         let name = object_name(&node.metadata);
-        if name.name != self.node_name {
+        if *name.name != *self.node_name {
             return None;
         }
         self.seen(Kind::Node, &name);
@@ -309,10 +309,13 @@ impl Tracker {
             Ok((_, nets)) => (Some(nets), None),
             Err(e) => (None, Some(e)),
         };
-        if self.cluster.service_cidrs.get(&name.name) != new.as_ref() {
+        if self.cluster.service_cidrs.get(&*name.name) != new.as_ref() {
             match new {
-                Some(nets) => self.cluster.service_cidrs.insert(name.name.clone(), nets),
-                None => self.cluster.service_cidrs.remove(&name.name),
+                Some(nets) => self
+                    .cluster
+                    .service_cidrs
+                    .insert(name.name.to_string(), nets),
+                None => self.cluster.service_cidrs.remove(&*name.name),
             };
             self.changes.all = true;
         }
@@ -342,14 +345,14 @@ impl Tracker {
                     .cluster
                     .node
                     .as_ref()
-                    .is_some_and(|n| n.name == name.name)
+                    .is_some_and(|n| *n.name == *name.name)
                 {
                     self.cluster.node = None;
                     self.changes.all = true;
                 }
             }
             Kind::ServiceCidr => {
-                if self.cluster.service_cidrs.remove(&name.name).is_some() {
+                if self.cluster.service_cidrs.remove(&*name.name).is_some() {
                     self.changes.all = true;
                 }
             }

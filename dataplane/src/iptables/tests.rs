@@ -426,7 +426,7 @@ fn partial_restores_touch_only_what_changed() {
 
     // The Service loses its endpoints: dispatch rule out of nat, a REJECT into filter.
     let mut c = many(300, ep_of);
-    c.slices.retain(|name, _| name.name != "svc-7-a");
+    c.slices.retain(|name, _| &*name.name != "svc-7-a");
     let gone = build(&c, &config(), &opts, Family::V4);
     let p = plan_partial(&written, &gone);
     assert!(
