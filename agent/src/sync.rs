@@ -498,13 +498,10 @@ fn sync_nftables(
     };
     let drift_repaired = drifted && !tx.is_empty();
     let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
+    let stats = nft.apply_all(&parts)?;
     let mut state = current.unwrap_or_default();
-    let mut stats = ApplyStats::default();
     for part in &parts {
-        let s = nft.apply(part)?;
         state.apply(part);
-        stats.messages += s.messages;
-        stats.bytes += s.bytes;
     }
     let cleanup = match &scope {
         Some(scope) => plan_cleanup_scope(&state, table, scope),

@@ -21,7 +21,7 @@ use dataplane::plan::{
     split_new_chains,
 };
 use dataplane::ruleset::Family;
-use nftproxy::nftables::{ApplyStats, Nftables};
+use nftproxy::nftables::Nftables;
 use nftproxy::sync::{Changed, Syncer};
 use serde::Serialize;
 
@@ -425,12 +425,7 @@ impl Phased {
         let peak_before_apply = heap::peak();
         heap::reset_peak();
         let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
-        let mut stats = ApplyStats::default();
-        for part in &parts {
-            let s = self.nft.apply(part)?;
-            stats.messages += s.messages;
-            stats.bytes += s.bytes;
-        }
+        let stats = self.nft.apply_all(&parts)?;
         let (kernel, kernel_user, kernel_sys) = sw_apply.stop();
         p.kernel_ms = kernel;
         p.kernel_user_ms = kernel_user;

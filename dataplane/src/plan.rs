@@ -416,8 +416,9 @@ pub const RULES_PER_PART: usize = 20_000;
 /// new regular chains, at most `rules_per_part` rules each. Nothing can reach a chain that did
 /// not exist before until a verdict-map element or a rule refers to it, and those (with the
 /// rules of base chains) all stay in the last transaction with everything else, so every
-/// intermediate state shows each Service entirely as before. If a later part fails, the chains already committed are harmless:
-/// reading the table back shows them, and the empty ones are filled by the next sync.
+/// intermediate state shows each Service entirely as before. If a later part fails, the chains
+/// already committed are harmless: reading the table back shows them, and the empty ones are
+/// filled by the next sync.
 ///
 /// Transactions that delete sets or the table are not split (a rule committed early could pin
 /// a set the last transaction deletes).
@@ -426,22 +427,14 @@ pub fn split_new_chains(
     tx: Transaction,
     rules_per_part: usize,
 ) -> Vec<Transaction> {
+    #[derive(PartialEq)]
+    enum Part {
+        Setup,
+        NewRules(usize),
+        Last,
+    }
     let exists_chain = |name: &str| current.is_some_and(|c| c.chains.contains_key(name));
     let exists_set = |name: &str| current.is_some_and(|c| c.sets.contains_key(name));
-    let deletes = tx
-        .ops
-        .iter()
-        .any(|op| matches!(op, Op::DeleteSet { .. } | Op::DeleteTable));
-    // Base chains are created early too (empty, they accept everything), so that `nft list`
-    // shows the chains in the same order as after a single transaction; their rules wait.
-    let new_chains: BTreeSet<&str> = tx
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            Op::AddChain { name, .. } if !exists_chain(name) => Some(name.as_str()),
-            _ => None,
-        })
-        .collect();
     let new_regular: BTreeSet<&str> = tx
         .ops
         .iter()
@@ -452,30 +445,30 @@ pub fn split_new_chains(
             _ => None,
         })
         .collect();
-    #[derive(PartialEq)]
-    enum Part {
-        Setup,
-        NewRules,
-        Last,
-    }
     let parts: Vec<Part> = tx
         .ops
         .iter()
         .map(|op| match op {
             Op::AddTable => Part::Setup,
             Op::AddSet { name, .. } if !exists_set(name) => Part::Setup,
-            Op::AddChain { name, .. } if new_chains.contains(name.as_str()) => Part::Setup,
-            Op::AddRules { chain, .. } if new_regular.contains(chain.as_str()) => Part::NewRules,
+            // Base chains are created early too (empty, they accept everything), so that
+            // `nft list` shows the chains in the order a single transaction gives; their rules
+            // wait for the last part.
+            Op::AddChain { name, .. } if !exists_chain(name) => Part::Setup,
+            Op::AddRules { chain, rules } if new_regular.contains(chain.as_str()) => {
+                Part::NewRules(rules.len())
+            }
             _ => Part::Last,
         })
         .collect();
-    let movable: usize = tx
+    let deletes = tx
         .ops
         .iter()
-        .zip(&parts)
-        .filter(|(_, p)| **p == Part::NewRules)
-        .map(|(op, _)| match op {
-            Op::AddRules { rules, .. } => rules.len(),
+        .any(|op| matches!(op, Op::DeleteSet { .. } | Op::DeleteTable));
+    let movable: usize = parts
+        .iter()
+        .map(|p| match p {
+            Part::NewRules(n) => *n,
             _ => 0,
         })
         .sum();
@@ -483,36 +476,27 @@ pub fn split_new_chains(
         return vec![tx];
     }
     let family = tx.family;
-    let mut out = vec![Transaction {
-        family,
-        ops: Vec::new(),
-    }];
+    let part = |ops| Transaction { family, ops };
+    let mut out = vec![part(Vec::new())];
     let mut last = Vec::new();
     let mut rules_in_part = 0;
-    let mut new_rules = Vec::new();
-    for (op, part) in tx.ops.into_iter().zip(parts) {
-        match part {
+    let mut fills = Vec::new();
+    for (op, p) in tx.ops.into_iter().zip(parts) {
+        match p {
             Part::Setup => out[0].ops.push(op),
-            Part::NewRules => new_rules.push(op),
+            Part::NewRules(n) => fills.push((op, n)),
             Part::Last => last.push(op),
         }
     }
-    for op in new_rules {
-        let n = match &op {
-            Op::AddRules { rules, .. } => rules.len(),
-            _ => 0,
-        };
+    for (op, n) in fills {
         if rules_in_part > 0 && rules_in_part + n > rules_per_part {
-            out.push(Transaction {
-                family,
-                ops: Vec::new(),
-            });
+            out.push(part(Vec::new()));
             rules_in_part = 0;
         }
         rules_in_part += n;
         out.last_mut().expect("never empty").ops.push(op);
     }
-    out.push(Transaction { family, ops: last });
+    out.push(part(last));
     out.retain(|t| !t.is_empty());
     out
 }

@@ -955,8 +955,6 @@ pub(super) fn encode_delete_named_table(family: Family, name: &str, begin_seq: u
     }
 }
 
-/// Encodes a non-empty transaction. Only the last command asks for an ACK: the kernel reports
-/// every failing message anyway, and one ACK per message would flood the receive buffer.
 /// Roughly what an op encodes to, so that the batch buffer of a cold sync (tens of MiB) is
 /// allocated once instead of being copied as it grows.
 fn estimated_bytes(op: &Op) -> usize {
@@ -967,6 +965,8 @@ fn estimated_bytes(op: &Op) -> usize {
     }
 }
 
+/// Encodes a non-empty transaction. Only the last command asks for an ACK: the kernel reports
+/// every failing message anyway, and one ACK per message would flood the receive buffer.
 pub(super) fn encode_transaction(tx: &Transaction, begin_seq: u32) -> Result<Batch, EncodeError> {
     let family = nfproto(tx.family);
     let batch_header =

@@ -204,6 +204,18 @@ impl Nftables {
         dump::read_table(self, family)
     }
 
+    /// Sends transactions one after the other (the parts of a split transaction), stopping at
+    /// the first that fails.
+    pub fn apply_all(&mut self, txs: &[Transaction]) -> Result<ApplyStats, NftError> {
+        let mut total = ApplyStats::default();
+        for tx in txs {
+            let s = self.apply(tx)?;
+            total.messages += s.messages;
+            total.bytes += s.bytes;
+        }
+        Ok(total)
+    }
+
     /// Sends one transaction atomically. An empty transaction sends nothing.
     pub fn apply(&mut self, tx: &Transaction) -> Result<ApplyStats, NftError> {
         if tx.is_empty() {
