@@ -499,9 +499,11 @@ fn sync_nftables(
     let drift_repaired = drifted && !tx.is_empty();
     let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
     let stats = nft.apply_all(&parts)?;
+    let ops = parts.iter().map(|p| p.ops.len()).sum::<usize>();
     let mut state = current.unwrap_or_default();
-    for part in &parts {
-        state.apply(part);
+    match &scope {
+        Some(_) => parts.iter().for_each(|part| state.apply(part)),
+        None => state.apply_planned(parts, table),
     }
     let cleanup = match &scope {
         Some(scope) => plan_cleanup_scope(&state, table, scope),
@@ -526,7 +528,7 @@ fn sync_nftables(
     committed.insert(family, Some(state));
     let (chains, rules, sets, set_elements) = desired.object_counts();
     let report = FamilyReport {
-        ops: parts.iter().map(|p| p.ops.len()).sum::<usize>() + cleanup.ops.len(),
+        ops: ops + cleanup.ops.len(),
         messages: stats.messages + cleanup_stats.messages,
         bytes: stats.bytes + cleanup_stats.bytes,
         no_local_endpoints: desired.no_local_endpoints(),

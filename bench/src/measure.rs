@@ -438,9 +438,11 @@ impl Phased {
         let read_back = first.then(|| Frontends::from_table_state(current.as_ref()));
         let mut frontends_ms = ms(t.elapsed());
         let t = Instant::now();
+        let ops = parts.iter().map(|p| p.ops.len()).sum::<usize>();
         let mut state = current.unwrap_or_default();
-        for part in &parts {
-            state.apply(part);
+        match &scope {
+            Some(_) => parts.iter().for_each(|part| state.apply(part)),
+            None => state.apply_planned(parts, desired.table()),
         }
         p.state_update_ms = ms(t.elapsed());
         let t = Instant::now();
@@ -457,9 +459,9 @@ impl Phased {
             bytes += s.bytes;
         }
         p.cleanup_ms = ms(t.elapsed());
-        let ops = parts.iter().map(|p| p.ops.len()).sum::<usize>() + cleanup.ops.len();
+        let ops = ops + cleanup.ops.len();
         let t = Instant::now();
-        drop((parts, cleanup, scope));
+        drop((cleanup, scope));
         p.free_ms = ms(t.elapsed());
         self.committed.insert(family, Some(state));
         // Meaningful for the cold sync, when nothing was committed before.

@@ -131,6 +131,7 @@ impl Desired {
             // Contested elements resolve by insertion order here, as in a full build.
             desired.insert(svc.name.clone(), &part);
         }
+        desired.table.compact();
         desired
     }
 

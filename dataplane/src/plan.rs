@@ -95,56 +95,80 @@ impl TableState {
     /// The state the kernel is in right after `tx` committed successfully on top of `self`.
     pub fn apply(&mut self, tx: &Transaction) {
         for op in &tx.ops {
-            match op {
-                Op::AddTable => {}
-                Op::DeleteTable => *self = TableState::default(),
-                Op::AddChain {
-                    name,
-                    base,
-                    fingerprint,
-                    ..
-                } => {
-                    let entry = self.chains.entry(name.clone()).or_insert(ChainState {
-                        base: *base,
-                        fingerprint: None,
-                        empty: true,
-                    });
-                    entry.fingerprint = Some(*fingerprint);
+            self.apply_op(op);
+        }
+    }
+
+    /// The state after the transactions [`plan`] made for all of `desired` committed, in
+    /// order: [`TableState::apply`] on each, except that the sets' elements are copied from
+    /// `desired` at the end (such a plan makes every set hold exactly `desired`'s elements).
+    /// Each transaction is freed once applied, and the copy keeps `desired`'s dense B-tree
+    /// layout, where inserting elements in key order one by one leaves the nodes half full.
+    pub fn apply_planned(&mut self, parts: Vec<Transaction>, desired: &Table) {
+        for part in parts {
+            for op in &part.ops {
+                if !matches!(op, Op::AddElements { .. } | Op::DeleteElements { .. }) {
+                    self.apply_op(op);
                 }
-                Op::FlushChain { name } => {
-                    if let Some(c) = self.chains.get_mut(name) {
-                        c.empty = true;
+            }
+        }
+        for (name, set) in &desired.sets {
+            if let Some(s) = self.sets.get_mut(name) {
+                s.elements = set.elements.clone();
+            }
+        }
+    }
+
+    fn apply_op(&mut self, op: &Op) {
+        match op {
+            Op::AddTable => {}
+            Op::DeleteTable => *self = TableState::default(),
+            Op::AddChain {
+                name,
+                base,
+                fingerprint,
+                ..
+            } => {
+                let entry = self.chains.entry(name.clone()).or_insert(ChainState {
+                    base: *base,
+                    fingerprint: None,
+                    empty: true,
+                });
+                entry.fingerprint = Some(*fingerprint);
+            }
+            Op::FlushChain { name } => {
+                if let Some(c) = self.chains.get_mut(name) {
+                    c.empty = true;
+                }
+            }
+            Op::DeleteChain { name } => {
+                self.chains.remove(name);
+            }
+            Op::AddRules { chain, rules } => {
+                if let Some(c) = self.chains.get_mut(chain) {
+                    c.empty &= rules.is_empty();
+                }
+            }
+            Op::AddSet { name, decl } => {
+                self.sets.entry(name.clone()).or_insert(SetState {
+                    decl: decl.clone(),
+                    elements: BTreeMap::new(),
+                });
+            }
+            Op::DeleteSet { name } => {
+                self.sets.remove(name);
+            }
+            Op::AddElements { set, elements } => {
+                if let Some(s) = self.sets.get_mut(set) {
+                    for (k, v) in elements {
+                        s.elements.insert(*k, v.clone());
                     }
                 }
-                Op::DeleteChain { name } => {
-                    self.chains.remove(name);
-                }
-                Op::AddRules { chain, rules } => {
-                    if let Some(c) = self.chains.get_mut(chain) {
-                        c.empty &= rules.is_empty();
-                    }
-                }
-                Op::AddSet { name, decl } => {
-                    self.sets.entry(name.clone()).or_insert(SetState {
-                        decl: decl.clone(),
-                        elements: BTreeMap::new(),
-                    });
-                }
-                Op::DeleteSet { name } => {
-                    self.sets.remove(name);
-                }
-                Op::AddElements { set, elements } => {
-                    if let Some(s) = self.sets.get_mut(set) {
-                        for (k, v) in elements {
-                            s.elements.insert(*k, v.clone());
-                        }
-                    }
-                }
-                Op::DeleteElements { set, keys } => {
-                    if let Some(s) = self.sets.get_mut(set) {
-                        for k in keys {
-                            s.elements.remove(k);
-                        }
+            }
+            Op::DeleteElements { set, keys } => {
+                if let Some(s) = self.sets.get_mut(set) {
+                    for k in keys {
+                        s.elements.remove(k);
                     }
                 }
             }

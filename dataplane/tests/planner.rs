@@ -177,6 +177,9 @@ proptest! {
             stepwise.apply(part);
         }
         prop_assert_eq!(&stepwise, &whole);
+        let mut planned = start.clone().unwrap_or_default();
+        planned.apply_planned(parts.clone(), &tb);
+        prop_assert_eq!(&planned, &whole);
         prop_assert_eq!(
             parts.iter().map(|p| p.ops.len()).sum::<usize>(),
             tx.ops.len()
