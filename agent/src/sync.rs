@@ -498,12 +498,17 @@ fn sync_nftables(
     };
     let drift_repaired = drifted && !tx.is_empty();
     let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
-    let stats = nft.apply_all(&parts)?;
-    let ops = parts.iter().map(|p| p.ops.len()).sum::<usize>();
     let mut state = current.unwrap_or_default();
-    match &scope {
-        Some(_) => parts.iter().for_each(|part| state.apply(part)),
-        None => state.apply_planned(parts, table),
+    let mut ops = 0;
+    let stats = nft.apply_all(parts, |part| {
+        ops += part.ops.len();
+        match scope {
+            Some(_) => state.apply(part),
+            None => state.apply_except_elements(part),
+        }
+    })?;
+    if scope.is_none() {
+        state.copy_elements(table);
     }
     let cleanup = match &scope {
         Some(scope) => plan_cleanup_scope(&state, table, scope),

@@ -421,30 +421,41 @@ impl Phased {
         let heap_planned = heap::current();
         p.heap_transaction_mib = heap::mib(heap_planned.saturating_sub(heap_before_plan));
 
+        let t = Instant::now();
+        let read_back = first.then(|| Frontends::from_table_state(current.as_ref()));
+        let mut frontends_ms = ms(t.elapsed());
+
         let sw_apply = Stopwatch::start();
         let peak_before_apply = heap::peak();
         heap::reset_peak();
         let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
-        let stats = self.nft.apply_all(&parts)?;
+        // The committed state follows each part as it commits, as in the agent; that time is
+        // taken out of the apply figures and reported as the state update.
+        let mut state = current.unwrap_or_default();
+        let mut ops = 0;
+        let mut state_time = Duration::ZERO;
+        let stats = self.nft.apply_all(parts, |part| {
+            let t = Instant::now();
+            ops += part.ops.len();
+            match scope {
+                Some(_) => state.apply(part),
+                None => state.apply_except_elements(part),
+            }
+            state_time += t.elapsed();
+        })?;
         let (kernel, kernel_user, kernel_sys) = sw_apply.stop();
-        p.kernel_ms = kernel;
-        p.kernel_user_ms = kernel_user;
+        p.kernel_ms = kernel - ms(state_time);
+        p.kernel_user_ms = kernel_user - ms(state_time);
         p.kernel_sys_ms = kernel_sys;
         p.heap_apply_peak_mib = heap::mib(heap::peak().saturating_sub(heap_planned));
         let peak_so_far = peak_before_apply.max(heap::peak());
 
         let t_other = Instant::now();
         let t = Instant::now();
-        let read_back = first.then(|| Frontends::from_table_state(current.as_ref()));
-        let mut frontends_ms = ms(t.elapsed());
-        let t = Instant::now();
-        let ops = parts.iter().map(|p| p.ops.len()).sum::<usize>();
-        let mut state = current.unwrap_or_default();
-        match &scope {
-            Some(_) => parts.iter().for_each(|part| state.apply(part)),
-            None => state.apply_planned(parts, desired.table()),
+        if scope.is_none() {
+            state.copy_elements(desired.table());
         }
-        p.state_update_ms = ms(t.elapsed());
+        p.state_update_ms = ms(t.elapsed() + state_time);
         let t = Instant::now();
         let cleanup = match &scope {
             Some(scope) => plan_cleanup_scope(&state, desired.table(), scope),

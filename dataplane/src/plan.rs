@@ -99,19 +99,21 @@ impl TableState {
         }
     }
 
-    /// The state after the transactions [`plan`] made for all of `desired` committed, in
-    /// order: [`TableState::apply`] on each, except that the sets' elements are copied from
-    /// `desired` at the end (such a plan makes every set hold exactly `desired`'s elements).
-    /// Each transaction is freed once applied, and the copy keeps `desired`'s dense B-tree
-    /// layout, where inserting elements in key order one by one leaves the nodes half full.
-    pub fn apply_planned(&mut self, parts: Vec<Transaction>, desired: &Table) {
-        for part in parts {
-            for op in &part.ops {
-                if !matches!(op, Op::AddElements { .. } | Op::DeleteElements { .. }) {
-                    self.apply_op(op);
-                }
+    /// [`TableState::apply`] without the element operations, for the transactions of a
+    /// [`plan`] of the whole table; [`TableState::copy_elements`] completes the state once all
+    /// of them have committed.
+    pub fn apply_except_elements(&mut self, tx: &Transaction) {
+        for op in &tx.ops {
+            if !matches!(op, Op::AddElements { .. } | Op::DeleteElements { .. }) {
+                self.apply_op(op);
             }
         }
+    }
+
+    /// Gives every set `desired`'s elements, which is what a [`plan`] of the whole table leaves
+    /// them at. The copy keeps `desired`'s dense B-tree layout; inserting the elements one by
+    /// one, in key order, would leave the nodes half full.
+    pub fn copy_elements(&mut self, desired: &Table) {
         for (name, set) in &desired.sets {
             if let Some(s) = self.sets.get_mut(name) {
                 s.elements = set.elements.clone();
@@ -221,6 +223,23 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
 /// under the 64 KiB attribute-length limit (an IPv6 map element with a verdict is < 300 bytes).
 pub const ELEMENTS_PER_OP: usize = 200;
 
+/// `elements` in vectors of at most [`ELEMENTS_PER_OP`], filled directly: collecting them all
+/// first and then copying out the chunks would hold a cold start's elements twice.
+fn in_chunks<T>(elements: impl Iterator<Item = T>) -> Vec<Vec<T>> {
+    let mut chunks: Vec<Vec<T>> = Vec::new();
+    for element in elements {
+        match chunks.last_mut() {
+            Some(chunk) if chunk.len() < ELEMENTS_PER_OP => chunk.push(element),
+            _ => {
+                let mut chunk = Vec::with_capacity(ELEMENTS_PER_OP);
+                chunk.push(element);
+                chunks.push(chunk);
+            }
+        }
+    }
+    chunks
+}
+
 /// Plans the main transaction taking `current` to `desired`.
 ///
 /// Chains that are no longer wanted are only flushed here; [`plan_cleanup`] deletes them in a
@@ -297,7 +316,6 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
         }
         let current_elements = cur.sets.get(name).map(|s| &s.elements);
         let mut del = Vec::new();
-        let mut add = Vec::new();
         if let Some(have) = current_elements {
             for (k, v) in have {
                 match set.elements.get(k) {
@@ -306,11 +324,11 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
                 }
             }
         }
-        for (k, v) in &set.elements {
-            if current_elements.and_then(|h| h.get(k)) != Some(v) {
-                add.push((*k, v.clone()));
-            }
-        }
+        let add = set
+            .elements
+            .iter()
+            .filter(|(k, v)| current_elements.and_then(|h| h.get(*k)) != Some(*v));
+        let add = in_chunks(add.map(|(k, v)| (*k, v.clone())));
         for chunk in del.chunks(ELEMENTS_PER_OP) {
             ops.push(Op::DeleteElements {
                 set: name.clone(),
@@ -341,16 +359,16 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
         });
         add_elements.push((
             name.clone(),
-            set.elements.iter().map(|(k, v)| (*k, v.clone())).collect(),
+            in_chunks(set.elements.iter().map(|(k, v)| (*k, v.clone()))),
         ));
     }
     ops.extend(recreate_ops);
     ops.extend(rule_ops);
     for (name, add) in add_elements {
-        for chunk in add.chunks(ELEMENTS_PER_OP) {
+        for elements in add {
             ops.push(Op::AddElements {
                 set: name.clone(),
-                elements: chunk.to_vec(),
+                elements,
             });
         }
     }
@@ -431,7 +449,7 @@ pub fn plan_cleanup_scope(current: &TableState, desired: &Table, scope: &Scope) 
 }
 
 /// Rules per transaction when [`split_new_chains`] splits one.
-pub const RULES_PER_PART: usize = 20_000;
+pub const RULES_PER_PART: usize = 5_000;
 
 /// Splits a transaction whose new chains hold more than `rules_per_part` rules into several,
 /// so that the batch of a cold start (tens of MiB) never has to exist at once.

@@ -178,7 +178,10 @@ proptest! {
         }
         prop_assert_eq!(&stepwise, &whole);
         let mut planned = start.clone().unwrap_or_default();
-        planned.apply_planned(parts.clone(), &tb);
+        for part in &parts {
+            planned.apply_except_elements(part);
+        }
+        planned.copy_elements(&tb);
         prop_assert_eq!(&planned, &whole);
         prop_assert_eq!(
             parts.iter().map(|p| p.ops.len()).sum::<usize>(),

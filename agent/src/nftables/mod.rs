@@ -205,13 +205,19 @@ impl Nftables {
     }
 
     /// Sends transactions one after the other (the parts of a split transaction), stopping at
-    /// the first that fails.
-    pub fn apply_all(&mut self, txs: &[Transaction]) -> Result<ApplyStats, NftError> {
+    /// the first that fails. Each one that commits is handed to `committed` and then freed, so
+    /// that the parts of a cold start are not all held until the last one is through.
+    pub fn apply_all(
+        &mut self,
+        txs: Vec<Transaction>,
+        mut committed: impl FnMut(&Transaction),
+    ) -> Result<ApplyStats, NftError> {
         let mut total = ApplyStats::default();
         for tx in txs {
-            let s = self.apply(tx)?;
+            let s = self.apply(&tx)?;
             total.messages += s.messages;
             total.bytes += s.bytes;
+            committed(&tx);
         }
         Ok(total)
     }
