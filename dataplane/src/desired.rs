@@ -35,36 +35,14 @@ impl Scope {
         self.chains.is_empty() && self.sets.is_empty() && self.elements.is_empty()
     }
 
-    fn cover(&mut self, part: &PartKeys) {
-        self.chains.extend(part.chains.iter().cloned());
-        self.sets.extend(part.sets.iter().cloned());
-        for (set, key) in &part.elements {
+    fn cover(&mut self, part: &Part) {
+        self.chains.extend(part.chains.keys().cloned());
+        self.sets.extend(part.sets.keys().cloned());
+        for (set, key) in part.elements.keys() {
             self.elements
                 .entry((*set).to_string())
                 .or_default()
                 .insert(*key);
-        }
-    }
-}
-
-/// What a Service contributed, by name only (the content lives in the table).
-#[derive(Clone, Debug, Default)]
-struct PartKeys {
-    chains: Vec<String>,
-    sets: Vec<String>,
-    elements: Vec<(&'static str, Key)>,
-    rules: usize,
-    no_local_endpoints: NoLocalEndpoints,
-}
-
-impl PartKeys {
-    fn of(part: &Part) -> PartKeys {
-        PartKeys {
-            chains: part.chains.keys().cloned().collect(),
-            sets: part.sets.keys().cloned().collect(),
-            elements: part.elements.keys().copied().collect(),
-            rules: part.chains.values().map(|c| c.rules.len()).sum(),
-            no_local_endpoints: part.no_local_endpoints,
         }
     }
 }
@@ -101,7 +79,11 @@ pub struct Desired {
     /// The configuration and node-wide inputs the table was built for.
     config: BuildConfig,
     inputs: NodeInputs,
-    parts: HashMap<ObjectName, PartKeys>,
+    /// The model the table was built from. What a changed Service contributed before is
+    /// rebuilt from it, to be taken out of the table. The model is persistent, so this copy
+    /// shares everything but what changed since (keeping each Service's keys instead cost
+    /// about 500 bytes per Service).
+    built_from: Cluster,
     /// Shared-map elements claimed by more than one Service, with the number of claimants
     /// beyond the first. An element in the table and not here has exactly one claimant (almost
     /// all of them: counting every element would cost as much memory as the elements).
@@ -121,7 +103,7 @@ impl Desired {
             table,
             config: config.clone(),
             inputs: NodeInputs::of(cluster, family),
-            parts: HashMap::new(),
+            built_from: cluster.clone(),
             shared: HashMap::new(),
             no_local_endpoints: NoLocalEndpoints::default(),
         };
@@ -129,7 +111,7 @@ impl Desired {
         for svc in cluster.services.values() {
             let part = service_part(svc, cluster.slices_of(&svc.name), &env);
             // Contested elements resolve by insertion order here, as in a full build.
-            desired.insert(svc.name.clone(), &part);
+            desired.insert(&part);
         }
         desired.table.compact();
         desired
@@ -172,30 +154,34 @@ impl Desired {
             *self = Desired::build(cluster, config, family);
             return Updated::All;
         }
+        // The node-wide inputs are unchanged, so the environment is the one the table was
+        // built in, and rebuilding a Service's part from `built_from` gives what it added then.
         let env = BuildEnv::new(cluster, config, family);
         let mut scope = Scope::default();
+        let changed: BTreeSet<&ObjectName> = changed.into_iter().collect();
         for name in changed {
             let mut contested = false;
-            if let Some((old, c)) = self.remove(name) {
+            if let Some(svc) = self.built_from.services.get(name) {
+                let old = service_part(svc, self.built_from.slices_of(name), &env);
+                contested |= self.remove(&old);
                 scope.cover(&old);
-                contested |= c;
             }
             if let Some(svc) = cluster.services.get(name) {
                 let part = service_part(svc, cluster.slices_of(name), &env);
-                scope.cover(&PartKeys::of(&part));
-                contested |= self.insert(name.clone(), &part);
+                scope.cover(&part);
+                contested |= self.insert(&part);
             }
             if contested {
                 *self = Desired::build(cluster, config, family);
                 return Updated::All;
             }
         }
+        self.built_from = cluster.clone();
         Updated::Scope(scope)
     }
 
     /// Adds a Service's part; true if another Service already claims one of its elements.
-    fn insert(&mut self, name: ObjectName, part: &Part) -> bool {
-        let keys = PartKeys::of(part);
+    fn insert(&mut self, part: &Part) -> bool {
         let mut contested = false;
         for (key, value) in &part.elements {
             // `merge_into` ignores elements of maps the table lacks.
@@ -213,26 +199,24 @@ impl Desired {
         }
         self.elements += part.sets.values().map(|s| s.elements.len()).sum::<usize>();
         part.merge_into(&mut self.table);
-        self.rules += keys.rules;
-        self.no_local_endpoints.add(keys.no_local_endpoints);
-        self.parts.insert(name, keys);
+        self.rules += rules_of(part);
+        self.no_local_endpoints.add(part.no_local_endpoints);
         contested
     }
 
-    /// Removes a Service's part; also tells whether another Service still claims one of its
+    /// Takes a Service's part out again; true if another Service still claims one of its
     /// elements (whose value only a rebuild can tell).
-    fn remove(&mut self, name: &ObjectName) -> Option<(PartKeys, bool)> {
-        let keys = self.parts.remove(name)?;
+    fn remove(&mut self, part: &Part) -> bool {
         let mut contested = false;
-        for chain in &keys.chains {
+        for chain in part.chains.keys() {
             self.table.chains.remove(chain);
         }
-        for set in &keys.sets {
+        for set in part.sets.keys() {
             if let Some(s) = self.table.sets.remove(set) {
                 self.elements -= s.elements.len();
             }
         }
-        for key in &keys.elements {
+        for key in part.elements.keys() {
             match self.shared.get_mut(key) {
                 Some(others) => {
                     *others -= 1;
@@ -254,8 +238,12 @@ impl Desired {
                 }
             }
         }
-        self.rules -= keys.rules;
-        self.no_local_endpoints.sub(keys.no_local_endpoints);
-        Some((keys, contested))
+        self.rules -= rules_of(part);
+        self.no_local_endpoints.sub(part.no_local_endpoints);
+        contested
     }
+}
+
+fn rules_of(part: &Part) -> usize {
+    part.chains.values().map(|c| c.rules.len()).sum()
 }
