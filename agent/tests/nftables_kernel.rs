@@ -11,8 +11,8 @@ use std::time::Instant;
 use dataplane::plan::{Op, TableState, Transaction, plan, plan_cleanup, split_new_chains};
 use dataplane::render;
 use dataplane::ruleset::{
-    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule, Set,
-    SetDecl, Table, Verdict,
+    Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
+    Set, SetDecl, Table, Verdict,
 };
 use ipnet::IpNet;
 use nftproxy::nftables::{NftError, Nftables};
@@ -260,7 +260,7 @@ fn addrs(family: Family) -> Addrs {
 fn regular(comment: Option<&str>, rules: Vec<Rule>) -> Chain {
     Chain {
         base: None,
-        comment: comment.map(str::to_string),
+        comment: comment.map(Into::into),
         rules: Arc::new(rules),
     }
 }
@@ -272,7 +272,7 @@ fn base(chain_type: ChainType, hook: Hook, priority: i32, rules: Vec<Rule>) -> C
             hook,
             priority,
         }),
-        comment: Some(format!("{} hook", hook.name())),
+        comment: Some(format!("{} hook", hook.name()).into()),
         rules: Arc::new(rules),
     }
 }
@@ -282,7 +282,7 @@ fn set(key: KeyType, is_vmap: bool, comment: Option<&str>, timeout: Option<u32>)
         decl: SetDecl {
             key,
             is_vmap,
-            comment: comment.map(str::to_string),
+            comment: comment.map(Into::into),
             timeout_secs: timeout,
         },
         elements: BTreeMap::new(),
@@ -290,11 +290,11 @@ fn set(key: KeyType, is_vmap: bool, comment: Option<&str>, timeout: Option<u32>)
 }
 
 fn jump(c: &str) -> Action {
-    Action::Verdict(Verdict::Jump(c.to_string()))
+    Action::Verdict(Verdict::Jump(c.into()))
 }
 
 fn goto(c: &str) -> Action {
-    Action::Verdict(Verdict::Goto(c.to_string()))
+    Action::Verdict(Verdict::Goto(c.into()))
 }
 
 /// A table using every Match and Action variant, both vmap kinds and all verdicts.
@@ -512,7 +512,7 @@ fn full_table(family: Family) -> Table {
     );
     for (i, ep) in a.ep.iter().enumerate() {
         t.chains.insert(
-            format!("ep-a-{i}"),
+            format!("ep-a-{i}").into(),
             regular(
                 Some(&format!("ns/a:http endpoint {ep}")),
                 vec![
@@ -795,7 +795,7 @@ fn many_services(family: Family, services: u32) -> Table {
     for i in 0..services {
         let vip = IpAddr::from(std::net::Ipv4Addr::from(0x0a60_0000 + i));
         let ep = IpAddr::from(std::net::Ipv4Addr::from(0x0af4_0000 + i));
-        let name = format!("svc-{i}");
+        let name: ChainName = format!("svc-{i}").into();
         map.elements.insert(
             Key::AddrProtoPort(vip, Proto::Tcp, 80),
             Some(Verdict::Goto(name.clone())),

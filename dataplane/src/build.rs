@@ -28,8 +28,8 @@ use sha2::{Digest, Sha256};
 use crate::convert::slices_by_service;
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
 use crate::ruleset::{
-    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule, Set,
-    SetDecl, Table, Verdict,
+    Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
+    Set, SetDecl, Table, Verdict,
 };
 use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
 
@@ -140,11 +140,11 @@ fn host_net(ip: IpAddr) -> IpNet {
 }
 
 fn jump(chain: &str) -> Action {
-    Action::Verdict(Verdict::Jump(chain.to_string()))
+    Action::Verdict(Verdict::Jump(chain.into()))
 }
 
 fn goto(chain: &str) -> Action {
-    Action::Verdict(Verdict::Goto(chain.to_string()))
+    Action::Verdict(Verdict::Goto(chain.into()))
 }
 
 fn base(chain_type: ChainType, hook: Hook, priority: i32) -> Chain {
@@ -190,7 +190,7 @@ fn set(key: KeyType, is_vmap: bool, comment: &str) -> Set {
         decl: SetDecl {
             key,
             is_vmap,
-            comment: Some(comment.to_string()),
+            comment: Some(comment.into()),
             timeout_secs: None,
         },
         elements: BTreeMap::new(),
@@ -341,7 +341,7 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     );
 
     let new_jump = |target: &str| Rule::new(vec![Match::CtStateNew], jump(target));
-    let push = |c: &mut BTreeMap<String, Chain>, chain: &str, rule: Rule| {
+    let push = |c: &mut BTreeMap<ChainName, Chain>, chain: &str, rule: Rule| {
         Arc::make_mut(&mut c.get_mut(chain).expect("base chain").rules).push(rule)
     };
     push(c, "filter-prerouting-pre-dnat", new_jump(FIREWALL_CHECK));
@@ -624,7 +624,7 @@ impl<'a> BuildEnv<'a> {
 /// of the shared maps (keyed by map name).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Part {
-    pub chains: BTreeMap<String, Chain>,
+    pub chains: BTreeMap<ChainName, Chain>,
     pub sets: BTreeMap<String, Set>,
     pub elements: BTreeMap<(&'static str, Key), Option<Verdict>>,
     pub no_local_endpoints: NoLocalEndpoints,
@@ -736,10 +736,10 @@ impl PortContext<'_> {
         let port = self.port.port;
         let svc = self.svc;
         let base = service_port_base(svc, self.port);
-        let cluster_chain = format!("service-{base}");
-        let local_chain = format!("local-{base}");
-        let external_chain = format!("external-{base}");
-        let firewall_chain = format!("firewall-{base}");
+        let cluster_chain: ChainName = format!("service-{base}").into();
+        let local_chain: ChainName = format!("local-{base}").into();
+        let external_chain: ChainName = format!("external-{base}").into();
+        let firewall_chain: ChainName = format!("firewall-{base}").into();
         let reject = Some(Verdict::Goto(REJECT_CHAIN.into()));
         let external_ips: Vec<IpAddr> = self
             .ips_of_family(&svc.external_ips)
@@ -772,47 +772,50 @@ impl PortContext<'_> {
 
         // Endpoints are DNATed to straight from the cascade; with session affinity each gets
         // an endpoint chain that also records the client.
-        let affinity_chains: BTreeMap<(IpAddr, u16), (String, String)> = match svc.affinity_timeout
-        {
-            None => BTreeMap::new(),
-            Some(timeout) => cat
-                .all_reachable
-                .iter()
-                .map(|ep| {
-                    let eb = endpoint_base(svc, self.port, ep);
-                    let name = format!("endpoint-{eb}");
-                    let affinity = format!("affinity-{eb}");
-                    let mut chain = regular(vec![
-                        Rule::new(
-                            vec![],
-                            Action::UpdateSaddr {
-                                set: affinity.clone(),
+        let affinity_chains: BTreeMap<(IpAddr, u16), (ChainName, String)> =
+            match svc.affinity_timeout {
+                None => BTreeMap::new(),
+                Some(timeout) => cat
+                    .all_reachable
+                    .iter()
+                    .map(|ep| {
+                        let eb = endpoint_base(svc, self.port, ep);
+                        let name: ChainName = format!("endpoint-{eb}").into();
+                        let affinity = format!("affinity-{eb}");
+                        let mut chain = regular(vec![
+                            Rule::new(
+                                vec![],
+                                Action::UpdateSaddr {
+                                    set: affinity.clone(),
+                                },
+                            ),
+                            dnat_rule(vec![], proto, ep),
+                        ]);
+                        chain.comment = Some(
+                            format!(
+                                "{} -> {}",
+                                self.comment(),
+                                std::net::SocketAddr::new(ep.addr, ep.port)
+                            )
+                            .into(),
+                        );
+                        part.chains.insert(name.clone(), chain);
+                        part.sets.insert(
+                            affinity.clone(),
+                            Set {
+                                decl: SetDecl {
+                                    key: KeyType::Addr,
+                                    is_vmap: false,
+                                    comment: None,
+                                    timeout_secs: Some(timeout),
+                                },
+                                elements: BTreeMap::new(),
                             },
-                        ),
-                        dnat_rule(vec![], proto, ep),
-                    ]);
-                    chain.comment = Some(format!(
-                        "{} -> {}",
-                        self.comment(),
-                        std::net::SocketAddr::new(ep.addr, ep.port)
-                    ));
-                    part.chains.insert(name.clone(), chain);
-                    part.sets.insert(
-                        affinity.clone(),
-                        Set {
-                            decl: SetDecl {
-                                key: KeyType::Addr,
-                                is_vmap: false,
-                                comment: None,
-                                timeout_secs: Some(timeout),
-                            },
-                            elements: BTreeMap::new(),
-                        },
-                    );
-                    ((ep.addr, ep.port), (name, affinity))
-                })
-                .collect(),
-        };
+                        );
+                        ((ep.addr, ep.port), (name, affinity))
+                    })
+                    .collect(),
+            };
         for ep in &cat.all_reachable {
             insert_element(part, HAIRPIN_ENDPOINTS, Key::AddrPair(ep.addr), None);
         }
@@ -851,12 +854,12 @@ impl PortContext<'_> {
         let uses_local_chain = !cat.local.is_empty() && usage.uses_local;
         if uses_cluster_chain {
             let mut chain = regular(dispatch(&cat.cluster));
-            chain.comment = Some(self.comment());
+            chain.comment = Some(self.comment().into());
             part.chains.insert(cluster_chain.clone(), chain);
         }
         if uses_local_chain {
             let mut chain = regular(dispatch(&cat.local));
-            chain.comment = Some(self.comment());
+            chain.comment = Some(self.comment().into());
             part.chains.insert(local_chain.clone(), chain);
         }
 
@@ -908,7 +911,7 @@ impl PortContext<'_> {
             rules.push(Rule::new(vec![], goto(&cluster_chain)));
         }
         let mut chain = regular(rules);
-        chain.comment = Some(self.comment());
+        chain.comment = Some(self.comment().into());
         part.chains.insert(external_chain.clone(), chain);
         let to_external = Some(Verdict::Goto(external_chain));
         for ip in &external_ips {
@@ -953,7 +956,7 @@ impl PortContext<'_> {
                 .collect();
             rules.push(Rule::new(vec![], Action::Verdict(Verdict::Drop)));
             let mut chain = regular(rules);
-            chain.comment = Some(self.comment());
+            chain.comment = Some(self.comment().into());
             part.chains.insert(firewall_chain.clone(), chain);
             for ip in &lb_ips {
                 insert_element(

@@ -18,12 +18,12 @@ use ipnet::IpNet;
 
 use crate::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
 use crate::model::{Cluster, Node, ObjectName};
-use crate::ruleset::{Family, Key, Table};
+use crate::ruleset::{ChainName, Family, Key, Table};
 
 /// What an incremental update touched: everything a planner must compare.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Scope {
-    pub chains: BTreeSet<String>,
+    pub chains: BTreeSet<ChainName>,
     /// Sets owned by one Service (affinity sets), compared whole.
     pub sets: BTreeSet<String>,
     /// Elements of shared maps, per map.

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::desired::Scope;
 use crate::render;
 use crate::ruleset::{
-    Action, BaseChain, Chain, Family, Key, Match, Rule, Set, SetDecl, Table, Verdict,
+    Action, BaseChain, Chain, ChainName, Family, Key, Match, Rule, Set, SetDecl, Table, Verdict,
 };
 
 /// One nftables operation inside a transaction on table `nftproxy` of the transaction's family.
@@ -23,20 +23,20 @@ pub enum Op {
     /// Create a chain (a no-op for the kernel if it exists). The rules that follow in the same
     /// transaction give it the content `fingerprint` describes.
     AddChain {
-        name: String,
+        name: ChainName,
         base: Option<BaseChain>,
-        comment: Option<String>,
+        comment: Option<Arc<str>>,
         fingerprint: u64,
     },
     FlushChain {
-        name: String,
+        name: ChainName,
     },
     DeleteChain {
-        name: String,
+        name: ChainName,
     },
     /// Append rules to a chain (one message per rule).
     AddRules {
-        chain: String,
+        chain: ChainName,
         rules: Arc<Vec<Rule>>,
     },
     AddSet {
@@ -87,7 +87,7 @@ pub struct SetState {
 /// What the kernel holds for one family's `nftproxy` table.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct TableState {
-    pub chains: BTreeMap<String, ChainState>,
+    pub chains: BTreeMap<ChainName, ChainState>,
     pub sets: BTreeMap<String, SetState>,
 }
 
@@ -483,7 +483,7 @@ pub fn split_new_chains(
         .filter_map(|op| match op {
             Op::AddChain {
                 name, base: None, ..
-            } if !exists_chain(name) => Some(name.as_str()),
+            } if !exists_chain(name) => Some(&**name),
             _ => None,
         })
         .collect();
@@ -497,7 +497,7 @@ pub fn split_new_chains(
             // `nft list` shows the chains in the order a single transaction gives; their rules
             // wait for the last part.
             Op::AddChain { name, .. } if !exists_chain(name) => Part::Setup,
-            Op::AddRules { chain, rules } if new_regular.contains(chain.as_str()) => {
+            Op::AddRules { chain, rules } if new_regular.contains(&**chain) => {
                 Part::NewRules(rules.len())
             }
             _ => Part::Last,

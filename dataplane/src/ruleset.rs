@@ -133,10 +133,14 @@ pub struct BaseChain {
     pub priority: i32,
 }
 
+/// A chain's name. A Service chain's name is held by the table, the verdict-map element that
+/// leads to it, the committed state and the transactions that write it: shared, not copied.
+pub type ChainName = Arc<str>;
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Chain {
     pub base: Option<BaseChain>,
-    pub comment: Option<String>,
+    pub comment: Option<Arc<str>>,
     /// Shared with the transactions that write the chain, which would otherwise copy every
     /// rule of a cold sync.
     pub rules: Arc<Vec<Rule>>,
@@ -235,8 +239,8 @@ pub enum Verdict {
     Accept,
     Drop,
     Return,
-    Jump(String),
-    Goto(String),
+    Jump(ChainName),
+    Goto(ChainName),
 }
 
 impl Verdict {
@@ -303,7 +307,7 @@ pub struct Set {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Table {
     pub family: Family,
-    pub chains: BTreeMap<String, Chain>,
+    pub chains: BTreeMap<ChainName, Chain>,
     pub sets: BTreeMap<String, Set>,
 }
 

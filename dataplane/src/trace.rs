@@ -123,7 +123,7 @@ impl Tracer<'_> {
                 || name.starts_with("local-")
                 || name.starts_with("external-"))
         {
-            self.trace.services.insert(c.clone());
+            self.trace.services.insert(c.to_string());
         }
     }
 

@@ -185,8 +185,8 @@ fn data_verdict(b: &[u8]) -> Option<Verdict> {
             (NlVerdict::Other(NF_ACCEPT), None) => Verdict::Accept,
             (NlVerdict::Other(NF_DROP), None) => Verdict::Drop,
             (NlVerdict::Return, None) => Verdict::Return,
-            (NlVerdict::Jump, Some(c)) => Verdict::Jump(c),
-            (NlVerdict::Goto, Some(c)) => Verdict::Goto(c),
+            (NlVerdict::Jump, Some(c)) => Verdict::Jump(c.into()),
+            (NlVerdict::Goto, Some(c)) => Verdict::Goto(c.into()),
             _ => return None,
         },
     )
@@ -290,7 +290,7 @@ fn read_once(nft: &mut Nftables, family: Family) -> Result<Option<TableState>, N
             continue;
         };
         if let Some((name, chain)) = decode_chain(c, &mut chain_rules) {
-            state.chains.insert(name, chain);
+            state.chains.insert(name.into(), chain);
         }
     }
 

@@ -227,11 +227,11 @@ pub(super) fn verdict_attrs(v: &Verdict) -> Vec<VerdictAttribute> {
         Verdict::Return => vec![VerdictAttribute::Code(NlVerdict::Return)],
         Verdict::Jump(c) => vec![
             VerdictAttribute::Code(NlVerdict::Jump),
-            VerdictAttribute::Chain(c.clone()),
+            VerdictAttribute::Chain(c.to_string()),
         ],
         Verdict::Goto(c) => vec![
             VerdictAttribute::Code(NlVerdict::Goto),
-            VerdictAttribute::Chain(c.clone()),
+            VerdictAttribute::Chain(c.to_string()),
         ],
     }
 }
@@ -811,7 +811,7 @@ pub(super) fn encode_op(
             msg: NfTablesMessage::DeleteRule(RuleMessage {
                 attributes: vec![
                     RuleAttribute::Table(table_only()),
-                    RuleAttribute::Chain(name.clone()),
+                    RuleAttribute::Chain(name.to_string()),
                 ],
             }),
             flags: 0,
@@ -820,7 +820,7 @@ pub(super) fn encode_op(
             msg: NfTablesMessage::DeleteChain(ChainMessage {
                 attributes: vec![
                     ChainAttribute::Table(table_only()),
-                    ChainAttribute::Name(name.clone()),
+                    ChainAttribute::Name(name.to_string()),
                 ],
             }),
             flags: 0,
@@ -1067,7 +1067,9 @@ mod tests {
             .map(|i| {
                 (
                     Key::Addr(IpAddr::V6(std::net::Ipv6Addr::from(u128::from(i)))),
-                    Some(Verdict::Goto(format!("a-rather-long-chain-name-{i:08}"))),
+                    Some(Verdict::Goto(
+                        format!("a-rather-long-chain-name-{i:08}").into(),
+                    )),
                 )
             })
             .collect();
