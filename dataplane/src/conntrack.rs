@@ -504,10 +504,11 @@ mod tests {
         s.endpoints[1].ready = false;
         s.endpoints[1].terminating = true;
         c.slices.insert(s.name.clone(), s);
-        let mut svc = c.services.values().next().unwrap().clone();
+        let mut svc = Service::clone(c.services.values().next().unwrap());
         svc.internal_policy_local = true;
         svc.external_policy_local = true;
-        c.services.insert(svc.name.clone(), svc);
+        c.services
+            .insert(svc.name.clone(), std::sync::Arc::new(svc));
         let f = Frontends::of(&c, Family::V4);
         assert_eq!(
             f.addrs[&(ip("172.30.0.10"), 53)],

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
@@ -549,7 +550,7 @@ pub fn cluster(
     for s in &objects.services {
         match service(s, proxy_name) {
             Ok(svc) => {
-                cluster.services.insert(svc.name.clone(), svc);
+                cluster.services.insert(svc.name.clone(), Arc::new(svc));
             }
             Err(e) => report("Service", object_name(&s.metadata), e),
         }

@@ -136,7 +136,10 @@ pub struct Node {
 /// index stale. Replace a slice with [`Slices::insert`] instead.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Slices {
-    by_name: OrdMap<ObjectName, EndpointSlice>,
+    /// Boxed: a node of a persistent map holds its entries inline and is about half full, so
+    /// inline slices would cost twice their size; and copying a node on a change (the sync
+    /// loop and the desired table hold snapshots) copies pointers instead of whole slices.
+    by_name: OrdMap<ObjectName, Arc<EndpointSlice>>,
     /// Sorted slice names. Most Services have one or two slices; an `OrdSet` would allocate a
     /// whole B-tree node (about 3 KiB) for each.
     by_service: OrdMap<ObjectName, Vec<ObjectName>>,
@@ -156,7 +159,7 @@ impl Slices {
     }
 
     pub fn get(&self, name: &ObjectName) -> Option<&EndpointSlice> {
-        self.by_name.get(name)
+        self.by_name.get(name).map(|s| &**s)
     }
 
     pub fn contains_key(&self, name: &ObjectName) -> bool {
@@ -164,9 +167,9 @@ impl Slices {
     }
 
     /// Adds or replaces the slice `name`, returning the one it replaced.
-    pub fn insert(&mut self, name: ObjectName, slice: EndpointSlice) -> Option<EndpointSlice> {
+    pub fn insert(&mut self, name: ObjectName, slice: EndpointSlice) -> Option<Arc<EndpointSlice>> {
         let service = slice.service.clone();
-        let old = self.by_name.insert(name.clone(), slice);
+        let old = self.by_name.insert(name.clone(), Arc::new(slice));
         if let Some(o) = &old {
             self.unindex(&o.service, &name);
         }
@@ -177,7 +180,7 @@ impl Slices {
         old
     }
 
-    pub fn remove(&mut self, name: &ObjectName) -> Option<EndpointSlice> {
+    pub fn remove(&mut self, name: &ObjectName) -> Option<Arc<EndpointSlice>> {
         let old = self.by_name.remove(name)?;
         self.unindex(&old.service, name);
         Some(old)
@@ -214,7 +217,7 @@ impl Slices {
 
     /// All slices with their names, in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&ObjectName, &EndpointSlice)> {
-        self.by_name.iter()
+        self.by_name.iter().map(|(name, s)| (name, &**s))
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &ObjectName> {
@@ -223,7 +226,7 @@ impl Slices {
 
     /// All slices, in name order.
     pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
-        self.by_name.values()
+        self.by_name.values().map(|s| &**s)
     }
 
     /// The Services that have at least one slice, in name order.
@@ -240,7 +243,7 @@ impl Slices {
             .get(service)
             .into_iter()
             .flatten()
-            .filter_map(|name| self.by_name.get(name))
+            .filter_map(|name| self.by_name.get(name).map(|s| &**s))
     }
 }
 
@@ -262,10 +265,14 @@ impl Extend<(ObjectName, EndpointSlice)> for Slices {
 
 impl IntoIterator for Slices {
     type Item = (ObjectName, EndpointSlice);
-    type IntoIter = <OrdMap<ObjectName, EndpointSlice> as IntoIterator>::IntoIter;
+    type IntoIter = Box<dyn Iterator<Item = (ObjectName, EndpointSlice)>>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.by_name.into_iter()
+        Box::new(
+            self.by_name
+                .into_iter()
+                .map(|(name, s)| (name, Arc::unwrap_or_clone(s))),
+        )
     }
 }
 
@@ -291,7 +298,8 @@ impl Node {
 /// and shares structure with the original. Both iterate in name order, like a `BTreeMap`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cluster {
-    pub services: OrdMap<ObjectName, Service>,
+    /// Boxed, like the slices in [`Slices`].
+    pub services: OrdMap<ObjectName, Arc<Service>>,
     pub slices: Slices,
     pub node: Option<Node>,
     pub service_cidrs: BTreeMap<String, Vec<IpNet>>,

@@ -3,6 +3,7 @@
 //! dropped here, so they never cause a sync.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -229,9 +230,9 @@ impl Tracker {
             Ok(s) => (Some(s), None),
             Err(e) => (None, Some(e)),
         };
-        if self.cluster.services.get(&name) != new.as_ref() {
+        if self.cluster.services.get(&name).map(|s| &**s) != new.as_ref() {
             match new {
-                Some(s) => self.cluster.services.insert(name.clone(), s),
+                Some(s) => self.cluster.services.insert(name.clone(), Arc::new(s)),
                 None => self.cluster.services.remove(&name),
             };
             self.changes.services.insert(name.clone());
@@ -337,7 +338,7 @@ impl Tracker {
                 self.events.slice_events += 1;
                 if let Some(s) = self.cluster.slices.remove(name) {
                     self.events.pending_endpoints.insert(s.service.clone());
-                    self.changes.services.insert(s.service);
+                    self.changes.services.insert(s.service.clone());
                 }
             }
             Kind::Node => {

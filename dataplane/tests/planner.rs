@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use nftproxy_dataplane::build::{BuildConfig, LocalDetector, build};
 use nftproxy_dataplane::desired::{Desired, Updated};
@@ -31,7 +32,7 @@ fn cluster(specs: &[SvcSpec]) -> Cluster {
         let protocol = if s.udp { Proto::Udp } else { Proto::Tcp };
         c.services.insert(
             name.clone(),
-            Service {
+            Arc::new(Service {
                 name: name.clone(),
                 service_type: if s.node_port {
                     ServiceType::NodePort
@@ -52,7 +53,7 @@ fn cluster(specs: &[SvcSpec]) -> Cluster {
                     port: 80,
                     node_port: s.node_port.then_some(30000 + u16::from(s.id)),
                 }],
-            },
+            }),
         );
         let slice = ObjectName::new("ns", &format!("svc{}-x", s.id));
         c.slices.insert(
@@ -332,7 +333,7 @@ fn services_claiming_one_element_resolve_like_a_full_build() {
     for svc in ["svc1", "svc2"] {
         let name = ObjectName::new("ns", svc);
         let mut s = c.services.get(&name).unwrap().clone();
-        s.external_ips = vec![shared];
+        Arc::make_mut(&mut s).external_ips = vec![shared];
         c.services.insert(name, s);
     }
     let mut desired = Desired::build(&c, &config(), Family::V4);
