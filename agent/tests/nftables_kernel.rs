@@ -917,3 +917,47 @@ fn a_split_cold_start_commits_in_parts_and_a_retry_completes_it() {
     assert_eq!(state.sets["service-ips"].elements.len(), 300);
     assert_listing(&ns, &t, false);
 }
+
+#[test]
+fn parts_applied_together_commit_in_order_and_stop_at_the_first_failure() {
+    let family = Family::V4;
+    let ns = Netns::new("parts");
+    let mut nft = ns.open();
+    let t = many_services(family, 300);
+    let parts = split_new_chains(None, plan(None, &t), 100);
+    assert!(parts.len() >= 6, "{} parts", parts.len());
+    let sizes: Vec<usize> = parts.iter().map(|p| p.ops.len()).collect();
+    let mut seen = Vec::new();
+    let stats = nft
+        .apply_all(parts, |part| seen.push(part.ops.len()))
+        .expect("apply all parts");
+    assert_eq!(seen, sizes);
+    assert!(stats.messages > 300, "{stats:?}");
+    let state = assert_idempotent(&mut nft, &t);
+    assert_eq!(state.sets["service-ips"].elements.len(), 300);
+
+    // The third part fails: the first two stay committed, nothing after it is sent.
+    let ns = Netns::new("partsfail");
+    let mut nft = ns.open();
+    let mut parts = split_new_chains(None, plan(None, &t), 100);
+    let filled_later = match parts[3].ops.first() {
+        Some(Op::AddRules { chain, .. }) => chain.clone(),
+        other => panic!("expected rules in the fourth part: {other:?}"),
+    };
+    parts[2].ops.push(Op::AddRules {
+        chain: "no-such-chain".into(),
+        rules: t.chains["svc-0"].rules.clone(),
+    });
+    let mut committed = 0;
+    let err = nft
+        .apply_all(parts, |_| committed += 1)
+        .expect_err("the third part must fail");
+    assert_eq!(committed, 2);
+    assert!(
+        matches!(&err, NftError::Op { op, .. } if op.contains("no-such-chain")),
+        "{err}"
+    );
+    let read = nft.read_table(family).unwrap().expect("table");
+    assert!(read.chains[&*filled_later].empty, "{filled_later} filled");
+    assert!(read.sets["service-ips"].elements.is_empty());
+}

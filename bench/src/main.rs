@@ -583,7 +583,7 @@ fn render(report: &Report, cli: &Cli) -> String {
         col(&|s| s.syncer.as_ref().map(|r| f(r.cold.wall_ms))),
     );
     t.row(
-        "sync thread CPU user / sys, ms",
+        "sync CPU user / sys, ms",
         col(&|s| {
             s.syncer
                 .as_ref()
@@ -713,7 +713,7 @@ fn render(report: &Report, cli: &Cli) -> String {
         );
     }
     t.row(
-        "endpoint added: thread CPU user / sys, ms",
+        "endpoint added: CPU user / sys, ms",
         col(&|s| ops(s, "endpoint_added").map(|r| format!("{} / {}", f(r.user_ms), f(r.sys_ms)))),
     );
     t.row(
