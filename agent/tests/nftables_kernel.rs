@@ -886,14 +886,20 @@ fn large_transaction_20k_services() {
     );
 }
 
+/// 300 Services and the cold start that writes them, split into parts of at most 100 rules.
+fn cold_start_in_parts(family: Family) -> (Table, Vec<Transaction>) {
+    let t = many_services(family, 300);
+    let parts = split_new_chains(None, plan(None, &t), 100);
+    assert!(parts.len() >= 6, "{} parts", parts.len());
+    (t, parts)
+}
+
 #[test]
 fn a_split_cold_start_commits_in_parts_and_a_retry_completes_it() {
     let family = Family::V4;
     let ns = Netns::new("split");
     let mut nft = ns.open();
-    let t = many_services(family, 300);
-    let parts = split_new_chains(None, plan(None, &t), 100);
-    assert!(parts.len() >= 6, "{} parts", parts.len());
+    let (t, parts) = cold_start_in_parts(family);
     let (last, early) = parts.split_last().unwrap();
     for part in early {
         nft.apply(part).expect("apply a part");
@@ -923,9 +929,7 @@ fn parts_applied_together_commit_in_order_and_stop_at_the_first_failure() {
     let family = Family::V4;
     let ns = Netns::new("parts");
     let mut nft = ns.open();
-    let t = many_services(family, 300);
-    let parts = split_new_chains(None, plan(None, &t), 100);
-    assert!(parts.len() >= 6, "{} parts", parts.len());
+    let (t, parts) = cold_start_in_parts(family);
     let sizes: Vec<usize> = parts.iter().map(|p| p.ops.len()).collect();
     let mut seen = Vec::new();
     let stats = nft
@@ -939,7 +943,7 @@ fn parts_applied_together_commit_in_order_and_stop_at_the_first_failure() {
     // The third part fails: the first two stay committed, nothing after it is sent.
     let ns = Netns::new("partsfail");
     let mut nft = ns.open();
-    let mut parts = split_new_chains(None, plan(None, &t), 100);
+    let (_, mut parts) = cold_start_in_parts(family);
     let filled_later = match parts[3].ops.first() {
         Some(Op::AddRules { chain, .. }) => chain.clone(),
         other => panic!("expected rules in the fourth part: {other:?}"),
