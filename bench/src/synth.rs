@@ -365,8 +365,8 @@ pub fn add_endpoint(cluster: &mut Cluster, spec: &Spec, addr: Ipv4Addr) -> Resul
         serving: true,
         terminating: false,
         node_name: Some("node-extra".into()),
-        zone_hints: Vec::new(),
-        node_hints: Vec::new(),
+        zone_hints: Box::default(),
+        node_hints: Box::default(),
     });
     cluster.slices.insert(slice, s);
     Ok(())

@@ -586,8 +586,8 @@ pub fn port_endpoints(
                 serving: e.serving,
                 terminating: e.terminating,
                 local: e.node_name.as_deref() == Some(node_name) && !node_name.is_empty(),
-                zone_hints: e.zone_hints.clone(),
-                node_hints: e.node_hints.clone(),
+                zone_hints: e.zone_hints.to_vec(),
+                node_hints: e.node_hints.to_vec(),
             });
         }
     }

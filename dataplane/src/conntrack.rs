@@ -376,8 +376,8 @@ mod tests {
             serving,
             terminating: false,
             node_name: Some("other-node".into()),
-            zone_hints: vec![],
-            node_hints: vec![],
+            zone_hints: Box::default(),
+            node_hints: Box::default(),
         }
     }
 

@@ -13,8 +13,8 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
 
 use crate::model::{
-    Endpoint, EndpointPort, EndpointSlice, Node, ObjectName, Service, ServicePort, ServiceType,
-    Slices,
+    Endpoint, EndpointPort, EndpointSlice, Node, NodeNames, ObjectName, Service, ServicePort,
+    ServiceType, Slices,
 };
 use crate::ruleset::{Family, Proto};
 
@@ -278,7 +278,10 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
     })
 }
 
-pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, Skip> {
+pub fn endpoint_slice(
+    slice: &discovery::EndpointSlice,
+    node_names: &mut NodeNames,
+) -> Result<EndpointSlice, Skip> {
     let name = object_name(&slice.metadata);
     let labels = slice.metadata.labels.as_ref();
     let Some(service) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
@@ -326,7 +329,7 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
             ready: c.and_then(|c| c.ready).unwrap_or(true),
             serving: c.and_then(|c| c.serving).unwrap_or(true),
             terminating: c.and_then(|c| c.terminating).unwrap_or(false),
-            node_name: ep.node_name.clone(),
+            node_name: ep.node_name.as_deref().map(|n| node_names.get(n)),
             zone_hints: hints
                 .and_then(|h| h.for_zones.as_ref())
                 .map(|z| z.iter().map(|z| z.name.clone()).collect())
@@ -537,6 +540,7 @@ pub fn cluster(
     proxy_name: &str,
 ) -> (crate::model::Cluster, Vec<Skipped>) {
     let mut cluster = crate::model::Cluster::default();
+    let mut node_names = NodeNames::default();
     let mut skipped = Vec::new();
     let mut report = |kind: &str, name: ObjectName, skip: Skip| {
         if let Skip::Invalid(_) = skip {
@@ -556,7 +560,7 @@ pub fn cluster(
         }
     }
     for s in &objects.slices {
-        match endpoint_slice(s) {
+        match endpoint_slice(s, &mut node_names) {
             Ok(slice) => {
                 cluster.slices.insert(slice.name.clone(), slice);
             }

@@ -1,6 +1,6 @@
 //! The Service model nftproxy computes rules from: validated, normalised, family-aware.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -94,9 +94,36 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub node_name: Option<String>,
-    pub zone_hints: Vec<String>,
-    pub node_hints: Vec<String>,
+    /// Shared with every endpoint on the same node (see [`NodeNames`]).
+    pub node_name: Option<Arc<str>>,
+    pub zone_hints: Box<[String]>,
+    pub node_hints: Box<[String]>,
+}
+
+/// The node names endpoints refer to, one shared string per node: a cluster has far fewer
+/// nodes than endpoints, and a string per endpoint was a heap block per endpoint.
+#[derive(Clone, Debug, Default)]
+pub struct NodeNames {
+    names: HashSet<Arc<str>>,
+    /// Size after the last sweep of names no endpoint uses any more.
+    swept_at: usize,
+}
+
+impl NodeNames {
+    /// The shared string for `name`.
+    pub fn get(&mut self, name: &str) -> Arc<str> {
+        if let Some(n) = self.names.get(name) {
+            return n.clone();
+        }
+        // Nodes come and go; sweep once the set has doubled, so the cost stays O(1) per name.
+        if self.names.len() >= 2 * self.swept_at + 64 {
+            self.names.retain(|n| Arc::strong_count(n) > 1);
+            self.swept_at = self.names.len();
+        }
+        let n: Arc<str> = name.into();
+        self.names.insert(n.clone());
+        n
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -331,6 +358,19 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_names_are_shared_and_unused_ones_swept() {
+        let mut names = NodeNames::default();
+        let a = names.get("node-a");
+        assert!(Arc::ptr_eq(&a, &names.get("node-a")));
+        // Nodes that come and go do not pile up: names nobody holds are dropped.
+        for i in 0..10_000 {
+            names.get(&format!("gone-{i}"));
+        }
+        assert!(names.names.len() < 200, "{} names kept", names.names.len());
+        assert!(Arc::ptr_eq(&a, &names.get("node-a")));
+    }
 
     fn slice(name: &str, service: &str) -> EndpointSlice {
         EndpointSlice {

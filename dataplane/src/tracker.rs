@@ -10,7 +10,7 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
 
 use crate::convert::{self, Skip, Skipped, object_name};
-use crate::model::{Cluster, ObjectName};
+use crate::model::{Cluster, NodeNames, ObjectName};
 use crate::ruleset::Family;
 
 /// The kinds of object the proxy watches.
@@ -86,6 +86,7 @@ pub struct Tracker {
     node_name: String,
     proxy_name: String,
     cluster: Cluster,
+    node_names: NodeNames,
     changes: Changes,
     /// Kinds whose initial list is complete.
     listed: BTreeSet<Kind>,
@@ -102,6 +103,7 @@ impl Tracker {
             node_name: node_name.to_string(),
             proxy_name: proxy_name.to_string(),
             cluster: Cluster::default(),
+            node_names: NodeNames::default(),
             changes: Changes::default(),
             listed: BTreeSet::new(),
             relisting: BTreeMap::new(),
@@ -245,7 +247,7 @@ impl Tracker {
         let name = object_name(&slice.metadata);
         self.seen(Kind::EndpointSlice, &name);
         self.events.slice_events += 1;
-        let (new, skip) = match convert::endpoint_slice(slice) {
+        let (new, skip) = match convert::endpoint_slice(slice, &mut self.node_names) {
             Ok(s) => (Some(s), None),
             Err(e) => (None, Some(e)),
         };

@@ -76,8 +76,8 @@ fn cluster(specs: &[SvcSpec]) -> Cluster {
                         serving: true,
                         terminating: false,
                         node_name: Some("node".into()),
-                        zone_hints: vec![],
-                        node_hints: vec![],
+                        zone_hints: Box::default(),
+                        node_hints: Box::default(),
                     })
                     .collect(),
                 trigger_time: None,
