@@ -143,8 +143,9 @@ fn jump(chain: &str) -> Action {
     Action::Verdict(Verdict::Jump(chain.into()))
 }
 
-fn goto(chain: &str) -> Action {
-    Action::Verdict(Verdict::Goto(chain.into()))
+/// A `goto` that shares the target's name with the chain's table entry.
+fn goto(chain: &ChainName) -> Action {
+    Action::Verdict(Verdict::Goto(chain.clone()))
 }
 
 fn base(chain_type: ChainType, hook: Hook, priority: i32) -> Chain {

@@ -469,7 +469,6 @@ pub fn split_new_chains(
     tx: Transaction,
     rules_per_part: usize,
 ) -> Vec<Transaction> {
-    #[derive(PartialEq)]
     enum Part {
         Setup,
         NewRules(usize),

@@ -223,9 +223,11 @@ impl Nftables {
     /// the kernel's work. At most two batches exist at a time.
     pub fn apply_all(
         &mut self,
-        txs: Vec<Transaction>,
+        mut txs: Vec<Transaction>,
         mut committed: impl FnMut(&Transaction),
     ) -> Result<ApplyStats, NftError> {
+        // An empty transaction sends nothing (see `apply`).
+        txs.retain(|tx| !tx.is_empty());
         match txs.as_slice() {
             [] => return Ok(ApplyStats::default()),
             [tx] => {
@@ -281,9 +283,6 @@ impl Nftables {
         tx: &Transaction,
         batch: &encode::Batch,
     ) -> Result<ApplyStats, NftError> {
-        if tx.is_empty() {
-            return Ok(ApplyStats::default());
-        }
         self.sock
             .ensure_buffers(batch.buf.len(), batch.messages())
             .map_err(NftError::io("socket buffer sizing"))?;
