@@ -219,6 +219,33 @@ impl ProbeResult {
         r
     }
 
+    /// Adds another probe's attempts (and time) to these.
+    pub fn absorb(&mut self, other: ProbeResult) {
+        for (ep, n) in other.answered {
+            *self.answered.entry(ep).or_default() += n;
+        }
+        self.peers_seen.extend(other.peers_seen);
+        self.sources.extend(other.sources);
+        self.masqueraded += other.masqueraded;
+        self.refused += other.refused;
+        self.timeouts += other.timeouts;
+        self.other_errors.extend(other.other_errors);
+        self.elapsed += other.elapsed;
+    }
+
+    /// True when every attempt was answered, by some but not all of `want`'s endpoints:
+    /// random endpoint choices that more attempts would settle.
+    pub fn short_of(&self, want: &Verdict) -> bool {
+        let Verdict::Endpoints { set, .. } = want else {
+            return false;
+        };
+        let got = self.endpoints();
+        self.total() > 0
+            && self.answered_total() == self.total()
+            && got != *set
+            && got.is_subset(set)
+    }
+
     pub fn answered_total(&self) -> usize {
         self.answered.values().sum()
     }
@@ -303,6 +330,29 @@ mod tests {
             serde_json::to_string(&Attempt::Timeout).unwrap(),
             r#"{"result":"timeout"}"#
         );
+    }
+
+    #[test]
+    fn short_of_a_subset_until_topped_up() {
+        let ans = |local: &str| Attempt::Answered {
+            src: sa("1.1.1.1:1"),
+            local: sa(local),
+            peer: sa("1.1.1.1:1"),
+        };
+        let want = Verdict::Endpoints {
+            set: [sa("2.2.2.2:2"), sa("3.3.3.3:3")].into(),
+            masqueraded: false,
+        };
+        let mut r = ProbeResult::from_attempts(&[ans("2.2.2.2:2"), ans("2.2.2.2:2")]);
+        assert!(r.short_of(&want));
+        // Not a subset, or not all answered: more attempts would not help.
+        assert!(!ProbeResult::from_attempts(&[ans("4.4.4.4:4")]).short_of(&want));
+        assert!(!ProbeResult::from_attempts(&[ans("2.2.2.2:2"), Attempt::Timeout]).short_of(&want));
+        assert!(!r.short_of(&Verdict::Drop));
+        r.absorb(ProbeResult::from_attempts(&[ans("3.3.3.3:3")]));
+        assert!(!r.short_of(&want));
+        assert_eq!(r.verdict(), want);
+        assert_eq!(r.answered_total(), 3);
     }
 
     #[test]

@@ -118,7 +118,6 @@ impl World {
             .src(ip(src))
             .parallel(6)
             .timeout(Duration::from_millis(600));
-        let got = self.lab.run_probe(from, &probe).unwrap().verdict();
         let want_verdict = match want {
             "REJECT" => Verdict::Reject,
             "DROP" => Verdict::Drop,
@@ -127,6 +126,11 @@ impl World {
                 masqueraded: masq,
             },
         };
+        let got = self
+            .lab
+            .probe_for(from, &probe, &want_verdict)
+            .unwrap()
+            .verdict();
         (got != want_verdict).then(|| {
             format!(
                 "{src} -> {dst} from {}: want {want_verdict:?}, got {got:?}",

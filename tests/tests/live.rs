@@ -113,7 +113,7 @@ fn until(t: &Topology, dst: &str, want: &Verdict, within: Duration) -> Duration 
     let start = Instant::now();
     loop {
         let probe = Probe::new(Proto::Tcp, sa(dst), 12).timeout(Duration::from_millis(300));
-        let got = t.lab.run_probe(&t.client, &probe).unwrap().verdict();
+        let got = t.lab.probe_for(&t.client, &probe, want).unwrap().verdict();
         if &got == want {
             return start.elapsed();
         }
