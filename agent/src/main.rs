@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
@@ -15,11 +15,10 @@ use dataplane::ruleset::{Family, Proto};
 use dataplane::trace::{Host, Packet, trace};
 use dataplane::tracker::Tracker;
 use nftproxy::config::{KubeProxyConfiguration, Overrides, ProxyMode, Settings};
-use nftproxy::nftables::Nftables;
 use nftproxy::nftables::monitor::Monitor;
 use nftproxy::source;
 use nftproxy::sync::{self, Syncer};
-use nftproxy::syncloop::{self, Observer, Shared, SyncRun, Wake};
+use nftproxy::syncloop::{self, Shared, Wake};
 use nftproxy::{addresses, iptables, watch};
 
 #[derive(Parser)]
@@ -241,41 +240,20 @@ fn watch_addresses(shared: Arc<Shared>) {
     }
 }
 
-/// Wakes the sync loop whenever someone else changes nftproxy's tables, from the first
-/// successful sync on (`first_sync`), so that the largest transaction, the first, does not pay
-/// for notifications (see [`Monitor::subscribe`]).
-fn monitor_drift(shared: Arc<Shared>, ignore_portid: u32, first_sync: mpsc::Receiver<()>) {
-    let opened = Monitor::open(ignore_portid)
-        .map_err(|e| e.to_string())
-        .and_then(|m| Ok((m, Nftables::open().map_err(|e| e.to_string())?)));
-    let (mut monitor, mut nft) = match opened {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch nftables changes; drift is repaired by periodic full syncs only");
-            return;
-        }
-    };
-    if first_sync.recv().is_err() {
-        return;
-    }
-    // A commit by someone else between our first sync and the subscription would go unseen:
-    // the generation, which counts every commit, tells.
-    let before = nft.generation();
-    if let Err(e) = monitor.subscribe() {
-        tracing::warn!(error = %e, "cannot watch nftables changes; drift is repaired by periodic full syncs only");
-        return;
-    }
-    match (before, nft.generation()) {
-        (Ok(a), Ok(b)) if a == b => {}
-        _ => shared.wake(Wake::Drift),
-    }
-    drop(nft);
+/// Wakes the sync loop whenever someone else changes nftproxy's tables.
+fn monitor_drift(shared: Arc<Shared>, mut monitor: Monitor) {
     loop {
         match monitor.wait() {
             Ok(event) => {
-                // Let the foreign change finish, then repair once for all of it.
-                std::thread::sleep(Duration::from_millis(100));
-                monitor.drain();
+                // Let the foreign change finish, then repair once for all of it: a large one
+                // (deleting a big table) keeps notifying for a while. Bounded, in case changes
+                // never stop.
+                for _ in 0..20 {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if monitor.drain() == 0 {
+                        break;
+                    }
+                }
                 tracing::warn!(
                     ?event,
                     "nftproxy's tables were changed by someone else; repairing"
@@ -288,6 +266,29 @@ fn monitor_drift(shared: Arc<Shared>, ignore_portid: u32, first_sync: mpsc::Rece
             }
         }
     }
+}
+
+/// Subscribes to nf_tables change notifications for [`monitor_drift`], and lets `syncer`
+/// pause them around its own large transactions.
+fn start_drift_monitor(shared: &Arc<Shared>, syncer: &mut Syncer) {
+    let Some(portid) = syncer.portid() else {
+        return;
+    };
+    let monitor = Monitor::open(portid).and_then(|mut m| m.subscribe().map(|()| m));
+    let monitor = match monitor {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch nftables changes; drift is repaired by periodic full syncs only");
+            return;
+        }
+    };
+    let waker = shared.clone();
+    syncer.set_quieter(monitor.quieter(move || {
+        tracing::info!("the ruleset changed while change notifications were paused; checking");
+        waker.wake(Wake::Drift);
+    }));
+    let shared = shared.clone();
+    std::thread::spawn(move || monitor_drift(shared, monitor));
 }
 
 /// iptables mode: wakes the sync loop for a full sync when nftproxy's canary chains are gone
@@ -354,11 +355,7 @@ fn run(
         let (shared, path) = (shared.clone(), path.to_path_buf());
         std::thread::spawn(move || follow_file(shared, path));
     }
-    let (first_sync_tx, first_sync) = mpsc::channel();
-    if let Some(portid) = syncer.portid() {
-        let shared = shared.clone();
-        std::thread::spawn(move || monitor_drift(shared, portid, first_sync));
-    }
+    start_drift_monitor(&shared, &mut syncer);
     {
         let shared = shared.clone();
         std::thread::spawn(move || watch_addresses(shared));
@@ -375,10 +372,7 @@ fn run(
         let shared = shared.clone();
         let settings = settings.clone();
         std::thread::spawn(move || {
-            let mut observer = FirstSync {
-                inner: telemetry,
-                first: Some(first_sync_tx),
-            };
+            let mut observer = telemetry;
             syncloop::run(&shared, rx, &settings, &mut syncer, &mut observer)
         });
     }
@@ -392,23 +386,6 @@ fn run(
         Ok::<(), Failure>(())
     })?;
     Ok(())
-}
-
-/// Passes every sync on to `inner` and tells `first` when one succeeded for the first time.
-struct FirstSync<O> {
-    inner: O,
-    first: Option<mpsc::Sender<()>>,
-}
-
-impl<O: Observer> Observer for FirstSync<O> {
-    fn synced(&mut self, run: &SyncRun<'_>) {
-        self.inner.synced(run);
-        if run.result.is_ok()
-            && let Some(tx) = self.first.take()
-        {
-            let _ = tx.send(());
-        }
-    }
 }
 
 /// Writes to stdout; a closed pipe (`nftproxy render | head`) is not an error.

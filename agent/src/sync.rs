@@ -23,10 +23,16 @@ use metrics::ObjectCounts;
 use crate::config::ProxyMode;
 use crate::conntrack::Conntrack;
 use crate::iptables::{self, IptError, IptablesBackend, IptablesCounts, Owner, Variant};
+use crate::nftables::monitor::Quieter;
 use crate::nftables::{ApplyStats, NftError, Nftables};
 
 /// kube-proxy's nftables table (`nftproxy cleanup --kube-proxy`).
 pub const KUBE_PROXY_TABLE: &str = "kube-proxy";
+
+/// Transactions of at least this many ops are committed with the drift monitor's
+/// notifications paused ([`Quieter`]). Smaller ones are left alone: their notifications cost
+/// about as much as the two generation reads that pausing takes.
+pub const QUIET_MIN_OPS: usize = 100;
 
 /// Why a sync (or a cleanup) failed.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +81,8 @@ enum Backend {
         committed: BTreeMap<Family, Option<TableState>>,
         /// The desired table per family, updated Service by Service.
         desired: BTreeMap<Family, Desired>,
+        /// Keeps the drift monitor's notifications out of large transactions.
+        quieter: Option<Quieter>,
     },
     Iptables(IptablesBackend),
 }
@@ -102,6 +110,7 @@ impl Syncer {
             nft: Nftables::open()?,
             committed: BTreeMap::new(),
             desired: BTreeMap::new(),
+            quieter: None,
         }))
     }
 
@@ -208,9 +217,11 @@ impl Syncer {
                 nft,
                 committed,
                 desired,
+                quieter,
             } => {
                 let desired = update_desired(desired, cluster, config, family, changed);
-                sync_nftables(nft, committed, first, desired, family, full)?
+                let quieter = quieter.as_ref();
+                sync_nftables(nft, quieter, committed, first, desired, family, full)?
             }
             Backend::Iptables(ipt) => {
                 let r = ipt.sync_family(cluster, config, family, full)?;
@@ -334,6 +345,14 @@ impl Syncer {
     /// The family whose sync failed last, if any failed.
     pub fn failed_family(&self) -> Option<Family> {
         self.failed_family
+    }
+
+    /// nftables mode: leaves the drift monitor's notifications out of transactions of
+    /// [`QUIET_MIN_OPS`] ops or more (see [`Quieter`]).
+    pub fn set_quieter(&mut self, q: Quieter) {
+        if let Backend::Nftables { quieter, .. } = &mut self.backend {
+            *quieter = Some(q);
+        }
     }
 
     /// nftables mode: the netlink port id of the kernel connection (to recognise our own
@@ -467,6 +486,7 @@ fn update_desired<'d>(
 /// the previous run programmed (read back from the kernel).
 fn sync_nftables(
     nft: &mut Nftables,
+    quieter: Option<&Quieter>,
     committed: &mut BTreeMap<Family, Option<TableState>>,
     first: bool,
     (desired, updated): (&Desired, Updated),
@@ -497,43 +517,59 @@ fn sync_nftables(
         _ => plan(current.as_ref(), table),
     };
     let drift_repaired = drifted && !tx.is_empty();
+    let quiet = match quieter {
+        Some(q) if tx.ops.len() >= QUIET_MIN_OPS => q.pause(nft).map(|paused| (q, paused)),
+        _ => None,
+    };
     let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
     let mut state = current.unwrap_or_default();
-    let mut ops = 0;
-    let stats = nft.apply_all(parts, |part| {
-        ops += part.ops.len();
-        match scope {
-            Some(_) => state.apply(part),
-            None => state.apply_except_elements(part),
-        }
-    })?;
-    if scope.is_none() {
-        state.copy_elements(table);
-    }
-    let cleanup = match &scope {
-        Some(scope) => plan_cleanup_scope(&state, table, scope),
-        None => plan_cleanup(&state, table),
-    };
-    let mut cleanup_stats = ApplyStats::default();
-    let mut cleanup_failed = false;
-    if !cleanup.is_empty() {
-        // Chains that just lost their last reference may still be busy on older kernels;
-        // they stay (empty) and are deleted by a later sync.
-        match nft.apply(&cleanup) {
-            Ok(s) => {
-                state.apply(&cleanup);
-                cleanup_stats = s;
+    let applied = (|| -> Result<_, NftError> {
+        let mut ops = 0;
+        let stats = nft.apply_all(parts, |part| {
+            ops += part.ops.len();
+            match scope {
+                Some(_) => state.apply(part),
+                None => state.apply_except_elements(part),
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "stale chains not deleted yet");
-                cleanup_failed = true;
+        })?;
+        if scope.is_none() {
+            state.copy_elements(table);
+        }
+        let cleanup = match &scope {
+            Some(scope) => plan_cleanup_scope(&state, table, scope),
+            None => plan_cleanup(&state, table),
+        };
+        let mut cleanup_stats = ApplyStats::default();
+        let mut cleanup_failed = false;
+        if !cleanup.is_empty() {
+            // Chains that just lost their last reference may still be busy on older kernels;
+            // they stay (empty) and are deleted by a later sync.
+            match nft.apply(&cleanup) {
+                Ok(s) => {
+                    state.apply(&cleanup);
+                    cleanup_stats = s;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "stale chains not deleted yet");
+                    cleanup_failed = true;
+                }
             }
         }
+        Ok((
+            ops + cleanup.ops.len(),
+            stats,
+            cleanup_stats,
+            cleanup_failed,
+        ))
+    })();
+    if let Some((q, paused)) = quiet {
+        q.resume(nft, paused);
     }
+    let (ops, stats, cleanup_stats, cleanup_failed) = applied?;
     committed.insert(family, Some(state));
     let (chains, rules, sets, set_elements) = desired.object_counts();
     let report = FamilyReport {
-        ops: ops + cleanup.ops.len(),
+        ops,
         messages: stats.messages + cleanup_stats.messages,
         bytes: stats.bytes + cleanup_stats.bytes,
         no_local_endpoints: desired.no_local_endpoints(),

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use dataplane::plan::{Op, TableState, Transaction, plan, plan_cleanup, split_new_chains};
@@ -15,6 +16,7 @@ use dataplane::ruleset::{
     Set, SetDecl, Table, Verdict,
 };
 use ipnet::IpNet;
+use nftproxy::nftables::monitor::Monitor;
 use nftproxy::nftables::{NftError, Nftables};
 
 mod common;
@@ -964,4 +966,48 @@ fn parts_applied_together_commit_in_order_and_stop_at_the_first_failure() {
     let read = nft.read_table(family).unwrap().expect("table");
     assert!(read.chains[&*filled_later].empty, "{filled_later} filled");
     assert!(read.sets["service-ips"].elements.is_empty());
+}
+
+#[test]
+fn paused_notifications_still_reveal_commits_by_others() {
+    let family = Family::V4;
+    let ns = Netns::new("quiet");
+    let mut nft = ns.open();
+    let portid = nft.portid();
+    let mut monitor = ns.run(move || {
+        let mut m = Monitor::open(portid).expect("open the monitor");
+        m.subscribe().expect("subscribe");
+        m
+    });
+    let missed = Arc::new(AtomicUsize::new(0));
+    let quieter = {
+        let missed = missed.clone();
+        monitor.quieter(move || {
+            missed.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let (t, parts) = cold_start_in_parts(family);
+
+    // Only our own commits while paused: nothing was queued for the monitor, nothing missed.
+    let paused = quieter.pause(&mut nft).expect("pause");
+    nft.apply_all(parts, |_| {}).expect("apply all parts");
+    quieter.resume(&mut nft, paused);
+    assert_eq!(missed.load(Ordering::SeqCst), 0);
+    assert_eq!(monitor.drain(), 0, "notifications arrived while paused");
+
+    // Someone else commits between two of ours while paused: reported once resumed.
+    let paused = quieter.pause(&mut nft).expect("pause");
+    let (ok, out) = ns.nft(&["add", "chain", "ip", "nftproxy", "intruder"]);
+    assert!(ok, "{out}");
+    let state = nft.read_table(family).unwrap().expect("table");
+    nft.apply(&plan(Some(&state), &t))
+        .expect("remove the intruder");
+    quieter.resume(&mut nft, paused);
+    assert_eq!(missed.load(Ordering::SeqCst), 1);
+    assert_eq!(monitor.drain(), 0);
+
+    // Resumed: notifications flow again.
+    let (ok, out) = ns.nft(&["add", "chain", "ip", "nftproxy", "intruder"]);
+    assert!(ok, "{out}");
+    assert!(monitor.drain() > 0, "no notification after resuming");
 }

@@ -821,6 +821,15 @@ fn render(report: &Report, cli: &Cli) -> String {
                 .map(|a| f(a.idle_cpu_ms))
         }),
     );
+    t.row(
+        "daemon: IPv4 table deleted by someone -> rebuilt, ms",
+        col(&|s| {
+            s.agent
+                .as_ref()
+                .filter(|a| a.idle_window_s > 0.0)
+                .map(|a| f(a.daemon_repair_ms))
+        }),
+    );
 
     t.section(&format!(
         "First-packet latency: TCP connect() through a ClusterIP, {} connections, us",

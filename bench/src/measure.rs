@@ -750,6 +750,20 @@ pub struct AgentResult {
     /// CPU (user+sys, all threads) the daemon used over the idle window, ms.
     pub idle_cpu_ms: f64,
     pub idle_window_s: f64,
+    /// From `nft delete table ip nftproxy` (started) until the daemon committed the IPv4 table
+    /// again: the drift monitor's notice and a full rebuild, ms.
+    pub daemon_repair_ms: f64,
+}
+
+/// What the daemon's log said so far.
+#[derive(Default)]
+struct DaemonLog {
+    /// "nftables sync committed" lines, and those of them for IPv4.
+    commits: usize,
+    ipv4_commits: usize,
+    /// The first lines, for error messages.
+    head: Vec<String>,
+    closed: bool,
 }
 
 pub fn agent_bench(
@@ -794,10 +808,7 @@ pub fn agent_bench(
     let pid = child.id();
     netns::register_child(pid);
     let stderr = child.stderr.take().expect("piped stderr");
-    let seen = Arc::new((
-        Mutex::new((0usize, Vec::<String>::new(), false)),
-        Condvar::new(),
-    ));
+    let seen = Arc::new((Mutex::new(DaemonLog::default()), Condvar::new()));
     {
         let seen = seen.clone();
         std::thread::spawn(move || {
@@ -806,37 +817,44 @@ pub fn agent_bench(
                 let (lock, cv) = &*seen;
                 let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
                 if line.contains("nftables sync committed") {
-                    st.0 += 1;
+                    st.commits += 1;
+                    if line.contains("IPv4") {
+                        st.ipv4_commits += 1;
+                    }
                 }
-                if st.1.len() < 50 {
-                    st.1.push(line);
+                if st.head.len() < 50 {
+                    st.head.push(line);
                 }
                 cv.notify_all();
             }
             let (lock, cv) = &*seen;
-            lock.lock().unwrap_or_else(|e| e.into_inner()).2 = true;
+            lock.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
             cv.notify_all();
         });
     }
-    let result = (|| -> Result<()> {
+    // Waits until `done` holds for the daemon's log.
+    let wait_log = |what: &str, done: &dyn Fn(&DaemonLog) -> bool| -> Result<()> {
         let (lock, cv) = &*seen;
-        let deadline = start + Duration::from_secs(900);
+        let deadline = Instant::now() + Duration::from_secs(900);
         let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
-        // One "nftables sync committed" line per family.
-        while st.0 < Family::ALL.len() {
+        while !done(&st) {
             ensure!(
-                !st.2,
-                "the agent exited before its first sync: {}",
-                st.1.join(" | ")
+                !st.closed,
+                "the agent exited before {what}: {}",
+                st.head.join(" | ")
             );
             let now = Instant::now();
-            ensure!(now < deadline, "no first sync after 900 s");
+            ensure!(now < deadline, "no {what} after 900 s");
             st = cv
                 .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        drop(st);
+        Ok(())
+    };
+    let result = (|| -> Result<()> {
+        // One "nftables sync committed" line per family.
+        wait_log("its first sync", &|st| st.commits >= Family::ALL.len())?;
         out.daemon_first_sync_ms = ms(start.elapsed());
         // Let the sync loop and the file watcher settle.
         std::thread::sleep(Duration::from_secs(1));
@@ -847,6 +865,20 @@ pub fn agent_bench(
         let (rss, hwm) = process_rss(pid)?;
         out.daemon_rss_mib = rss;
         out.daemon_peak_rss_mib = hwm;
+        // Someone deletes the table: the drift monitor notices, a full sync rebuilds it.
+        let before = seen
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ipv4_commits;
+        let repair = Instant::now();
+        let status = ns
+            .command("nft")?
+            .args(["delete", "table", "ip", "nftproxy"])
+            .status()?;
+        ensure!(status.success(), "nft delete table failed: {status}");
+        wait_log("the repair", &|st| st.ipv4_commits > before)?;
+        out.daemon_repair_ms = ms(repair.elapsed());
         Ok(())
     })();
     let _ = terminate(pid, start);

@@ -141,6 +141,8 @@ pub struct Nftables {
     /// Next sequence number. Every request uses fresh numbers, so replies to an earlier request
     /// that are still queued are recognised and skipped.
     seq: u32,
+    /// Batches the kernel committed for us; each one moved the ruleset generation on by one.
+    commits: u64,
 }
 
 impl std::fmt::Debug for Nftables {
@@ -196,7 +198,11 @@ impl Nftables {
     /// Opens a `NETLINK_NETFILTER` socket in the calling thread's network namespace.
     pub fn open() -> Result<Nftables, NftError> {
         let sock = NlSocket::open().map_err(NftError::io("socket setup"))?;
-        Ok(Nftables { sock, seq: 1 })
+        Ok(Nftables {
+            sock,
+            seq: 1,
+            commits: 0,
+        })
     }
 
     /// The netlink port id of this connection (nf_tables notifications name their cause by it).
@@ -207,6 +213,11 @@ impl Nftables {
     /// The ruleset generation: nf_tables counts every committed transaction (of any table).
     pub fn generation(&mut self) -> Result<u32, NftError> {
         dump::generation(self, Family::V4)
+    }
+
+    /// How many batches this handle had committed so far.
+    pub fn commits(&self) -> u64 {
+        self.commits
     }
 
     /// Reads back table `nftproxy` of `family`; `Ok(None)` if the table does not exist.
@@ -306,6 +317,7 @@ impl Nftables {
                 None => NftError::Batch { errno, source },
             });
         }
+        self.commits += 1;
         Ok(ApplyStats {
             messages: batch.messages(),
             bytes: batch.buf.len(),

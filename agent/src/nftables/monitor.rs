@@ -4,9 +4,12 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 use dataplane::ruleset::TABLE;
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
+
+use super::Nftables;
 
 /// `NFNLGRP_NFTABLES`: the multicast group of nf_tables change notifications.
 const NFNLGRP_NFTABLES: u32 = 7;
@@ -31,7 +34,7 @@ pub enum Event {
 }
 
 pub struct Monitor {
-    sock: Socket,
+    sock: Arc<Socket>,
     ignore_portid: u32,
     buf: Vec<u8>,
 }
@@ -60,18 +63,24 @@ impl Monitor {
             }
         }
         Ok(Monitor {
-            sock,
+            sock: Arc::new(sock),
             ignore_portid,
             buf: vec![0; 1 << 16],
         })
     }
 
-    /// Starts receiving notifications. While anyone listens, nf_tables builds a notification
-    /// for every object a transaction adds or deletes, inside the committing `sendmsg`: that
-    /// doubles the kernel's work for a large transaction, so the agent subscribes only after
-    /// its first sync.
+    /// Starts receiving notifications.
     pub fn subscribe(&mut self) -> io::Result<()> {
         self.sock.add_membership(NFNLGRP_NFTABLES)
+    }
+
+    /// A handle for the sync to leave the notifications out of its own large transactions;
+    /// `missed` is called when another commit may have gone unseen meanwhile.
+    pub fn quieter(&self, missed: impl Fn() + Send + Sync + 'static) -> Quieter {
+        Quieter {
+            sock: self.sock.clone(),
+            missed: Box::new(missed),
+        }
     }
 
     /// Blocks until a relevant notification arrives.
@@ -91,16 +100,63 @@ impl Monitor {
     }
 }
 
+/// While anyone listens, nf_tables builds a notification for every object a transaction adds
+/// or deletes, inside the committing `sendmsg`: a large transaction (a cold start, or the
+/// repair after someone deleted the table) then takes about twice as long. The sync steps out
+/// of the notification group around its own large transactions. When it steps back in, the
+/// ruleset generation tells whether anyone else committed meanwhile: it must have moved on by
+/// exactly the sync's own commits.
+pub struct Quieter {
+    sock: Arc<Socket>,
+    missed: Box<dyn Fn() + Send + Sync>,
+}
+
+/// What [`Quieter::pause`] saw before stepping out.
+#[derive(Debug)]
+pub struct Paused {
+    generation: u32,
+    commits: u64,
+}
+
+impl Quieter {
+    /// Stops the notifications; `None` (and nothing changed) if the generation cannot be read.
+    pub fn pause(&self, nft: &mut Nftables) -> Option<Paused> {
+        // Read first: a commit after this either still reaches the monitor or is counted.
+        let generation = nft.generation().ok()?;
+        self.sock.drop_membership(NFNLGRP_NFTABLES).ok()?;
+        Some(Paused {
+            generation,
+            commits: nft.commits(),
+        })
+    }
+
+    /// Restarts the notifications and reports a commit by anyone else since `paused`.
+    pub fn resume(&self, nft: &mut Nftables, paused: Paused) {
+        if let Err(e) = self.sock.add_membership(NFNLGRP_NFTABLES) {
+            tracing::warn!(error = %e, "cannot rejoin nftables change notifications");
+            (self.missed)();
+            return;
+        }
+        // Joined first: a commit after the read below reaches the monitor.
+        let ours = nft.commits() - paused.commits;
+        match nft.generation() {
+            Ok(now) if u64::from(now.wrapping_sub(paused.generation)) == ours => {}
+            _ => (self.missed)(),
+        }
+    }
+}
+
 impl Monitor {
     /// Discards the notifications queued so far (one change, such as `nft flush ruleset`,
-    /// produces many; one repair covers them all).
-    pub fn drain(&mut self) {
+    /// produces many; one repair covers them all) and says how many datagrams that was.
+    pub fn drain(&mut self) -> usize {
+        let mut drained = 0;
         loop {
             self.buf.resize(1 << 16, 0);
             match self.sock.recv(&mut &mut self.buf[..], libc::MSG_DONTWAIT) {
-                Ok(_) => continue,
+                Ok(_) => drained += 1,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return,
+                Err(_) => return drained,
             }
         }
     }
