@@ -822,12 +822,12 @@ fn render(report: &Report, cli: &Cli) -> String {
         }),
     );
     t.row(
-        "daemon: IPv4 table deleted by someone -> rebuilt, ms",
+        "daemon: nft delete table ip nftproxy / then rebuilt after, ms",
         col(&|s| {
             s.agent
                 .as_ref()
                 .filter(|a| a.idle_window_s > 0.0)
-                .map(|a| f(a.daemon_repair_ms))
+                .map(|a| format!("{} / {}", f(a.table_delete_ms), f(a.daemon_repair_ms)))
         }),
     );
 

@@ -750,8 +750,11 @@ pub struct AgentResult {
     /// CPU (user+sys, all threads) the daemon used over the idle window, ms.
     pub idle_cpu_ms: f64,
     pub idle_window_s: f64,
-    /// From `nft delete table ip nftproxy` (started) until the daemon committed the IPv4 table
-    /// again: the drift monitor's notice and a full rebuild, ms.
+    /// How long `nft delete table ip nftproxy` took (while the daemon's drift monitor listens,
+    /// the kernel builds a notification for every object it deletes), ms.
+    pub table_delete_ms: f64,
+    /// From the end of that `nft delete` until the daemon committed the IPv4 table again: the
+    /// drift monitor's notice and a full sync rebuilding it, ms.
     pub daemon_repair_ms: f64,
 }
 
@@ -871,12 +874,14 @@ pub fn agent_bench(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .ipv4_commits;
-        let repair = Instant::now();
+        let delete = Instant::now();
         let status = ns
             .command("nft")?
             .args(["delete", "table", "ip", "nftproxy"])
             .status()?;
         ensure!(status.success(), "nft delete table failed: {status}");
+        out.table_delete_ms = ms(delete.elapsed());
+        let repair = Instant::now();
         wait_log("the repair", &|st| st.ipv4_commits > before)?;
         out.daemon_repair_ms = ms(repair.elapsed());
         Ok(())
