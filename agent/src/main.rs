@@ -274,8 +274,7 @@ fn start_drift_monitor(shared: &Arc<Shared>, syncer: &mut Syncer) {
     let Some(portid) = syncer.portid() else {
         return;
     };
-    let monitor = Monitor::open(portid).and_then(|mut m| m.subscribe().map(|()| m));
-    let monitor = match monitor {
+    let monitor = match Monitor::open(portid) {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch nftables changes; drift is repaired by periodic full syncs only");

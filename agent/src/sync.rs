@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use dataplane::build::{BuildConfig, NoLocalEndpoints};
 use dataplane::conntrack::{FrontendIndex, FrontendKeys, Frontends, cleanup_needed};
-use dataplane::desired::{Desired, Updated};
+use dataplane::desired::{Desired, Scope, Updated};
 use dataplane::iptables::IptablesOptions;
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::plan::{
-    RULES_PER_PART, TableState, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
+    RULES_PER_PART, TableState, Transaction, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
     split_new_chains,
 };
-use dataplane::ruleset::{Family, TABLE};
+use dataplane::ruleset::{Family, TABLE, Table};
 use metrics::ObjectCounts;
 
 use crate::config::ProxyMode;
@@ -517,61 +517,21 @@ fn sync_nftables(
         _ => plan(current.as_ref(), table),
     };
     let drift_repaired = drifted && !tx.is_empty();
-    let quiet = match quieter {
-        Some(q) if tx.ops.len() >= QUIET_MIN_OPS => q.pause(nft).map(|paused| (q, paused)),
-        _ => None,
-    };
+    let big = tx.ops.len() >= QUIET_MIN_OPS;
     let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
     let mut state = current.unwrap_or_default();
-    let applied = (|| -> Result<_, NftError> {
-        let mut ops = 0;
-        let stats = nft.apply_all(parts, |part| {
-            ops += part.ops.len();
-            match scope {
-                Some(_) => state.apply(part),
-                None => state.apply_except_elements(part),
-            }
-        })?;
-        if scope.is_none() {
-            state.copy_elements(table);
-        }
-        let cleanup = match &scope {
-            Some(scope) => plan_cleanup_scope(&state, table, scope),
-            None => plan_cleanup(&state, table),
-        };
-        let mut cleanup_stats = ApplyStats::default();
-        let mut cleanup_failed = false;
-        if !cleanup.is_empty() {
-            // Chains that just lost their last reference may still be busy on older kernels;
-            // they stay (empty) and are deleted by a later sync.
-            match nft.apply(&cleanup) {
-                Ok(s) => {
-                    state.apply(&cleanup);
-                    cleanup_stats = s;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "stale chains not deleted yet");
-                    cleanup_failed = true;
-                }
-            }
-        }
-        Ok((
-            ops + cleanup.ops.len(),
-            stats,
-            cleanup_stats,
-            cleanup_failed,
-        ))
-    })();
-    if let Some((q, paused)) = quiet {
-        q.resume(nft, paused);
-    }
-    let (ops, stats, cleanup_stats, cleanup_failed) = applied?;
+    let commit =
+        |nft: &mut Nftables| commit_and_clean_up(nft, parts, &mut state, scope.as_ref(), table);
+    let sent = match quieter {
+        Some(q) if big => q.around(nft, commit),
+        _ => commit(nft),
+    }?;
     committed.insert(family, Some(state));
     let (chains, rules, sets, set_elements) = desired.object_counts();
     let report = FamilyReport {
-        ops,
-        messages: stats.messages + cleanup_stats.messages,
-        bytes: stats.bytes + cleanup_stats.bytes,
+        ops: sent.ops,
+        messages: sent.stats.messages,
+        bytes: sent.stats.bytes,
         no_local_endpoints: desired.no_local_endpoints(),
         objects: ObjectCounts {
             chains,
@@ -579,7 +539,7 @@ fn sync_nftables(
             sets,
             set_elements,
         },
-        cleanup_failed,
+        cleanup_failed: sent.cleanup_failed,
         drift_repaired,
         elapsed: Duration::ZERO,
         iptables: None,
@@ -593,4 +553,59 @@ fn sync_nftables(
         "nftables sync committed"
     );
     Ok((report, read_back))
+}
+
+/// What [`commit_and_clean_up`] sent.
+struct Sent {
+    ops: usize,
+    stats: ApplyStats,
+    /// The cleanup transaction failed (its chains are deleted by a later sync).
+    cleanup_failed: bool,
+}
+
+/// Commits `parts`, keeping `state` up to date as each one commits, then deletes the chains
+/// nothing refers to any more.
+fn commit_and_clean_up(
+    nft: &mut Nftables,
+    parts: Vec<Transaction>,
+    state: &mut TableState,
+    scope: Option<&Scope>,
+    table: &Table,
+) -> Result<Sent, NftError> {
+    let mut ops = 0;
+    let mut stats = nft.apply_all(parts, |part| {
+        ops += part.ops.len();
+        match scope {
+            Some(_) => state.apply(part),
+            None => state.apply_except_elements(part),
+        }
+    })?;
+    if scope.is_none() {
+        state.copy_elements(table);
+    }
+    let cleanup = match scope {
+        Some(scope) => plan_cleanup_scope(state, table, scope),
+        None => plan_cleanup(state, table),
+    };
+    let mut cleanup_failed = false;
+    if !cleanup.is_empty() {
+        // Chains that just lost their last reference may still be busy on older kernels;
+        // they stay (empty) and are deleted by a later sync.
+        match nft.apply(&cleanup) {
+            Ok(s) => {
+                state.apply(&cleanup);
+                stats.messages += s.messages;
+                stats.bytes += s.bytes;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "stale chains not deleted yet");
+                cleanup_failed = true;
+            }
+        }
+    }
+    Ok(Sent {
+        ops: ops + cleanup.ops.len(),
+        stats,
+        cleanup_failed,
+    })
 }

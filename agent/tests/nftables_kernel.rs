@@ -974,11 +974,7 @@ fn paused_notifications_still_reveal_commits_by_others() {
     let ns = Netns::new("quiet");
     let mut nft = ns.open();
     let portid = nft.portid();
-    let mut monitor = ns.run(move || {
-        let mut m = Monitor::open(portid).expect("open the monitor");
-        m.subscribe().expect("subscribe");
-        m
-    });
+    let mut monitor = ns.run(move || Monitor::open(portid).expect("open the monitor"));
     let missed = Arc::new(AtomicUsize::new(0));
     let quieter = {
         let missed = missed.clone();
@@ -989,20 +985,20 @@ fn paused_notifications_still_reveal_commits_by_others() {
     let (t, parts) = cold_start_in_parts(family);
 
     // Only our own commits while paused: nothing was queued for the monitor, nothing missed.
-    let paused = quieter.pause(&mut nft).expect("pause");
-    nft.apply_all(parts, |_| {}).expect("apply all parts");
-    quieter.resume(&mut nft, paused);
+    quieter
+        .around(&mut nft, |nft| nft.apply_all(parts, |_| {}))
+        .expect("apply all parts");
     assert_eq!(missed.load(Ordering::SeqCst), 0);
     assert_eq!(monitor.drain(), 0, "notifications arrived while paused");
 
     // Someone else commits between two of ours while paused: reported once resumed.
-    let paused = quieter.pause(&mut nft).expect("pause");
-    let (ok, out) = ns.nft(&["add", "chain", "ip", "nftproxy", "intruder"]);
-    assert!(ok, "{out}");
-    let state = nft.read_table(family).unwrap().expect("table");
-    nft.apply(&plan(Some(&state), &t))
-        .expect("remove the intruder");
-    quieter.resume(&mut nft, paused);
+    quieter.around(&mut nft, |nft| {
+        let (ok, out) = ns.nft(&["add", "chain", "ip", "nftproxy", "intruder"]);
+        assert!(ok, "{out}");
+        let state = nft.read_table(family).unwrap().expect("table");
+        nft.apply(&plan(Some(&state), &t))
+            .expect("remove the intruder");
+    });
     assert_eq!(missed.load(Ordering::SeqCst), 1);
     assert_eq!(monitor.drain(), 0);
 

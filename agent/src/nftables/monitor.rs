@@ -43,8 +43,8 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    /// Opens a socket in the calling thread's network namespace; [`Monitor::subscribe`] starts
-    /// the notifications. Changes caused by the netlink socket with port id `ignore_portid` (the
+    /// Opens a socket in the calling thread's network namespace, subscribed to the
+    /// notifications. Changes caused by the netlink socket with port id `ignore_portid` (the
     /// agent's own) are not reported.
     pub fn open(ignore_portid: u32) -> io::Result<Monitor> {
         let mut sock = Socket::new(NETLINK_NETFILTER)?;
@@ -65,16 +65,12 @@ impl Monitor {
                 break;
             }
         }
+        sock.add_membership(NFNLGRP_NFTABLES)?;
         Ok(Monitor {
             sock: Arc::new(sock),
             ignore_portid,
             buf: vec![0; 1 << 16],
         })
-    }
-
-    /// Starts receiving notifications.
-    pub fn subscribe(&mut self) -> io::Result<()> {
-        self.sock.add_membership(NFNLGRP_NFTABLES)
     }
 
     /// A handle for the sync to leave the notifications out of its own large transactions;
@@ -116,15 +112,26 @@ pub struct Quieter {
 }
 
 /// What [`Quieter::pause`] saw before stepping out.
-#[derive(Debug)]
-pub struct Paused {
+struct Paused {
     generation: u32,
     commits: u64,
 }
 
 impl Quieter {
+    /// Runs `commit` (which commits through `nft`) with the notifications paused, then
+    /// reports any commit by someone else meanwhile. If the generation cannot be read, `commit`
+    /// runs with the notifications on.
+    pub fn around<T>(&self, nft: &mut Nftables, commit: impl FnOnce(&mut Nftables) -> T) -> T {
+        let paused = self.pause(nft);
+        let out = commit(nft);
+        if let Some(paused) = paused {
+            self.resume(nft, paused);
+        }
+        out
+    }
+
     /// Stops the notifications; `None` (and nothing changed) if the generation cannot be read.
-    pub fn pause(&self, nft: &mut Nftables) -> Option<Paused> {
+    fn pause(&self, nft: &mut Nftables) -> Option<Paused> {
         // Read first: a commit after this either still reaches the monitor or is counted.
         let generation = nft.generation().ok()?;
         self.sock.drop_membership(NFNLGRP_NFTABLES).ok()?;
@@ -135,7 +142,7 @@ impl Quieter {
     }
 
     /// Restarts the notifications and reports a commit by anyone else since `paused`.
-    pub fn resume(&self, nft: &mut Nftables, paused: Paused) {
+    fn resume(&self, nft: &mut Nftables, paused: Paused) {
         if let Err(e) = self.sock.add_membership(NFNLGRP_NFTABLES) {
             tracing::warn!(error = %e, "cannot rejoin nftables change notifications");
             (self.missed)();
