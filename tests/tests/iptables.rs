@@ -660,11 +660,25 @@ fn canary_brings_flushed_rules_back() {
             Duration::from_secs(10),
         )
         .unwrap();
+    // Restored: a full restore of both families committed after the canary went missing (the
+    // IPv4 chains alone may be back before the agent's whole sync is through).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !w.saved("nft").contains(":NFTPROXY-SERVICES - ") {
+    let restored = || {
+        agent
+            .stderr()
+            .iter()
+            .skip_while(|l| !l.contains("canary chains are gone"))
+            .any(|l| {
+                l.contains("iptables restore committed")
+                    && l.contains("full=true")
+                    && l.contains("IPv6")
+            })
+    };
+    while !restored() {
         assert!(Instant::now() < deadline, "rules not restored");
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert!(w.saved("nft").contains(":NFTPROXY-SERVICES - "));
     let errors: Vec<String> = [
         w.expect(&w.pod, "10.0.0.2", "172.30.0.10:80", BOTH, false),
         w.expect(&w.ext, "203.0.113.2", "192.168.0.2:30080", BOTH, true),
