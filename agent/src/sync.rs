@@ -219,9 +219,23 @@ impl Syncer {
                 desired,
                 quieter,
             } => {
-                let desired = update_desired(desired, cluster, config, family, changed);
+                // A table programmed by a previous run is read before the first build, whose
+                // Service chains then keep their endpoint-map regions (and so their rules).
+                let adopt = if desired.contains_key(&family) {
+                    None
+                } else {
+                    Some(nft.read_table(family)?)
+                };
+                let kernel = adopt.as_ref().and_then(Option::as_ref);
+                let desired = update_desired(desired, cluster, config, family, changed, kernel);
                 let quieter = quieter.as_ref();
-                sync_nftables(nft, quieter, committed, first, desired, family, full)?
+                let pass = Pass {
+                    family,
+                    full,
+                    first,
+                    read: adopt,
+                };
+                sync_nftables(nft, quieter, committed, desired, pass)?
             }
             Backend::Iptables(ipt) => {
                 let r = ipt.sync_family(cluster, config, family, full)?;
@@ -464,18 +478,28 @@ pub fn cleanup_all(kube_proxy: bool) -> Result<(), SyncError> {
     }
 }
 
-/// Brings `family`'s desired table up to date: in place for the changed Services, or rebuilt.
+/// Brings `family`'s desired table up to date: in place for the changed Services, or rebuilt
+/// (the first build adopting the endpoint-map regions of `kernel`'s table).
 fn update_desired<'d>(
     desired: &'d mut BTreeMap<Family, Desired>,
     cluster: &Cluster,
     config: &BuildConfig,
     family: Family,
     changed: Changed<'_>,
+    kernel: Option<&TableState>,
 ) -> (&'d Desired, Updated) {
     let updated = match (desired.get_mut(&family), changed) {
         (Some(d), Changed::Services(names)) => d.update(cluster, config, names),
-        _ => {
-            desired.insert(family, Desired::build(cluster, config, family));
+        (Some(d), Changed::All) => {
+            d.rebuild(cluster, config);
+            Updated::All
+        }
+        (None, _) => {
+            let built = match kernel {
+                Some(state) => Desired::build_adopting(cluster, config, family, state),
+                None => Desired::build(cluster, config, family),
+            };
+            desired.insert(family, built);
             Updated::All
         }
     };
@@ -484,23 +508,44 @@ fn update_desired<'d>(
 
 /// One family's nftables sync: returns the report and, on the first sync, the UDP frontends
 /// the previous run programmed (read back from the kernel).
+/// What one family's nftables sync is asked to do.
+struct Pass {
+    family: Family,
+    full: bool,
+    /// No sync of this family has succeeded yet.
+    first: bool,
+    /// The table as just read from the kernel, if it was.
+    read: Option<Option<TableState>>,
+}
+
 fn sync_nftables(
     nft: &mut Nftables,
     quieter: Option<&Quieter>,
     committed: &mut BTreeMap<Family, Option<TableState>>,
-    first: bool,
     (desired, updated): (&Desired, Updated),
-    family: Family,
-    full: bool,
+    pass: Pass,
 ) -> Result<(FamilyReport, Option<Frontends>), NftError> {
+    let Pass {
+        family,
+        full,
+        first,
+        read: already_read,
+    } = pass;
     // The committed state is taken out while the sync runs: if it fails, it is unknown.
     let known = committed.remove(&family);
-    let (current, read, drifted) = match known {
-        Some(state) if !full => (state, false, false),
-        previous => {
+    // A full sync that reads back something other than what we committed found drift.
+    let drift = |previous: Option<Option<TableState>>, current: &Option<TableState>| {
+        full && previous.is_some_and(|p| p != *current)
+    };
+    let (current, read, drifted) = match (already_read, known) {
+        (Some(current), previous) => {
+            let drifted = drift(previous, &current);
+            (current, true, drifted)
+        }
+        (None, Some(state)) if !full => (state, false, false),
+        (None, previous) => {
             let current = nft.read_table(family)?;
-            // A full sync that reads back something other than what we committed found drift.
-            let drifted = full && previous.is_some_and(|p| p != current);
+            let drifted = drift(previous, &current);
             (current, true, drifted)
         }
     };

@@ -13,7 +13,7 @@ use dataplane::plan::{Op, TableState, Transaction, plan, plan_cleanup, split_new
 use dataplane::render;
 use dataplane::ruleset::{
     Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
-    Set, SetDecl, Table, Verdict,
+    Set, SetDecl, Table, Value, Verdict, endpoint_map_name, slot_elements, slot_offset,
 };
 use ipnet::IpNet;
 use nftproxy::nftables::monitor::Monitor;
@@ -103,9 +103,49 @@ fn priority_value(expr: &str) -> Option<i64> {
     }
 }
 
+/// The table's sets, maps and chains sorted, sets and maps first, each kind by name: nft lists
+/// them in the order they were created, render by name.
+fn sort_blocks(lines: Vec<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut blocks: Vec<((u8, String), Vec<String>)> = Vec::new();
+    let mut current: Option<((u8, String), Vec<String>)> = None;
+    for line in lines {
+        if let Some((_, block)) = current.as_mut() {
+            let done = line == "}";
+            block.push(line);
+            if done {
+                blocks.extend(current.take());
+            }
+            continue;
+        }
+        let header = line.strip_suffix(" {").and_then(|h| {
+            let (kind, name) = h.split_once(' ')?;
+            let rank = match kind {
+                "set" | "map" => 0,
+                "chain" => 1,
+                _ => return None,
+            };
+            Some((rank, name.to_string()))
+        });
+        if let Some(key) = header {
+            current = Some((key, vec![line]));
+            continue;
+        }
+        if line == "}" {
+            blocks.sort();
+            out.extend(blocks.drain(..).flat_map(|(_, b)| b));
+        }
+        out.push(line);
+    }
+    assert!(current.is_none(), "unterminated block");
+    out.extend(blocks.into_iter().flat_map(|(_, b)| b));
+    out
+}
+
 /// Lines of a table listing, whitespace-collapsed, with element lists sorted (nft prints hash
-/// sets in hash order), priorities as numbers, timeouts in seconds, and nft's `size 65535` of
-/// dynamic sets dropped. `strip_fingerprints` also drops the `[fingerprint]` of chain comments.
+/// sets in hash order), sets, maps and chains sorted by name, priorities as numbers, timeouts in
+/// seconds, and nft's `size 65535` of dynamic sets dropped. `strip_fingerprints` also drops the
+/// `[fingerprint]` of chain comments.
 fn normalise(text: &str, strip_fingerprints: bool) -> Vec<String> {
     let mut out = Vec::new();
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
@@ -150,7 +190,7 @@ fn normalise(text: &str, strip_fingerprints: bool) -> Vec<String> {
         }
         out.push(line);
     }
-    out
+    sort_blocks(out)
 }
 
 fn assert_listing(ns: &Netns, table: &Table, strip_fingerprints: bool) {
@@ -299,6 +339,41 @@ fn goto(c: &str) -> Action {
     Action::Verdict(Verdict::Goto(c.into()))
 }
 
+/// The endpoint map of the test tables.
+const ENDPOINT_MAP: usize = 3;
+
+/// `n` endpoints on port 8080: 10.244.3.1, 10.244.3.2, ... (fd00:244:3::1, ... for IPv6).
+fn slot_targets(family: Family, n: usize) -> Vec<(IpAddr, u16)> {
+    (1..=n)
+        .map(|i| {
+            let addr = match family {
+                Family::V4 => ip(&format!("10.244.{}.{}", 3 + i / 250, i % 250 + 1)),
+                Family::V6 => ip(&format!("fd00:244:3::{i:x}")),
+            };
+            (addr, 8080)
+        })
+        .collect()
+}
+
+/// Gives `region` of the test table's endpoint map the endpoints `targets` (none: removes it).
+fn set_region(t: &mut Table, region: u32, targets: &[(IpAddr, u16)]) {
+    let offset = slot_offset(region);
+    let map = t
+        .sets
+        .get_mut(endpoint_map_name(ENDPOINT_MAP))
+        .expect("endpoint map");
+    map.elements.retain(
+        |k, _| !matches!(k, Key::Slot { at, .. } if dataplane::ruleset::slot_region(*at) == region),
+    );
+    if !targets.is_empty() {
+        map.elements.extend(
+            slot_elements(offset, targets)
+                .into_iter()
+                .map(|(k, v)| (k, Some(v))),
+        );
+    }
+}
+
 /// A table using every Match and Action variant, both vmap kinds and all verdicts.
 fn full_table(family: Family) -> Table {
     let a = addrs(family);
@@ -319,20 +394,38 @@ fn full_table(family: Family) -> Table {
     ];
     for (i, v) in verdicts.into_iter().enumerate() {
         let proto = [Proto::Tcp, Proto::Udp, Proto::Sctp][i % 3];
-        service_ips
-            .elements
-            .insert(Key::AddrProtoPort(a.vip[i], proto, 80 + i as u16), Some(v));
+        service_ips.elements.insert(
+            Key::AddrProtoPort(a.vip[i], proto, 80 + i as u16),
+            Some(v.into()),
+        );
     }
+    service_ips.elements.insert(
+        Key::AddrProtoPort(a.vip[4], Proto::Tcp, 443),
+        Some(Verdict::Goto("svc-slot".into()).into()),
+    );
+    service_ips.elements.insert(
+        Key::AddrProtoPort(a.vip[4], Proto::Udp, 53),
+        Some(Verdict::Goto("svc-slot-dns".into()).into()),
+    );
     t.sets.insert("service-ips".into(), service_ips);
+
+    // An endpoint map with two regions: 3 endpoints at region 0, 1 at region 5.
+    t.sets.insert(
+        endpoint_map_name(ENDPOINT_MAP).into(),
+        set(KeyType::Slot, false, None, None),
+    );
+    set_region(&mut t, 0, &slot_targets(family, 3));
+    set_region(&mut t, 5, &[(a.ep[1], 53)]);
 
     let mut nodeports = set(KeyType::ProtoPort, true, None, None);
     nodeports.elements.insert(
         Key::ProtoPort(Proto::Tcp, 30080),
-        Some(Verdict::Goto("svc-a".into())),
+        Some(Verdict::Goto("svc-a".into()).into()),
     );
-    nodeports
-        .elements
-        .insert(Key::ProtoPort(Proto::Sctp, 30081), Some(Verdict::Drop));
+    nodeports.elements.insert(
+        Key::ProtoPort(Proto::Sctp, 30081),
+        Some(Verdict::Drop.into()),
+    );
     t.sets.insert("service-nodeports".into(), nodeports);
 
     let mut local = set(KeyType::Addr, false, Some("local addresses"), None);
@@ -560,6 +653,38 @@ fn full_table(family: Family) -> Table {
             )],
         ),
     );
+    t.chains.insert(
+        "svc-slot".into(),
+        regular(
+            Some("ns/slot:https"),
+            vec![
+                Rule::new(vec![Match::CtStateNew], Action::MarkOr(0x4000)),
+                Rule::new(
+                    vec![Match::L4Proto(Proto::Tcp)],
+                    Action::DnatSlot {
+                        map: endpoint_map_name(ENDPOINT_MAP),
+                        offset: slot_offset(0),
+                    },
+                ),
+            ],
+        ),
+    );
+    t.chains.insert(
+        "svc-slot-dns".into(),
+        regular(
+            None,
+            vec![
+                Rule::new(
+                    vec![Match::L4Proto(Proto::Udp)],
+                    Action::DnatSlot {
+                        map: endpoint_map_name(ENDPOINT_MAP),
+                        offset: slot_offset(5),
+                    },
+                )
+                .with_comment("dns"),
+            ],
+        ),
+    );
     t.chains.insert("empty-chain".into(), regular(None, vec![]));
     t
 }
@@ -630,10 +755,10 @@ fn flush_delete_and_element_changes_round_trip() {
     Arc::make_mut(&mut b.chains.get_mut("filter-input").unwrap().rules).remove(0);
     let addrs = addrs(family);
     let ips = &mut b.sets.get_mut("service-ips").unwrap().elements;
-    ips.retain(|_, v| v.as_ref().and_then(|v| v.target()) != Some("svc-b"));
+    ips.retain(|_, v| v.as_ref().and_then(|v| v.verdict()?.target()) != Some("svc-b"));
     ips.insert(
         Key::AddrProtoPort(addrs.vip[2], Proto::Sctp, 82),
-        Some(Verdict::Goto("svc-c".into())),
+        Some(Verdict::Goto("svc-c".into()).into()),
     );
     ips.remove(&Key::AddrProtoPort(addrs.vip[3], Proto::Tcp, 83));
     Arc::make_mut(&mut b.chains.get_mut("svc-a").unwrap().rules)[1] = Rule::new(
@@ -692,6 +817,149 @@ fn flush_delete_and_element_changes_round_trip() {
     assert_listing(&ns, &b, true);
 }
 
+/// Applies `plan(state, desired)` and checks the listing and the read-back; the new state.
+fn apply_and_check(
+    ns: &Netns,
+    nft: &mut Nftables,
+    state: &TableState,
+    desired: &Table,
+    what: &str,
+) -> TableState {
+    let tx = plan(Some(state), desired);
+    assert!(!tx.is_empty(), "{what}: nothing to do");
+    let text = render::transaction_text(&tx);
+    // Only the endpoint map changes: the rules that use it stay as they are.
+    for op in &tx.ops {
+        assert!(
+            matches!(op, Op::AddElements { set, .. } | Op::DeleteElements { set, .. }
+                if set.as_str() == endpoint_map_name(ENDPOINT_MAP)),
+            "{what}: unexpected op in\n{text}"
+        );
+    }
+    // The region is replaced as a whole: its old bounds deleted, the new ones added.
+    let old = &state.sets[endpoint_map_name(ENDPOINT_MAP)].elements;
+    let new = &desired.sets[endpoint_map_name(ENDPOINT_MAP)].elements;
+    let deleted: usize = tx
+        .ops
+        .iter()
+        .map(|op| match op {
+            Op::DeleteElements { keys, .. } => keys.len(),
+            _ => 0,
+        })
+        .sum();
+    let added: usize = tx
+        .ops
+        .iter()
+        .map(|op| match op {
+            Op::AddElements { elements, .. } => elements.len(),
+            _ => 0,
+        })
+        .sum();
+    // An interval that keeps its bounds but changes endpoint is deleted and added again.
+    let differs =
+        |k: &Key, v: &Option<Value>, other: &BTreeMap<Key, Option<Value>>| other.get(k) != Some(v);
+    assert_eq!(
+        deleted,
+        old.iter().filter(|(k, v)| differs(k, v, new)).count(),
+        "{what}"
+    );
+    assert_eq!(
+        added,
+        new.iter().filter(|(k, v)| differs(k, v, old)).count(),
+        "{what}"
+    );
+    assert!(deleted > 0 && added > 0, "{what}:\n{text}");
+    nft.apply(&tx)
+        .unwrap_or_else(|e| panic!("{what}: {e}\n{text}"));
+    let mut tracked = state.clone();
+    tracked.apply(&tx);
+    assert_listing(ns, desired, false);
+    let read = assert_idempotent(nft, desired);
+    assert_eq!(read, tracked, "{what}");
+    assert_eq!(
+        read.sets[endpoint_map_name(ENDPOINT_MAP)].elements,
+        desired.sets[endpoint_map_name(ENDPOINT_MAP)].elements,
+        "{what}"
+    );
+    read
+}
+
+/// A region's endpoints change as a whole: all its old bounds are deleted and the new ones
+/// added in one transaction, the rules that use the map untouched.
+fn check_endpoint_region_changes(family: Family) {
+    let ns = Netns::new("slots");
+    let mut nft = ns.open();
+    let k = 3;
+    let a = full_table(family);
+    nft.apply(&plan(None, &a)).expect("apply A");
+    let state = assert_idempotent(&mut nft, &a);
+
+    // One more endpoint: every interval of region 0 moves.
+    let mut b = a.clone();
+    set_region(&mut b, 0, &slot_targets(family, k + 1));
+    let state = apply_and_check(&ns, &mut nft, &state, &b, "k+1 endpoints");
+
+    // One endpoint replaced (same count, same bounds, other address).
+    let mut c = b.clone();
+    let mut targets = slot_targets(family, k + 1);
+    targets[1].0 = addrs(family).ep[0];
+    set_region(&mut c, 0, &targets);
+    let state = apply_and_check(&ns, &mut nft, &state, &c, "endpoint replaced");
+
+    // With thousands of endpoints some intervals keep their bounds when one more comes: those
+    // stay, their neighbours are replaced around them.
+    let mut big = c.clone();
+    set_region(&mut big, 0, &slot_targets(family, 5000));
+    let state = apply_and_check(&ns, &mut nft, &state, &big, "5000 endpoints");
+    let mut bigger = big.clone();
+    set_region(&mut bigger, 0, &slot_targets(family, 5001));
+    let kept = bigger.sets[endpoint_map_name(ENDPOINT_MAP)]
+        .elements
+        .keys()
+        .filter(|k| {
+            big.sets[endpoint_map_name(ENDPOINT_MAP)]
+                .elements
+                .contains_key(k)
+        })
+        .count();
+    assert!(kept > 1, "no interval survives: the step tests nothing new");
+    let state = apply_and_check(&ns, &mut nft, &state, &bigger, "5001 endpoints");
+
+    // Down to one endpoint, and region 5 moves to region 6 (another Service's region).
+    let mut d = c.clone();
+    set_region(&mut d, 0, &slot_targets(family, 1));
+    set_region(&mut d, 5, &[]);
+    set_region(&mut d, 6, &slot_targets(family, 2));
+    Arc::make_mut(&mut d.chains.get_mut("svc-slot-dns").unwrap().rules)[0] = Rule::new(
+        vec![Match::L4Proto(Proto::Udp)],
+        Action::DnatSlot {
+            map: endpoint_map_name(ENDPOINT_MAP),
+            offset: slot_offset(6),
+        },
+    );
+    let tx = plan(Some(&state), &d);
+    nft.apply(&tx).expect("apply D");
+    let mut tracked = state.clone();
+    tracked.apply(&tx);
+    let read = assert_idempotent(&mut nft, &d);
+    assert_eq!(
+        without_stale_fingerprints(read, &d),
+        without_stale_fingerprints(tracked, &d)
+    );
+    // svc-slot-dns was rewritten in place: its listed comment keeps C's fingerprint.
+    assert_listing(&ns, &d, true);
+}
+
+#[test]
+fn endpoint_region_changes_ipv4() {
+    check_endpoint_region_changes(Family::V4);
+}
+
+#[test]
+fn endpoint_region_changes_ipv6() {
+    check_endpoint_region_changes(Family::V6);
+}
+
 #[test]
 fn failing_op_is_named_and_leaves_the_table_untouched() {
     let family = Family::V6;
@@ -710,7 +978,7 @@ fn failing_op_is_named_and_leaves_the_table_untouched() {
                 set: "service-ips".into(),
                 elements: vec![(
                     Key::AddrProtoPort(addrs.vip[4], Proto::Udp, 9999),
-                    Some(Verdict::Accept),
+                    Some(Verdict::Accept.into()),
                 )],
             },
             Op::FlushChain {
@@ -800,7 +1068,7 @@ fn many_services(family: Family, services: u32) -> Table {
         let name: ChainName = format!("svc-{i}").into();
         map.elements.insert(
             Key::AddrProtoPort(vip, Proto::Tcp, 80),
-            Some(Verdict::Goto(name.clone())),
+            Some(Verdict::Goto(name.clone()).into()),
         );
         t.chains.insert(
             name,

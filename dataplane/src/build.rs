@@ -1,21 +1,24 @@
 //! Builds the desired nftables table of one family from the cluster model.
 //!
 //! The shape follows kube-proxy's nftables mode (same base chains, hooks, priorities, map names
-//! and chain names) with two deliberate differences, both because the kernel's work (loading,
-//! and re-validating the table on every change) grows with the number of sets, chains and rules
-//! (see docs/architecture.md):
-//! - endpoint selection is a cascade of `numgen random mod (N-i) 0 … dnat to EP` rules in the
-//!   Service chain instead of one anonymous verdict map per Service and one chain per endpoint
-//!   (Services with session affinity keep kube-proxy's `endpoint-…` chains, which record the
-//!   client);
+//! and chain names) with deliberate differences, because the kernel's work (loading, and
+//! re-validating the whole table whenever a rule is added) grows with the number of sets,
+//! chains and rules (see docs/architecture.md):
+//! - endpoint selection is one rule per Service chain, `dnat to numgen random mod M offset O
+//!   map @endpoints-N`, whose endpoints are intervals of the values `O .. O+M` in a shared
+//!   endpoint map, instead of one anonymous verdict map per Service and one chain per endpoint.
+//!   An endpoint change then only replaces map elements, which needs no re-validation. Services
+//!   with session affinity keep kube-proxy's `endpoint-…` chains (which record the client),
+//!   reached through a cascade of `numgen random mod (N-i) 0` rules, and so does a chain whose
+//!   endpoint map has no free region left;
 //! - hairpin traffic (an endpoint reaching itself through its Service) is masqueraded by one
 //!   rule in `masquerading` that looks `ip saddr . ip daddr` up in the `hairpin-endpoints` set,
 //!   instead of one rule per endpoint;
 //! - ClusterIP traffic from outside the pod network is marked for masquerade by one rule in
 //!   `services` (`ip daddr @cluster-ips`) instead of one rule per Service chain.
 //!
-//! A Service port therefore costs one chain (two with external traffic), one rule per endpoint
-//! and no sets, unless it uses session affinity.
+//! A Service port therefore costs one chain (two with external traffic), one rule, one
+//! endpoint-map interval per endpoint and no sets of its own, unless it uses session affinity.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -29,8 +32,9 @@ use crate::convert::slices_by_service;
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
 use crate::ruleset::{
     Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
-    Set, SetDecl, Table, Verdict,
+    SLOT_MAX_ENDPOINTS, Set, SetDecl, Table, Value, Verdict, slot_elements, slot_offset,
 };
+use crate::slots::{SlotSource, Slots};
 use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
 
 /// How to tell traffic that comes from pods on this node (kube-proxy's `detectLocalMode`).
@@ -627,12 +631,13 @@ impl<'a> BuildEnv<'a> {
 pub struct Part {
     pub chains: BTreeMap<ChainName, Chain>,
     pub sets: BTreeMap<String, Set>,
-    pub elements: BTreeMap<(&'static str, Key), Option<Verdict>>,
+    pub elements: BTreeMap<(&'static str, Key), Option<Value>>,
     pub no_local_endpoints: NoLocalEndpoints,
 }
 
 impl Part {
-    /// Adds this part to `table`; an element of a map the table lacks is ignored.
+    /// Adds this part to `table`; an element of a map the table lacks is ignored, except that
+    /// endpoint maps are created when their first element arrives.
     pub fn merge_into(&self, table: &mut Table) {
         for (name, chain) in &self.chains {
             table.chains.insert(name.clone(), chain.clone());
@@ -641,6 +646,9 @@ impl Part {
             table.sets.insert(name.clone(), set.clone());
         }
         for ((set, key), value) in &self.elements {
+            if key.key_type() == KeyType::Slot && !table.sets.contains_key(*set) {
+                table.sets.insert(set.to_string(), endpoint_map());
+            }
             if let Some(s) = table.sets.get_mut(*set) {
                 s.elements.insert(*key, value.clone());
             }
@@ -648,11 +656,27 @@ impl Part {
     }
 }
 
+/// An endpoint map (see [`crate::ruleset::Action::DnatSlot`]); one exists while it has
+/// elements.
+pub fn endpoint_map() -> Set {
+    Set {
+        decl: SetDecl {
+            key: KeyType::Slot,
+            is_vmap: false,
+            comment: None,
+            timeout_secs: None,
+        },
+        elements: BTreeMap::new(),
+    }
+}
+
 /// The part of `family`'s table that Service `svc` (with its EndpointSlices) accounts for.
+/// `slots` gives the Service chains their endpoint-map regions.
 pub fn service_part<'s>(
     svc: &Service,
     slices: impl IntoIterator<Item = &'s EndpointSlice>,
     env: &BuildEnv<'_>,
+    slots: &mut SlotSource<'_>,
 ) -> Part {
     let mut part = Part::default();
     let Some(cluster_ip) = svc.cluster_ip(env.family) else {
@@ -679,7 +703,7 @@ pub fn service_part<'s>(
             svc.externally_accessible(port),
         );
         let cat = categorize(&endpoints, usage, &topo);
-        ctx.add(&mut part, &cat, usage);
+        ctx.add(&mut part, &cat, usage, slots);
     }
     part
 }
@@ -690,9 +714,10 @@ pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Built {
     let mut counts = NoLocalEndpoints::default();
     let env = BuildEnv::new(cluster, config, family);
     let by_service = slices_by_service(&cluster.slices);
+    let mut slots = Slots::new();
     for svc in cluster.services.values() {
         let slices = by_service.get(&svc.name).into_iter().flatten().copied();
-        let part = service_part(svc, slices, &env);
+        let part = service_part(svc, slices, &env, &mut SlotSource::Assign(&mut slots));
         part.merge_into(&mut table);
         counts.add(part.no_local_endpoints);
     }
@@ -713,7 +738,7 @@ struct PortContext<'a> {
 }
 
 fn insert_element(part: &mut Part, set: &'static str, key: Key, value: Option<Verdict>) {
-    part.elements.insert((set, key), value);
+    part.elements.insert((set, key), value.map(Value::Verdict));
 }
 
 impl PortContext<'_> {
@@ -732,7 +757,7 @@ impl PortContext<'_> {
         }
     }
 
-    fn add(&self, part: &mut Part, cat: &Categorized, usage: Usage) {
+    fn add(&self, part: &mut Part, cat: &Categorized, usage: Usage, slots: &mut SlotSource<'_>) {
         let proto = self.port.protocol;
         let port = self.port.port;
         let svc = self.svc;
@@ -820,7 +845,28 @@ impl PortContext<'_> {
         for ep in &cat.all_reachable {
             insert_element(part, HAIRPIN_ENDPOINTS, Key::AddrPair(ep.addr), None);
         }
-        let dispatch = |eps: &[PortEndpoint]| -> Vec<Rule> {
+        let dispatch = |part: &mut Part,
+                        chain: &ChainName,
+                        eps: &[PortEndpoint],
+                        slots: &mut SlotSource<'_>|
+         -> Vec<Rule> {
+            if affinity_chains.is_empty()
+                && eps.len() <= SLOT_MAX_ENDPOINTS
+                && let Some(slot) = slots.pick(chain)
+            {
+                let offset = slot_offset(slot.region);
+                let targets: Vec<(IpAddr, u16)> = eps.iter().map(|ep| (ep.addr, ep.port)).collect();
+                for (key, value) in slot_elements(offset, &targets) {
+                    part.elements.insert((slot.map_name(), key), Some(value));
+                }
+                return vec![Rule::new(
+                    vec![Match::L4Proto(proto)],
+                    Action::DnatSlot {
+                        map: slot.map_name(),
+                        offset,
+                    },
+                )];
+            }
             let mut rules = Vec::new();
             for ep in eps {
                 if let Some((chain, affinity)) = affinity_chains.get(&(ep.addr, ep.port)) {
@@ -854,12 +900,12 @@ impl PortContext<'_> {
         let uses_cluster_chain = !cat.cluster.is_empty() && usage.uses_cluster;
         let uses_local_chain = !cat.local.is_empty() && usage.uses_local;
         if uses_cluster_chain {
-            let mut chain = regular(dispatch(&cat.cluster));
+            let mut chain = regular(dispatch(part, &cluster_chain, &cat.cluster, slots));
             chain.comment = Some(self.comment().into());
             part.chains.insert(cluster_chain.clone(), chain);
         }
         if uses_local_chain {
-            let mut chain = regular(dispatch(&cat.local));
+            let mut chain = regular(dispatch(part, &local_chain, &cat.local, slots));
             chain.comment = Some(self.comment().into());
             part.chains.insert(local_chain.clone(), chain);
         }

@@ -730,7 +730,9 @@ mod tests {
             comment: None,
             timeout_secs: None,
         };
-        let goto = Some(Verdict::Goto("reject-chain".into()));
+        let goto = Some(crate::ruleset::Value::Verdict(Verdict::Goto(
+            "reject-chain".into(),
+        )));
         let mut state = TableState::default();
         state.sets.insert(
             "service-ips".into(),

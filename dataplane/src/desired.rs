@@ -5,9 +5,12 @@
 //! what they contribute now: O(changed Services). It also returns the [`Scope`] of the change,
 //! the chains, sets and map elements that may differ, so that planning is O(change) as well.
 //!
-//! The result is always the table a full build would give. Elements of plain sets may be shared
-//! (an endpoint of several Services is one `hairpin-endpoints` element): they are counted and
-//! stay while any Service claims them. Two Services claiming the same map element (e.g. the
+//! The result is always the table a full build would give, except for which endpoint-map region
+//! a Service chain uses: regions are kept for as long as their chain exists (see
+//! [`crate::slots`]), so after changes they may differ from a fresh build's (and a build at
+//! startup adopts the regions the kernel's table has). Elements of plain sets may be shared (an
+//! endpoint of several Services is one `hairpin-endpoints` element): they are counted and stay
+//! while any Service claims them. Two Services claiming the same map element (e.g. the
 //! same external IP and port) are resolved by a full build's order (the last Service by name
 //! wins); rather than tracking every claimant, such a rare conflict makes [`Desired::update`]
 //! rebuild everything.
@@ -16,9 +19,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::IpNet;
 
-use crate::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
+use crate::build::{
+    BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, endpoint_map, service_part,
+};
 use crate::model::{Cluster, Node, ObjectName};
-use crate::ruleset::{ChainName, Family, Key, Table};
+use crate::plan::TableState;
+use crate::ruleset::{ChainName, Family, Key, KeyType, Table};
+use crate::slots::{SlotSource, Slots};
 
 /// What an incremental update touched: everything a planner must compare.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -88,6 +95,8 @@ pub struct Desired {
     /// beyond the first. An element in the table and not here has exactly one claimant (almost
     /// all of them: counting every element would cost as much memory as the elements).
     shared: HashMap<(&'static str, Key), u32>,
+    /// The Service chains' endpoint-map regions.
+    slots: Slots,
     rules: usize,
     elements: usize,
     no_local_endpoints: NoLocalEndpoints,
@@ -96,6 +105,33 @@ pub struct Desired {
 impl Desired {
     /// Builds the whole table (O(cluster)).
     pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Desired {
+        Desired::build_keeping(cluster, config, family, Slots::new())
+    }
+
+    /// Builds the whole table, giving chains the endpoint-map regions they have in `kernel`
+    /// (what a previous run programmed) where possible, so that their rules stay as they are.
+    pub fn build_adopting(
+        cluster: &Cluster,
+        config: &BuildConfig,
+        family: Family,
+        kernel: &TableState,
+    ) -> Desired {
+        let mut slots = Slots::new();
+        for (chain, state) in &kernel.chains {
+            if let Some(slot) = state.slot {
+                slots.seed(chain, slot);
+            }
+        }
+        Desired::build_keeping(cluster, config, family, slots)
+    }
+
+    /// Builds the whole table, keeping the regions `slots` gave chains that still exist.
+    fn build_keeping(
+        cluster: &Cluster,
+        config: &BuildConfig,
+        family: Family,
+        mut slots: Slots,
+    ) -> Desired {
         let table = base_table(config, cluster, family);
         let mut desired = Desired {
             rules: table.chains.values().map(|c| c.rules.len()).sum(),
@@ -105,14 +141,23 @@ impl Desired {
             inputs: NodeInputs::of(cluster, family),
             built_from: cluster.clone(),
             shared: HashMap::new(),
+            slots: Slots::new(),
             no_local_endpoints: NoLocalEndpoints::default(),
         };
         let env = BuildEnv::new(cluster, config, family);
         for svc in cluster.services.values() {
-            let part = service_part(svc, cluster.slices_of(&svc.name), &env);
+            let part = service_part(
+                svc,
+                cluster.slices_of(&svc.name),
+                &env,
+                &mut SlotSource::Assign(&mut slots),
+            );
             // Contested elements resolve by insertion order here, as in a full build.
             desired.insert(&part);
         }
+        let chains = &desired.table.chains;
+        slots.retain(|chain| chains.contains_key(chain));
+        desired.slots = slots;
         desired.table.compact();
         desired
     }
@@ -151,7 +196,7 @@ impl Desired {
     ) -> Updated {
         let family = self.family();
         if *config != self.config || NodeInputs::of(cluster, family) != self.inputs {
-            *self = Desired::build(cluster, config, family);
+            self.rebuild(cluster, config);
             return Updated::All;
         }
         // The node-wide inputs are unchanged, so the environment is the one the table was
@@ -161,18 +206,34 @@ impl Desired {
         let changed: BTreeSet<&ObjectName> = changed.into_iter().collect();
         for name in changed {
             let mut contested = false;
+            let mut old_chains = Vec::new();
             if let Some(svc) = self.built_from.services.get(name) {
-                let old = service_part(svc, self.built_from.slices_of(name), &env);
+                let old = service_part(
+                    svc,
+                    self.built_from.slices_of(name),
+                    &env,
+                    &mut SlotSource::Lookup(&self.slots),
+                );
                 contested |= self.remove(&old);
                 scope.cover(&old);
+                old_chains.extend(old.chains.into_keys());
             }
             if let Some(svc) = cluster.services.get(name) {
-                let part = service_part(svc, cluster.slices_of(name), &env);
+                let part = service_part(
+                    svc,
+                    cluster.slices_of(name),
+                    &env,
+                    &mut SlotSource::Assign(&mut self.slots),
+                );
                 scope.cover(&part);
                 contested |= self.insert(&part);
+                old_chains.retain(|c| !part.chains.contains_key(c));
+            }
+            for chain in &old_chains {
+                self.slots.release(chain);
             }
             if contested {
-                *self = Desired::build(cluster, config, family);
+                self.rebuild(cluster, config);
                 return Updated::All;
             }
         }
@@ -180,9 +241,20 @@ impl Desired {
         Updated::Scope(scope)
     }
 
+    /// Rebuilds everything (O(cluster)), keeping the chains' endpoint-map regions.
+    pub fn rebuild(&mut self, cluster: &Cluster, config: &BuildConfig) {
+        let slots = std::mem::take(&mut self.slots);
+        *self = Desired::build_keeping(cluster, config, self.family(), slots);
+    }
+
     /// Adds a Service's part; true if another Service already claims one of its elements.
     fn insert(&mut self, part: &Part) -> bool {
         let mut contested = false;
+        for (set, key) in part.elements.keys() {
+            if key.key_type() == KeyType::Slot && !self.table.sets.contains_key(*set) {
+                self.table.sets.insert(set.to_string(), endpoint_map());
+            }
+        }
         for (key, value) in &part.elements {
             // `merge_into` ignores elements of maps the table lacks.
             let Some(set) = self.table.sets.get(key.0) else {
@@ -234,6 +306,16 @@ impl Desired {
                     let set = self.table.sets.get_mut(key.0);
                     if set.is_some_and(|s| s.elements.remove(&key.1).is_some()) {
                         self.elements -= 1;
+                    }
+                    // An endpoint map exists while it has elements, as in a full build.
+                    if key.1.key_type() == KeyType::Slot
+                        && self
+                            .table
+                            .sets
+                            .get(key.0)
+                            .is_some_and(|s| s.elements.is_empty())
+                    {
+                        self.table.sets.remove(key.0);
                     }
                 }
             }

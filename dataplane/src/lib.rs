@@ -10,6 +10,7 @@ pub mod model;
 pub mod plan;
 pub mod render;
 pub mod ruleset;
+pub mod slots;
 pub mod topology;
 pub mod trace;
 pub mod tracker;

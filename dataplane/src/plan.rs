@@ -12,8 +12,10 @@ use sha2::{Digest, Sha256};
 use crate::desired::Scope;
 use crate::render;
 use crate::ruleset::{
-    Action, BaseChain, Chain, ChainName, Family, Key, Match, Rule, Set, SetDecl, Table, Verdict,
+    Action, BaseChain, Chain, ChainName, Family, Key, Match, Rule, Set, SetDecl, Table, Value,
+    endpoint_map_index, slot_region,
 };
+use crate::slots::Slot;
 
 /// One nftables operation inside a transaction on table `nftproxy` of the transaction's family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,7 +50,7 @@ pub enum Op {
     },
     AddElements {
         set: String,
-        elements: Vec<(Key, Option<Verdict>)>,
+        elements: Vec<(Key, Option<Value>)>,
     },
     DeleteElements {
         set: String,
@@ -76,12 +78,15 @@ pub struct ChainState {
     pub fingerprint: Option<u64>,
     /// Whether the chain holds no rules (stale chains are emptied before they are deleted).
     pub empty: bool,
+    /// The endpoint-map region the chain's rules DNAT through, so that a restarted agent can
+    /// give the chain the same region again (see [`crate::slots`]).
+    pub slot: Option<Slot>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetState {
     pub decl: SetDecl,
-    pub elements: BTreeMap<Key, Option<Verdict>>,
+    pub elements: BTreeMap<Key, Option<Value>>,
 }
 
 /// What the kernel holds for one family's `nftproxy` table.
@@ -135,12 +140,14 @@ impl TableState {
                     base: *base,
                     fingerprint: None,
                     empty: true,
+                    slot: None,
                 });
                 entry.fingerprint = Some(*fingerprint);
             }
             Op::FlushChain { name } => {
                 if let Some(c) = self.chains.get_mut(name) {
                     c.empty = true;
+                    c.slot = None;
                 }
             }
             Op::DeleteChain { name } => {
@@ -149,6 +156,7 @@ impl TableState {
             Op::AddRules { chain, rules } => {
                 if let Some(c) = self.chains.get_mut(chain) {
                     c.empty &= rules.is_empty();
+                    c.slot = c.slot.or(dnat_slot(rules));
                 }
             }
             Op::AddSet { name, decl } => {
@@ -176,6 +184,17 @@ impl TableState {
             }
         }
     }
+}
+
+/// The endpoint-map region the first `DnatSlot` rule of `rules` uses.
+pub fn dnat_slot(rules: &[Rule]) -> Option<Slot> {
+    rules.iter().find_map(|r| match &r.action {
+        Action::DnatSlot { map, offset } => Some(Slot {
+            map: endpoint_map_index(map)?,
+            region: slot_region(*offset),
+        }),
+        _ => None,
+    })
 }
 
 /// Content fingerprint of a chain: its hook and its rules as nft text. The comment is not part
@@ -213,6 +232,7 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
         let in_action = match &r.action {
             Action::VmapAddrProtoPort { map } | Action::VmapProtoPort { map } => sets.contains(map),
             Action::UpdateSaddr { set } => sets.contains(set),
+            Action::DnatSlot { map, .. } => sets.contains(*map),
             _ => false,
         };
         in_matches || in_action
@@ -406,7 +426,7 @@ pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Trans
         }
     }
     for (name, keys) in &scope.elements {
-        let pick = |elements: &BTreeMap<Key, Option<Verdict>>| {
+        let pick = |elements: &BTreeMap<Key, Option<Value>>| {
             keys.iter()
                 .filter_map(|k| elements.get(k).map(|v| (*k, v.clone())))
                 .collect()

@@ -7,8 +7,8 @@ use ipnet::IpNet;
 
 use crate::plan::{Op, Transaction};
 use crate::ruleset::{
-    Action, BaseChain, ChainType, Family, Key, KeyType, Match, Rule, SetDecl, TABLE, TABLE_COMMENT,
-    Table, Verdict,
+    Action, BaseChain, ChainType, Family, Key, KeyType, Match, Rule, SLOT_MODULUS, SetDecl, TABLE,
+    TABLE_COMMENT, Table, Value, Verdict,
 };
 
 fn addr_keyword(family: Family) -> &'static str {
@@ -75,6 +75,14 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
         Action::MarkOr(bits) => format!("meta mark set meta mark | 0x{bits:08x}"),
         Action::MarkXor(bits) => format!("meta mark set meta mark ^ 0x{bits:08x}"),
         Action::UpdateSaddr { set } => format!("update @{set} {{ {fam} saddr }}"),
+        Action::DnatSlot { map, offset } => {
+            let offset = if *offset == 0 {
+                String::new()
+            } else {
+                format!(" offset {offset}")
+            };
+            format!("dnat {fam} to numgen random mod {SLOT_MODULUS}{offset} map @{map}")
+        }
     });
     if let Some(c) = &rule.comment {
         parts.push(format!("comment {}", quote(c)));
@@ -111,6 +119,8 @@ pub fn key_type_text(family: Family, key: KeyType) -> &'static str {
         (_, KeyType::ProtoPort) => "inet_proto . inet_service",
         (Family::V4, KeyType::AddrPair) => "ipv4_addr . ipv4_addr",
         (Family::V6, KeyType::AddrPair) => "ipv6_addr . ipv6_addr",
+        (Family::V4, KeyType::Slot) => "numgen random mod 2 : ip daddr . th dport",
+        (Family::V6, KeyType::Slot) => "numgen random mod 2 : ip6 daddr . th dport",
     }
 }
 
@@ -120,14 +130,23 @@ pub fn key_text(key: &Key) -> String {
         Key::AddrProtoPort(a, p, port) => format!("{a} . {p} . {port}"),
         Key::ProtoPort(p, port) => format!("{p} . {port}"),
         Key::AddrPair(a) => format!("{a} . {a}"),
+        Key::Slot { at, end } => format!("{at}-{}", end.wrapping_sub(1)),
     }
 }
 
-fn element_text(key: &Key, value: &Option<Verdict>) -> String {
+fn element_text(key: &Key, value: Option<&Value>) -> String {
     match value {
-        Some(v) => format!("{} : {}", key_text(key), verdict_text(v)),
+        Some(Value::Verdict(v)) => format!("{} : {}", key_text(key), verdict_text(v)),
+        Some(Value::Endpoint(addr, port)) => format!("{} : {addr} . {port}", key_text(key)),
         None => key_text(key),
     }
+}
+
+/// Elements as nft writes them.
+fn elements_text<'k>(elements: impl Iterator<Item = (&'k Key, Option<&'k Value>)>) -> Vec<String> {
+    elements
+        .map(|(key, value)| element_text(key, value))
+        .collect()
 }
 
 fn base_chain_text(b: &BaseChain) -> String {
@@ -142,13 +161,27 @@ fn base_chain_text(b: &BaseChain) -> String {
     )
 }
 
+/// `map` or `set`.
+fn set_kind(decl: &SetDecl) -> &'static str {
+    if decl.is_vmap || decl.key == KeyType::Slot {
+        "map"
+    } else {
+        "set"
+    }
+}
+
 fn set_decl_lines(family: Family, decl: &SetDecl, out: &mut String, indent: &str) {
-    let value = if decl.is_vmap { " : verdict" } else { "" };
-    let _ = writeln!(
-        out,
-        "{indent}type {}{value}",
-        key_type_text(family, decl.key)
-    );
+    if decl.key == KeyType::Slot {
+        let _ = writeln!(out, "{indent}typeof {}", key_type_text(family, decl.key));
+        let _ = writeln!(out, "{indent}flags interval");
+    } else {
+        let value = if decl.is_vmap { " : verdict" } else { "" };
+        let _ = writeln!(
+            out,
+            "{indent}type {}{value}",
+            key_type_text(family, decl.key)
+        );
+    }
     if let Some(t) = decl.timeout_secs {
         let _ = writeln!(out, "{indent}flags dynamic,timeout");
         let _ = writeln!(out, "{indent}timeout {t}s");
@@ -165,15 +198,10 @@ pub fn table_text(table: &Table) -> String {
     let _ = writeln!(out, "table {fam} {TABLE} {{");
     let _ = writeln!(out, "\tcomment {}", quote(TABLE_COMMENT));
     for (name, set) in &table.sets {
-        let kind = if set.decl.is_vmap { "map" } else { "set" };
-        let _ = writeln!(out, "\t{kind} {name} {{");
+        let _ = writeln!(out, "\t{} {name} {{", set_kind(&set.decl));
         set_decl_lines(table.family, &set.decl, &mut out, "\t\t");
         if !set.elements.is_empty() {
-            let elems: Vec<String> = set
-                .elements
-                .iter()
-                .map(|(k, v)| element_text(k, v))
-                .collect();
+            let elems = elements_text(set.elements.iter().map(|(k, v)| (k, v.as_ref())));
             let _ = writeln!(out, "\t\telements = {{ {} }}", elems.join(",\n\t\t\t     "));
         }
         let _ = writeln!(out, "\t}}");
@@ -241,7 +269,7 @@ pub fn transaction_text(tx: &Transaction) -> String {
             Op::AddSet { name, decl } => {
                 let mut body = String::new();
                 set_decl_lines(tx.family, decl, &mut body, "");
-                let kind = if decl.is_vmap { "map" } else { "set" };
+                let kind = set_kind(decl);
                 format!(
                     "add {kind} {f} {TABLE} {name} {{ {} }}",
                     body.trim_end().replace('\n', " ; ") + " ;"
@@ -249,11 +277,11 @@ pub fn transaction_text(tx: &Transaction) -> String {
             }
             Op::DeleteSet { name } => format!("delete set {f} {TABLE} {name}"),
             Op::AddElements { set, elements } => {
-                let elems: Vec<String> = elements.iter().map(|(k, v)| element_text(k, v)).collect();
+                let elems = elements_text(elements.iter().map(|(k, v)| (k, v.as_ref())));
                 format!("add element {f} {TABLE} {set} {{ {} }}", elems.join(", "))
             }
             Op::DeleteElements { set, keys } => {
-                let elems: Vec<String> = keys.iter().map(key_text).collect();
+                let elems = elements_text(keys.iter().map(|k| (k, None)));
                 format!(
                     "delete element {f} {TABLE} {set} {{ {} }}",
                     elems.join(", ")

@@ -232,9 +232,20 @@ pub enum Action {
     UpdateSaddr {
         set: String,
     },
+    /// `dnat ip to numgen random mod SLOT_MODULUS offset OFFSET map @MAP`: picks one of the
+    /// endpoints whose intervals tile the region starting at `offset` of endpoint map `map` (see
+    /// [`slot_elements`]). The rule must also match `meta l4proto`. Changing the endpoints changes
+    /// only map elements, never the rule.
+    DnatSlot {
+        map: &'static str,
+        offset: u32,
+    },
 }
 
+// `repr(u8)` puts the tag in a byte of its own, which lets `Option<Value>` keep [`Value::Endpoint`]
+// beside it: 24 bytes instead of 32 for every map element.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
 pub enum Verdict {
     Accept,
     Drop,
@@ -263,6 +274,9 @@ pub enum KeyType {
     ProtoPort,
     /// `ipv4_addr . ipv4_addr`
     AddrPair,
+    /// An endpoint map: `typeof numgen random mod 2 : ip daddr . th dport`, `flags interval`
+    /// (elements are [`Key::Slot`]).
+    Slot,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -272,6 +286,127 @@ pub enum Key {
     ProtoPort(Proto, u16),
     /// `A . A`: an address paired with itself, for `ip saddr . ip daddr` (hairpin) lookups.
     AddrPair(IpAddr),
+    /// An interval of an endpoint map, the values `at ..= end - 1` (its [`Value::Endpoint`] is
+    /// the endpoint they choose). The kernel stores it as two elements, a start at `at` with the
+    /// endpoint as data and an interval end at `end`. Both bounds are the key, so an interval
+    /// whose bounds change is replaced, never split or merged in place (the kernel refuses
+    /// that).
+    Slot {
+        at: u32,
+        end: u32,
+    },
+}
+
+/// What a map element maps its key to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Value {
+    Verdict(Verdict),
+    /// The endpoint an endpoint-map interval chooses.
+    Endpoint(IpAddr, u16),
+}
+
+impl From<Verdict> for Value {
+    fn from(v: Verdict) -> Value {
+        Value::Verdict(v)
+    }
+}
+
+impl Value {
+    /// The verdict of a verdict-map element.
+    pub fn verdict(&self) -> Option<&Verdict> {
+        match self {
+            Value::Verdict(v) => Some(v),
+            Value::Endpoint(..) => None,
+        }
+    }
+}
+
+/// The `numgen random` modulus of [`Action::DnatSlot`] rules. Divisible by every k up to 16,
+/// so up to 16 endpoints each get exactly 1/k of the values, as with kube-proxy's `numgen
+/// random mod k`; with more endpoints the shares differ by at most one value in 2,882,880
+/// divided by k (0.04% for 1,000 endpoints).
+pub const SLOT_MODULUS: u32 = 2_882_880;
+
+/// A region of an endpoint map spans 2^22 values (more than [`SLOT_MODULUS`]): 1,024 regions
+/// per map.
+pub const SLOT_REGION_BITS: u32 = 22;
+pub const SLOT_REGIONS_PER_MAP: u32 = 1 << (32 - SLOT_REGION_BITS);
+
+/// Most endpoints one region can hold (every interval at least 16 values wide).
+pub const SLOT_MAX_ENDPOINTS: usize = (SLOT_MODULUS / 16) as usize;
+
+/// Number of endpoint maps per family, `endpoints-0` ..: a map's elements are checked against
+/// every rule that uses the map when they are added, so each map serves only a slice of the
+/// Services.
+pub const ENDPOINT_MAPS: usize = 256;
+
+/// Name of endpoint map `i` (`i < ENDPOINT_MAPS`).
+pub fn endpoint_map_name(i: usize) -> &'static str {
+    static NAMES: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        (0..ENDPOINT_MAPS)
+            .map(|i| format!("endpoints-{i}"))
+            .collect()
+    });
+    &NAMES[i]
+}
+
+/// Index of endpoint map `name`, if it is one.
+pub fn endpoint_map_index(name: &str) -> Option<usize> {
+    let i: usize = name.strip_prefix("endpoints-")?.parse().ok()?;
+    (i < ENDPOINT_MAPS && endpoint_map_name(i) == name).then_some(i)
+}
+
+/// First value of region `region` of an endpoint map.
+pub fn slot_offset(region: u32) -> u32 {
+    region << SLOT_REGION_BITS
+}
+
+/// Region of an endpoint-map value.
+pub fn slot_region(at: u32) -> u32 {
+    at >> SLOT_REGION_BITS
+}
+
+/// The elements of the region at `offset` holding `targets` (at most [`SLOT_MAX_ENDPOINTS`]):
+/// endpoint `j` of k gets the values `offset + j*M/k ..= offset + (j+1)*M/k - 1`, where M is
+/// [`SLOT_MODULUS`].
+pub fn slot_elements(offset: u32, targets: &[(IpAddr, u16)]) -> Vec<(Key, Value)> {
+    let k = targets.len() as u64;
+    let bound = |j: u64| offset + (j * u64::from(SLOT_MODULUS) / k) as u32;
+    (0u64..)
+        .zip(targets)
+        .map(|(j, (addr, port))| {
+            let key = Key::Slot {
+                at: bound(j),
+                end: bound(j + 1),
+            };
+            (key, Value::Endpoint(*addr, *port))
+        })
+        .collect()
+}
+
+/// Rebuilds endpoint-map intervals from the elements the kernel lists, `(value,
+/// Some(endpoint))` for a start and `(value, None)` for an interval end, in any order: each
+/// start ends at the next end above it. A start without an end is left out.
+pub fn slot_elements_from_bounds(
+    mut bounds: Vec<(u32, Option<(IpAddr, u16)>)>,
+) -> Vec<(Key, Value)> {
+    bounds.sort_by_key(|(at, target)| (*at, target.is_some()));
+    let mut keys = Vec::new();
+    let mut open: Option<(u32, IpAddr, u16)> = None;
+    for (at, target) in bounds {
+        match target {
+            Some((addr, port)) => open = Some((at, addr, port)),
+            None => {
+                if let Some((start, addr, port)) = open.take() {
+                    keys.push((
+                        Key::Slot { at: start, end: at },
+                        Value::Endpoint(addr, port),
+                    ));
+                }
+            }
+        }
+    }
+    keys
 }
 
 impl Key {
@@ -281,6 +416,7 @@ impl Key {
             Key::AddrProtoPort(..) => KeyType::AddrProtoPort,
             Key::ProtoPort(..) => KeyType::ProtoPort,
             Key::AddrPair(_) => KeyType::AddrPair,
+            Key::Slot { .. } => KeyType::Slot,
         }
     }
 }
@@ -299,8 +435,8 @@ pub struct SetDecl {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Set {
     pub decl: SetDecl,
-    /// Element key to its verdict (maps) or `None` (sets).
-    pub elements: BTreeMap<Key, Option<Verdict>>,
+    /// Element key to its value (maps) or `None` (sets).
+    pub elements: BTreeMap<Key, Option<Value>>,
 }
 
 /// One family's complete desired table.
@@ -328,5 +464,51 @@ impl Table {
         for set in self.sets.values_mut() {
             set.elements = std::mem::take(&mut set.elements).into_iter().collect();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_elements_stay_small() {
+        // Every element of every map is a (Key, Option<Value>) in the desired table, in the
+        // committed state and in a cold start's transaction: 30k Services hold 376k of them.
+        assert!(std::mem::size_of::<Key>() <= 20);
+        assert!(std::mem::size_of::<Option<Value>>() <= 24);
+    }
+
+    #[test]
+    fn intervals_tile_the_region_and_read_back() {
+        let targets: Vec<(IpAddr, u16)> = (1..=7u8)
+            .map(|i| (IpAddr::from([10, 0, 0, i]), 8080))
+            .collect();
+        let offset = slot_offset(3);
+        let elements = slot_elements(offset, &targets);
+        let mut next = offset;
+        for ((key, value), target) in elements.iter().zip(&targets) {
+            let Key::Slot { at, end } = *key else {
+                panic!("not an interval: {key:?}")
+            };
+            assert_eq!(at, next);
+            assert!(end - at == SLOT_MODULUS / 7 || end - at == SLOT_MODULUS / 7 + 1);
+            assert_eq!(*value, Value::Endpoint(target.0, target.1));
+            next = end;
+        }
+        assert_eq!(next, offset + SLOT_MODULUS);
+        assert!(slot_region(next - 1) == 3 && SLOT_MODULUS < 1 << SLOT_REGION_BITS);
+
+        // As the kernel lists them: starts with data, ends without, adjacent ones sharing a value.
+        let mut bounds: Vec<(u32, Option<(IpAddr, u16)>)> = Vec::new();
+        for (key, value) in &elements {
+            let (Key::Slot { at, end }, Value::Endpoint(addr, port)) = (key, value) else {
+                unreachable!()
+            };
+            bounds.push((*end, None));
+            bounds.push((*at, Some((*addr, *port))));
+        }
+        bounds.reverse();
+        assert_eq!(slot_elements_from_bounds(bounds), elements);
     }
 }

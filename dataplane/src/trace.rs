@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::ruleset::{Action, Chain, Key, Match, Proto, Table, Verdict};
+use crate::ruleset::{Action, Chain, Key, Match, Proto, Table, Value, Verdict, slot_region};
 
 /// The first packet of a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,8 +179,26 @@ impl Tracer<'_> {
             .sets
             .get(map)
             .and_then(|s| s.elements.get(&key))
-            .cloned()
-            .flatten()
+            .and_then(|v| v.as_ref()?.verdict().cloned())
+    }
+
+    /// The endpoints of the endpoint-map region that starts at `offset`.
+    fn slot_targets(&self, map: &str, offset: u32) -> Vec<SocketAddr> {
+        let Some(set) = self.table.sets.get(map) else {
+            return Vec::new();
+        };
+        let region = slot_region(offset);
+        set.elements
+            .iter()
+            .filter_map(|(k, v)| match (k, v) {
+                (Key::Slot { at, .. }, Some(Value::Endpoint(addr, port)))
+                    if slot_region(*at) == region =>
+                {
+                    Some(SocketAddr::new(*addr, *port))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     fn chain(&mut self, name: &str, state: State, depth: usize) -> Vec<End> {
@@ -274,6 +292,21 @@ impl Tracer<'_> {
             Action::Dnat { addr, port } => {
                 state.dnat = Some(SocketAddr::new(*addr, *port));
                 vec![End::Accept(state)]
+            }
+            Action::DnatSlot { map, offset } => {
+                // Every endpoint with an interval in the region is a possible outcome.
+                let targets = self.slot_targets(map, *offset);
+                if targets.is_empty() {
+                    return continue_here(self, state);
+                }
+                targets
+                    .into_iter()
+                    .map(|target| {
+                        let mut s = state.clone();
+                        s.dnat = Some(target);
+                        End::Accept(s)
+                    })
+                    .collect()
             }
             Action::Masquerade => {
                 state.masqueraded = true;

@@ -14,7 +14,9 @@ use nftproxy_dataplane::plan::{
     Op, TableState, fingerprint, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
     split_new_chains,
 };
-use nftproxy_dataplane::ruleset::{Family, Key, Proto, Table};
+use nftproxy_dataplane::ruleset::{
+    Action, Chain, Family, Key, KeyType, Proto, Rule, Table, Value, slot_region,
+};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -97,6 +99,46 @@ fn config() -> BuildConfig {
 
 fn table(specs: &[SvcSpec]) -> Table {
     build(&cluster(specs), &config(), Family::V4).table
+}
+
+/// `t` without its choice of endpoint-map regions: every `DnatSlot` rule becomes one `dnat` rule
+/// per endpoint of its region, in order, and the endpoint maps go. Two tables that agree here
+/// send every connection to the same endpoints with the same odds.
+fn without_regions(t: &Table) -> Table {
+    let mut out = t.clone();
+    out.sets.retain(|_, s| s.decl.key != KeyType::Slot);
+    for chain in out.chains.values_mut() {
+        let rules = chain
+            .rules
+            .iter()
+            .flat_map(|rule| match &rule.action {
+                Action::DnatSlot { map, offset } => t.sets[*map]
+                    .elements
+                    .iter()
+                    .filter_map(|(k, v)| match (k, v) {
+                        (Key::Slot { at, .. }, Some(Value::Endpoint(addr, port)))
+                            if slot_region(*at) == slot_region(*offset) =>
+                        {
+                            Some(Rule::new(
+                                rule.matches.clone(),
+                                Action::Dnat {
+                                    addr: *addr,
+                                    port: *port,
+                                },
+                            ))
+                        }
+                        _ => None,
+                    })
+                    .collect(),
+                _ => vec![rule.clone()],
+            })
+            .collect();
+        *chain = Chain {
+            rules: Arc::new(rules),
+            ..chain.clone()
+        };
+    }
+    out
 }
 
 /// The state the kernel would hold if `t` had been written from scratch.
@@ -250,7 +292,7 @@ proptest! {
         let names = changed_names(&a, &b, &extra);
         let updated = desired.update(&cb, &config(), &names);
         let full = build(&cb, &config(), Family::V4);
-        prop_assert_eq!(desired.table(), &full.table);
+        prop_assert_eq!(without_regions(desired.table()), without_regions(&full.table));
         prop_assert_eq!(desired.no_local_endpoints(), full.no_local_endpoints);
         let counts = desired.object_counts();
         prop_assert_eq!(counts.0, full.table.chains.len());
@@ -265,8 +307,52 @@ proptest! {
         state.apply(&tx);
         let cleanup = plan_cleanup_scope(&state, desired.table(), &scope);
         state.apply(&cleanup);
-        prop_assert_eq!(&state, &fresh_state(&full.table));
+        prop_assert_eq!(&state, &fresh_state(desired.table()));
     }
+}
+
+#[test]
+fn regions_stay_with_their_chains_and_are_reused() {
+    let spec = |id, endpoints: Vec<u8>| SvcSpec {
+        id,
+        endpoints,
+        node_port: false,
+        udp: false,
+    };
+    let slot_of = |t: &Table, svc: &str| {
+        t.chains
+            .iter()
+            .find(|(name, _)| name.starts_with("service-") && name.contains(svc))
+            .and_then(|(_, c)| match &c.rules[0].action {
+                Action::DnatSlot { map, offset } => Some((*map, *offset)),
+                _ => None,
+            })
+    };
+    let mut c = cluster(&[spec(1, vec![1, 2]), spec(2, vec![1])]);
+    let mut desired = Desired::build(&c, &config(), Family::V4);
+    let before = slot_of(desired.table(), "ns/svc1/").expect("svc1 uses an endpoint map");
+    // Endpoints come and go: the rule, and so the region, stays.
+    for endpoints in [vec![1, 2, 3], vec![3], vec![4, 5, 6, 7, 8]] {
+        c = cluster(&[spec(1, endpoints), spec(2, vec![1])]);
+        let updated = desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
+        assert!(matches!(updated, Updated::Scope(_)));
+        assert_eq!(slot_of(desired.table(), "ns/svc1/"), Some(before));
+    }
+    // Deleted, the region is free for the next chain of its map; its elements are gone.
+    c = cluster(&[spec(2, vec![1])]);
+    desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
+    let left: usize = desired
+        .table()
+        .sets
+        .values()
+        .filter(|s| s.decl.key == KeyType::Slot)
+        .map(|s| s.elements.len())
+        .sum();
+    assert_eq!(left, 1, "svc2's one endpoint");
+    assert!(
+        !desired.table().sets.contains_key(before.0)
+            || slot_of(desired.table(), "ns/svc2/").is_some_and(|s| s.0 == before.0)
+    );
 }
 
 #[test]
@@ -366,19 +452,31 @@ fn one_endpoint_change_touches_only_that_service() {
     changed[7].endpoints.push(3);
     let mut state = None;
     step(&mut state, &table(&many));
-    let tx = plan(state.as_ref(), &table(&changed));
-    // Service chain rewritten (add + flush + 3 rules), the new endpoint's hairpin element.
-    assert!(tx.ops.len() <= 6, "{:#?}", tx.ops);
+    let after = table(&changed);
+    let tx = plan(state.as_ref(), &after);
+    // No rule is written (that would make the kernel re-validate the whole table): svc8's
+    // region of its endpoint map is replaced, and the new endpoint gets its hairpin element.
+    assert!(tx.ops.len() <= 3, "{:#?}", tx.ops);
+    let (map, offset) = after
+        .chains
+        .iter()
+        .find(|(name, _)| name.contains("ns/svc8/"))
+        .and_then(|(_, c)| match &c.rules[0].action {
+            Action::DnatSlot { map, offset } => Some((*map, *offset)),
+            _ => None,
+        })
+        .expect("svc8 uses an endpoint map");
+    let in_region =
+        |k: &Key| matches!(k, Key::Slot { at, .. } if slot_region(*at) == slot_region(offset));
     for op in &tx.ops {
         let touches_svc8 = match op {
-            Op::AddChain { name, .. } | Op::FlushChain { name } => name.contains("ns/svc8/"),
-            Op::AddRules { chain, .. } => chain.contains("ns/svc8/"),
+            Op::AddElements { set, elements } if set == "hairpin-endpoints" => elements
+                .iter()
+                .all(|(k, _)| *k == Key::AddrPair("10.180.8.3".parse().unwrap())),
             Op::AddElements { set, elements } => {
-                set == "hairpin-endpoints"
-                    && elements
-                        .iter()
-                        .all(|(k, _)| *k == Key::AddrPair("10.180.8.3".parse().unwrap()))
+                set == map && elements.iter().all(|(k, _)| in_region(k))
             }
+            Op::DeleteElements { set, keys } => set == map && keys.iter().all(in_region),
             _ => false,
         };
         assert!(touches_svc8, "unexpected op {op:?}");
@@ -395,15 +493,53 @@ fn fingerprints_differ_when_rules_differ() {
     }]);
     let b = table(&[SvcSpec {
         id: 1,
-        endpoints: vec![1, 3],
+        endpoints: vec![1, 2],
         node_port: false,
-        udp: false,
+        udp: true,
     }]);
-    let name = a
-        .chains
-        .keys()
-        .find(|k| k.starts_with("service-"))
-        .unwrap()
-        .clone();
-    assert_ne!(fingerprint(&a.chains[&name]), fingerprint(&b.chains[&name]));
+    let service_chain = |t: &Table| {
+        t.chains
+            .iter()
+            .find(|(k, _)| k.starts_with("service-"))
+            .map(|(_, c)| c.clone())
+            .unwrap()
+    };
+    assert_ne!(
+        fingerprint(&service_chain(&a)),
+        fingerprint(&service_chain(&b))
+    );
+}
+
+#[test]
+fn a_restart_adopts_the_regions_the_kernel_has() {
+    let spec = |id| SvcSpec {
+        id,
+        endpoints: vec![1, 2],
+        node_port: id % 3 == 0,
+        udp: false,
+    };
+    // Services come and go, so regions are no longer in name order.
+    let first: Vec<SvcSpec> = (1..=60).map(spec).collect();
+    let mut desired = Desired::build(&cluster(&first), &config(), Family::V4);
+    let mut state = fresh_state(desired.table());
+    let later: Vec<SvcSpec> = (20..=120).map(spec).collect();
+    let c = cluster(&later);
+    let names: Vec<ObjectName> = (1..=120)
+        .map(|id| ObjectName::new("ns", &format!("svc{id}")))
+        .collect();
+    let Updated::Scope(scope) = desired.update(&c, &config(), &names) else {
+        panic!("expected a scoped update");
+    };
+    state.apply(&plan_scope(&state, desired.table(), &scope));
+    state.apply(&plan_cleanup_scope(&state, desired.table(), &scope));
+    assert_ne!(
+        desired.table(),
+        &build(&c, &config(), Family::V4).table,
+        "the regions should differ from a fresh build's for this test to mean anything"
+    );
+
+    // A new process: the first build adopts the kernel's regions, and nothing is rewritten.
+    let restarted = Desired::build_adopting(&c, &config(), Family::V4, &state);
+    assert_eq!(restarted.table(), desired.table());
+    assert!(plan(Some(&state), restarted.table()).is_empty());
 }

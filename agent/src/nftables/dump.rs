@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use dataplane::plan::{ChainState, SetState, TableState, fingerprint};
+use dataplane::plan::{ChainState, SetState, TableState, dnat_slot, fingerprint};
 use dataplane::ruleset::{
-    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule, SetDecl,
-    TABLE, Verdict,
+    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
+    SLOT_MODULUS, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
+    slot_elements_from_bounds,
 };
 use ipnet::IpNet;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
@@ -430,22 +431,22 @@ fn decode_chain(
     let decoded = rules.remove(&name).unwrap_or_default();
     let empty = decoded.is_empty();
     // A rule nftproxy does not write makes the fingerprint unknown: the planner rewrites it.
-    let fingerprint = decoded
-        .into_iter()
-        .collect::<Option<Vec<Rule>>>()
-        .map(|rules| {
-            fingerprint(&Chain {
-                base,
-                comment: None,
-                rules: rules.into(),
-            })
-        });
+    let decoded = decoded.into_iter().collect::<Option<Vec<Rule>>>();
+    let slot = decoded.as_deref().and_then(dnat_slot);
+    let fingerprint = decoded.map(|rules| {
+        fingerprint(&Chain {
+            base,
+            comment: None,
+            rules: rules.into(),
+        })
+    });
     Some((
         name,
         ChainState {
             base,
             fingerprint,
             empty,
+            slot,
         },
     ))
 }
@@ -458,6 +459,7 @@ struct RawSet {
     key_type: Option<u32>,
     key_len: Option<u32>,
     data_type: Option<u32>,
+    data_len: Option<u32>,
     timeout_ms: Option<u64>,
     comment: Result<Option<String>, ()>,
 }
@@ -471,6 +473,7 @@ impl RawSet {
             key_type: None,
             key_len: None,
             data_type: None,
+            data_len: None,
             timeout_ms: None,
             comment: Ok(None),
         };
@@ -482,6 +485,7 @@ impl RawSet {
                 SetAttribute::KeyType(t) => raw.key_type = Some(t),
                 SetAttribute::KeyLen(l) => raw.key_len = Some(l),
                 SetAttribute::DataType(t) => raw.data_type = Some(t),
+                SetAttribute::DataLen(l) => raw.data_len = Some(l),
                 SetAttribute::Timeout(t) => raw.timeout_ms = Some(t),
                 SetAttribute::UserData(u) => raw.comment = udata_string(&u, UDATA_SET_COMMENT),
                 _ => {}
@@ -499,6 +503,9 @@ impl RawSet {
 
     /// The declaration, if nftproxy could have written it.
     fn decl(&self, family: Family) -> Option<SetDecl> {
+        if self.flags.contains(SetFlags::Interval) {
+            return self.slot_decl(family);
+        }
         let known = SetFlags::Map | SetFlags::Timeout | SetFlags::Eval;
         if !(self.flags - known).is_empty() {
             return None;
@@ -536,6 +543,26 @@ impl RawSet {
             is_vmap,
             comment: self.comment.clone().ok()?,
             timeout_secs,
+        })
+    }
+
+    /// An endpoint map: an interval map (nothing else) from 4-byte values to the family's
+    /// `ADDR . inet_service`. The key type id is not checked: only nft reads it, and the
+    /// elements mean the same whatever it is.
+    fn slot_decl(&self, family: Family) -> Option<SetDecl> {
+        let (data_type, data_len) = slot_data_layout(family);
+        if self.flags != SetFlags::Interval | SetFlags::Map
+            || self.key_len != Some(4)
+            || self.data_type != Some(data_type)
+            || self.data_len != Some(data_len)
+        {
+            return None;
+        }
+        Some(SetDecl {
+            key: KeyType::Slot,
+            is_vmap: false,
+            comment: self.comment.clone().ok()?,
+            timeout_secs: None,
         })
     }
 }
@@ -584,13 +611,35 @@ const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
 
+/// An interval bound of an endpoint map as the kernel lists it: `(value, Some(endpoint))` for a
+/// start, `(value, None)` for an end.
+type SlotBoundRaw = (u32, Option<(IpAddr, u16)>);
+
 /// Adds the elements of the dump `msgs` to `out`; false if one cannot be decoded.
 fn decode_elements(
     family: Family,
     decl: &SetDecl,
     msgs: &[Vec<u8>],
-    out: &mut BTreeMap<Key, Option<Verdict>>,
+    out: &mut BTreeMap<Key, Option<Value>>,
 ) -> bool {
+    if decl.key == KeyType::Slot {
+        let mut bounds = Vec::new();
+        if !walk_elements(msgs, |e| decode_slot_element(family, e, &mut bounds)) {
+            return false;
+        }
+        // An interval is two elements, paired up once all are read.
+        out.extend(
+            slot_elements_from_bounds(bounds)
+                .into_iter()
+                .map(|(k, v)| (k, Some(v))),
+        );
+        return true;
+    }
+    walk_elements(msgs, |e| decode_element(family, decl, e, out))
+}
+
+/// Calls `f` on every element of the dump `msgs`; false if one is malformed or `f` says so.
+fn walk_elements(msgs: &[Vec<u8>], mut f: impl FnMut(&[u8]) -> bool) -> bool {
     for m in msgs {
         let Some(attrs) = message_nlas(m) else {
             return false;
@@ -603,7 +652,7 @@ fn decode_elements(
                 return false;
             };
             for (kind, element) in elements {
-                if kind != NFTA_LIST_ELEM || !decode_element(family, decl, element, out) {
+                if kind != NFTA_LIST_ELEM || !f(element) {
                     return false;
                 }
             }
@@ -616,7 +665,7 @@ fn decode_element(
     family: Family,
     decl: &SetDecl,
     element: &[u8],
-    out: &mut BTreeMap<Key, Option<Verdict>>,
+    out: &mut BTreeMap<Key, Option<Value>>,
 ) -> bool {
     let Some(attrs) = attr_map(element) else {
         return false;
@@ -627,7 +676,7 @@ fn decode_element(
         match kind {
             NFTA_SET_ELEM_KEY => key = data_value(v).and_then(|b| decode_key(family, decl.key, &b)),
             NFTA_SET_ELEM_DATA => {
-                value = data_verdict(v);
+                value = data_verdict(v).map(Value::Verdict);
                 if value.is_none() {
                     return false;
                 }
@@ -643,6 +692,49 @@ fn decode_element(
         return false;
     }
     out.insert(key, value);
+    true
+}
+
+const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
+
+/// One element of an endpoint map: a 4-byte big-endian key, and either the interval-end flag
+/// or the endpoint as data (the address, the port padded to 4 bytes).
+fn decode_slot_element(family: Family, element: &[u8], out: &mut Vec<SlotBoundRaw>) -> bool {
+    let Some(attrs) = attr_map(element) else {
+        return false;
+    };
+    let alen = addr_layout(family).2 as usize;
+    let mut at = None;
+    let mut end = false;
+    let mut target = None;
+    for (kind, v) in attrs {
+        match kind {
+            NFTA_SET_ELEM_KEY => at = data_value(v).and_then(|b| be_u32(&b)),
+            NFTA_SET_ELEM_DATA => {
+                let Some(b) = data_value(v) else { return false };
+                if b.len() != alen + 4 || b[alen + 2..] != [0, 0] {
+                    return false;
+                }
+                let Some(addr) = decode_addr(&b[..alen]) else {
+                    return false;
+                };
+                target = Some((addr, u16::from_be_bytes([b[alen], b[alen + 1]])));
+            }
+            NFTA_SET_ELEM_FLAGS => match be_u32(v) {
+                Some(0) => {}
+                Some(NFT_SET_ELEM_INTERVAL_END) => end = true,
+                _ => return false,
+            },
+            NFTA_SET_ELEM_TIMEOUT | NFTA_SET_ELEM_EXPIRATION | NFTA_SET_ELEM_USERDATA => {}
+            _ => return false,
+        }
+    }
+    let Some(at) = at else { return false };
+    // A start carries its endpoint, an end nothing.
+    if end == target.is_some() {
+        return false;
+    }
+    out.push((at, target));
     true
 }
 
@@ -1184,35 +1276,54 @@ fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
             },
             e,
         ] => {
-            let attrs = is_other(e, "nat")?;
-            let addr_min = reg_of(attrs, NFTA_NAT_REG_ADDR_MIN)?;
-            let proto_min = reg_of(attrs, NFTA_NAT_REG_PROTO_MIN)?;
-            let ok = only(
-                attrs,
-                &[
-                    NFTA_NAT_TYPE,
-                    NFTA_NAT_FAMILY,
-                    NFTA_NAT_REG_ADDR_MIN,
-                    NFTA_NAT_REG_ADDR_MAX,
-                    NFTA_NAT_REG_PROTO_MIN,
-                    NFTA_NAT_REG_PROTO_MAX,
-                    NFTA_NAT_FLAGS,
-                ],
-            ) && get_u32(attrs, NFTA_NAT_TYPE) == Some(NFT_NAT_DNAT)
-                && get_u32(attrs, NFTA_NAT_FAMILY) == Some(u8::from(nfproto(family)).into())
-                && addr_min == *ra
-                && proto_min == *rp
-                && attrs.get(&NFTA_NAT_REG_ADDR_MAX).is_none_or(|_| reg_of(attrs, NFTA_NAT_REG_ADDR_MAX) == Some(addr_min))
-                && attrs.get(&NFTA_NAT_REG_PROTO_MAX).is_none_or(|_| reg_of(attrs, NFTA_NAT_REG_PROTO_MAX) == Some(proto_min))
-                // The kernel adds NF_NAT_RANGE_MAP_IPS and PROTO_SPECIFIED itself.
-                && get_u32(attrs, NFTA_NAT_FLAGS).unwrap_or(0)
-                    & !(NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED)
-                    == 0
+            let ok = dnat_regs(family, is_other(e, "nat")?) == Some((*ra, *rp))
                 && addr.len() == alen as usize
                 && port.len() == 2;
             ok.then_some(Action::Dnat {
                 addr: decode_addr(addr)?,
                 port: u16::from_be_bytes([port[0], port[1]]),
+            })
+        }
+        [
+            Ex::Other { name, attrs: ng },
+            Ex::Other {
+                name: bo_name,
+                attrs: bo,
+            },
+            Ex::Lookup {
+                set,
+                sreg,
+                dreg: Some(data),
+            },
+            e,
+        ] if name == "numgen" && bo_name == "byteorder" => {
+            let value = reg_of(ng, NFTA_NG_DREG)?;
+            let ok = only(
+                ng,
+                &[NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_TYPE, NFTA_NG_OFFSET],
+            ) && get_u32(ng, NFTA_NG_TYPE) == Some(NFT_NG_RANDOM)
+                && get_u32(ng, NFTA_NG_MODULUS) == Some(SLOT_MODULUS)
+                && only(
+                    bo,
+                    &[
+                        NFTA_BYTEORDER_SREG,
+                        NFTA_BYTEORDER_DREG,
+                        NFTA_BYTEORDER_OP,
+                        NFTA_BYTEORDER_LEN,
+                        NFTA_BYTEORDER_SIZE,
+                    ],
+                )
+                && reg_of(bo, NFTA_BYTEORDER_SREG) == Some(value)
+                && reg_of(bo, NFTA_BYTEORDER_DREG) == Some(value)
+                && get_u32(bo, NFTA_BYTEORDER_OP) == Some(NFT_BYTEORDER_HTON)
+                && get_u32(bo, NFTA_BYTEORDER_LEN) == Some(4)
+                && get_u32(bo, NFTA_BYTEORDER_SIZE) == Some(4)
+                && *sreg == value
+                // The endpoint's port follows its address.
+                && dnat_regs(family, is_other(e, "nat")?) == Some((*data, data + alen / 4));
+            ok.then_some(Action::DnatSlot {
+                map: endpoint_map_name(endpoint_map_index(set)?),
+                offset: get_u32(ng, NFTA_NG_OFFSET).unwrap_or(0),
             })
         }
         [
@@ -1271,6 +1382,37 @@ fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
     }
 }
 
+/// The address and port registers of a `nat` expression that is a `dnat` of `family` to one
+/// address and port.
+fn dnat_regs(family: Family, attrs: &BTreeMap<u16, Vec<u8>>) -> Option<(Word, Word)> {
+    let addr_min = reg_of(attrs, NFTA_NAT_REG_ADDR_MIN)?;
+    let proto_min = reg_of(attrs, NFTA_NAT_REG_PROTO_MIN)?;
+    let ok = only(
+        attrs,
+        &[
+            NFTA_NAT_TYPE,
+            NFTA_NAT_FAMILY,
+            NFTA_NAT_REG_ADDR_MIN,
+            NFTA_NAT_REG_ADDR_MAX,
+            NFTA_NAT_REG_PROTO_MIN,
+            NFTA_NAT_REG_PROTO_MAX,
+            NFTA_NAT_FLAGS,
+        ],
+    ) && get_u32(attrs, NFTA_NAT_TYPE) == Some(NFT_NAT_DNAT)
+        && get_u32(attrs, NFTA_NAT_FAMILY) == Some(u8::from(nfproto(family)).into())
+        && attrs
+            .get(&NFTA_NAT_REG_ADDR_MAX)
+            .is_none_or(|_| reg_of(attrs, NFTA_NAT_REG_ADDR_MAX) == Some(addr_min))
+        && attrs
+            .get(&NFTA_NAT_REG_PROTO_MAX)
+            .is_none_or(|_| reg_of(attrs, NFTA_NAT_REG_PROTO_MAX) == Some(proto_min))
+        // The kernel adds NF_NAT_RANGE_MAP_IPS and PROTO_SPECIFIED itself.
+        && get_u32(attrs, NFTA_NAT_FLAGS).unwrap_or(0)
+            & !(NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED)
+            == 0;
+    ok.then_some((addr_min, proto_min))
+}
+
 /// Decodes a rule's `NFTA_RULE_EXPRESSIONS` back into the ruleset model; `None` for anything
 /// nftproxy does not write.
 fn decode_rule(family: Family, exprs: &[u8], comment: Option<String>) -> Option<Rule> {
@@ -1303,7 +1445,7 @@ fn decode_rule(family: Family, exprs: &[u8], comment: Option<String>) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dataplane::ruleset::Proto;
+    use dataplane::ruleset::{Proto, slot_offset};
     use netlink_packet_core::Emitable;
     use netlink_packet_netfilter::nftables::MetaKey;
 
@@ -1370,6 +1512,14 @@ mod tests {
                 Action::MarkOr(0x4000),
                 Action::MarkXor(0x4000),
                 Action::UpdateSaddr { set: "aff".into() },
+                Action::DnatSlot {
+                    map: endpoint_map_name(17),
+                    offset: slot_offset(3),
+                },
+                Action::DnatSlot {
+                    map: endpoint_map_name(0),
+                    offset: 0,
+                },
             ];
             for action in actions {
                 let rule = Rule::new(matches.clone(), action).with_comment("c");
