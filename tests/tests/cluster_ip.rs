@@ -403,6 +403,115 @@ fn second_run_sends_nothing() {
     assert_eq!(listing(&t.node), before);
 }
 
+/// `n` ClusterIP Services `ns/svc-I` (172.30.1.0/24 and up), two endpoints each, without
+/// Service `skip`.
+fn many_services(n: u16, skip: Option<u16>) -> String {
+    use nftproxy_tests::cluster::{Endpoint, Objects, Service, Slice};
+    let mut objects = Objects::new();
+    for i in (0..n).filter(|i| Some(*i) != skip) {
+        let name = format!("svc-{i:03}");
+        objects.push(
+            Service::new(
+                "ns",
+                &name,
+                &format!("172.30.{}.{}", 1 + i / 250, i % 250 + 1),
+            )
+            .port("http", Proto::Tcp, 80),
+        );
+        objects.push(
+            Slice::new("ns", &format!("{name}-a"), &name)
+                .port("http", Proto::Tcp, 80)
+                .endpoint(Endpoint::new("10.180.0.1"))
+                .endpoint(Endpoint::new("10.180.2.1")),
+        );
+    }
+    objects.to_yaml()
+}
+
+/// Each Service chain's endpoint map and offset, from `nft list`.
+fn regions(listing: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut chain = None;
+    for line in listing.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("chain service-") {
+            chain = rest.split_whitespace().next().map(str::to_string);
+        } else if let (Some(c), Some(rule)) = (&chain, line.split(" dnat ip to ").nth(1)) {
+            out.push((c.clone(), rule.to_string()));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_restart_keeps_every_other_services_endpoint_region() {
+    let t = topology();
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first.yaml");
+    std::fs::write(&first, many_services(600, None)).unwrap();
+    let run = |file: &Path| {
+        nftproxy(
+            &t.node,
+            &[
+                "run",
+                "--once",
+                "--from-file",
+                file.to_str().unwrap(),
+                "--config",
+                fixture("cluster-ip-config.yaml").to_str().unwrap(),
+            ],
+        )
+    };
+    assert!(run(&first).status.success());
+    let before = regions(&listing(&t.node));
+    assert_eq!(before.len(), 600, "one endpoint-map rule per Service chain");
+    // A Service holding region 0 of a map that later Services share: a fresh build without it
+    // would move the next one of that map into region 0.
+    let map_of = |rule: &str| rule.split("map @").nth(1).unwrap().to_string();
+    let gone = before
+        .iter()
+        .position(|(_, rule)| {
+            !rule.contains(" offset ")
+                && before
+                    .iter()
+                    .filter(|(_, other)| map_of(other) == map_of(rule))
+                    .count()
+                    > 1
+        })
+        .expect("600 Services over 256 maps share some");
+    let gone_name = before[gone].0.clone();
+    let index: u16 = gone_name
+        .split("svc-")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    // A new process with the Service deleted: the other chains keep their regions, so their
+    // rules are not rewritten (only the deleted Service's objects change).
+    let second = dir.path().join("second.yaml");
+    std::fs::write(&second, many_services(600, Some(index))).unwrap();
+    let out = run(&second);
+    assert!(out.status.success());
+    let after = regions(&listing(&t.node));
+    assert_eq!(after.len(), 599);
+    let moved: Vec<&(String, String)> = after
+        .iter()
+        .filter(|entry| !before.contains(entry))
+        .collect();
+    assert!(
+        moved.is_empty(),
+        "rules rewritten with another region: {moved:?}"
+    );
+    let sent = committed_ops(&String::from_utf8_lossy(&out.stderr));
+    assert!(
+        sent[0] < 20,
+        "IPv4 messages for one deleted Service: {sent:?}"
+    );
+}
+
 #[test]
 fn malformed_services_are_skipped_and_the_rest_works() {
     let t = topology();
