@@ -543,3 +543,62 @@ fn a_restart_adopts_the_regions_the_kernel_has() {
     assert_eq!(restarted.table(), desired.table());
     assert!(plan(Some(&state), restarted.table()).is_empty());
 }
+
+#[test]
+fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
+    use nftproxy_dataplane::build::{BuildEnv, base_table, service_part};
+    use nftproxy_dataplane::slots::{SlotSource, Slots};
+    use nftproxy_dataplane::trace::{Host, Packet, trace};
+
+    let c = cluster(&[SvcSpec {
+        id: 1,
+        endpoints: vec![1, 2, 3],
+        node_port: false,
+        udp: false,
+    }]);
+    let config = config();
+    let env = BuildEnv::new(&c, &config, Family::V4);
+    let svc = c.services.values().next().unwrap();
+    let table_with = |slots: &mut SlotSource<'_>| {
+        let mut t = base_table(&config, &c, Family::V4);
+        service_part(svc, c.slices_of(&svc.name), &env, slots).merge_into(&mut t);
+        t
+    };
+    let full = Slots::new();
+    let cascade = table_with(&mut SlotSource::Lookup(&full));
+    let mut slots = Slots::new();
+    let mapped = table_with(&mut SlotSource::Assign(&mut slots));
+
+    let service_rules = |t: &Table| {
+        t.chains
+            .iter()
+            .find(|(name, _)| name.starts_with("service-"))
+            .map(|(_, c)| c.rules.clone())
+            .unwrap()
+    };
+    assert_eq!(
+        service_rules(&cascade).len(),
+        3,
+        "one dnat rule per endpoint"
+    );
+    assert!(!cascade.sets.values().any(|s| s.decl.key == KeyType::Slot));
+    assert!(matches!(
+        service_rules(&mapped)[..],
+        [Rule {
+            action: Action::DnatSlot { .. },
+            ..
+        }]
+    ));
+
+    // Either way a connection reaches the same endpoints.
+    let pkt = Packet {
+        src: IpAddr::from([10, 180, 9, 9]),
+        dst: "172.30.0.1:80".parse().unwrap(),
+        proto: Proto::Tcp,
+        iif: None,
+    };
+    let a = trace(&cascade, &Host::default(), &pkt);
+    let b = trace(&mapped, &Host::default(), &pkt);
+    assert_eq!(a.endpoints().len(), 3, "{a:?}");
+    assert_eq!(a.outcomes, b.outcomes);
+}
