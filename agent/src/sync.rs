@@ -506,8 +506,6 @@ fn update_desired<'d>(
     (&desired[&family], updated)
 }
 
-/// One family's nftables sync: returns the report and, on the first sync, the UDP frontends
-/// the previous run programmed (read back from the kernel).
 /// What one family's nftables sync is asked to do.
 struct Pass {
     family: Family,
@@ -518,6 +516,8 @@ struct Pass {
     read: Option<Option<TableState>>,
 }
 
+/// One family's nftables sync: returns the report and, on the first sync, the UDP frontends
+/// the previous run programmed (read back from the kernel).
 fn sync_nftables(
     nft: &mut Nftables,
     quieter: Option<&Quieter>,
@@ -533,19 +533,15 @@ fn sync_nftables(
     } = pass;
     // The committed state is taken out while the sync runs: if it fails, it is unknown.
     let known = committed.remove(&family);
-    // A full sync that reads back something other than what we committed found drift.
-    let drift = |previous: Option<Option<TableState>>, current: &Option<TableState>| {
-        full && previous.is_some_and(|p| p != *current)
-    };
     let (current, read, drifted) = match (already_read, known) {
-        (Some(current), previous) => {
-            let drifted = drift(previous, &current);
-            (current, true, drifted)
-        }
         (None, Some(state)) if !full => (state, false, false),
-        (None, previous) => {
-            let current = nft.read_table(family)?;
-            let drifted = drift(previous, &current);
+        (already_read, previous) => {
+            let current = match already_read {
+                Some(current) => current,
+                None => nft.read_table(family)?,
+            };
+            // A full sync that reads back something other than what we committed found drift.
+            let drifted = full && previous.is_some_and(|p| p != current);
             (current, true, drifted)
         }
     };

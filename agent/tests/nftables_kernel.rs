@@ -836,7 +836,7 @@ fn apply_and_check(
             "{what}: unexpected op in\n{text}"
         );
     }
-    // The region is replaced as a whole: its old bounds deleted, the new ones added.
+    // Exactly the intervals that changed are deleted and added, in one transaction.
     let old = &state.sets[endpoint_map_name(ENDPOINT_MAP)].elements;
     let new = &desired.sets[endpoint_map_name(ENDPOINT_MAP)].elements;
     let deleted: usize = tx
@@ -884,8 +884,8 @@ fn apply_and_check(
     read
 }
 
-/// A region's endpoints change as a whole: all its old bounds are deleted and the new ones
-/// added in one transaction, the rules that use the map untouched.
+/// A region's endpoints change: the intervals whose bounds or endpoint changed are deleted and
+/// added again in one transaction, the rules that use the map untouched.
 fn check_endpoint_region_changes(family: Family) {
     let ns = Netns::new("slots");
     let mut nft = ns.open();

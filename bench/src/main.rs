@@ -794,40 +794,28 @@ fn render(report: &Report, cli: &Cli) -> String {
         "input file, MiB",
         col(&|s| s.agent.as_ref().map(|a| mib(a.file_bytes as f64))),
     );
+    // The daemon's figures, when it ran.
+    fn daemon(s: &SizeReport) -> Option<&AgentResult> {
+        s.agent.as_ref().filter(|a| a.idle_window_s > 0.0)
+    }
     t.row(
         "daemon: first sync done after, ms",
-        col(&|s| {
-            s.agent
-                .as_ref()
-                .filter(|a| a.idle_window_s > 0.0)
-                .map(|a| f(a.daemon_first_sync_ms))
-        }),
+        col(&|s| daemon(s).map(|a| f(a.daemon_first_sync_ms))),
     );
     t.row(
         "daemon: RSS after first sync / peak, MiB",
         col(&|s| {
-            s.agent
-                .as_ref()
-                .filter(|a| a.idle_window_s > 0.0)
-                .map(|a| format!("{} / {}", f(a.daemon_rss_mib), f(a.daemon_peak_rss_mib)))
+            daemon(s).map(|a| format!("{} / {}", f(a.daemon_rss_mib), f(a.daemon_peak_rss_mib)))
         }),
     );
     t.row(
         &format!("daemon: CPU while idle for {} s, ms", cli.idle_seconds),
-        col(&|s| {
-            s.agent
-                .as_ref()
-                .filter(|a| a.idle_window_s > 0.0)
-                .map(|a| f(a.idle_cpu_ms))
-        }),
+        col(&|s| daemon(s).map(|a| f(a.idle_cpu_ms))),
     );
     t.row(
         "daemon: nft delete table ip nftproxy / then rebuilt after, ms",
         col(&|s| {
-            s.agent
-                .as_ref()
-                .filter(|a| a.idle_window_s > 0.0)
-                .map(|a| format!("{} / {}", f(a.table_delete_ms), f(a.daemon_repair_ms)))
+            daemon(s).map(|a| format!("{} / {}", f(a.table_delete_ms), f(a.daemon_repair_ms)))
         }),
     );
 

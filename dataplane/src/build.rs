@@ -636,9 +636,27 @@ pub struct Part {
 }
 
 impl Part {
+    /// Creates the endpoint maps this part has elements in and `table` lacks: an endpoint map
+    /// (see [`crate::ruleset::Action::DnatSlot`]) exists while it has elements.
+    pub fn add_endpoint_maps(&self, table: &mut Table) {
+        for (set, key) in self.elements.keys() {
+            if key.key_type() == KeyType::Slot && !table.sets.contains_key(*set) {
+                let decl = SetDecl {
+                    key: KeyType::Slot,
+                    is_vmap: false,
+                    comment: None,
+                    timeout_secs: None,
+                };
+                let elements = BTreeMap::new();
+                table.sets.insert(set.to_string(), Set { decl, elements });
+            }
+        }
+    }
+
     /// Adds this part to `table`; an element of a map the table lacks is ignored, except that
     /// endpoint maps are created when their first element arrives.
     pub fn merge_into(&self, table: &mut Table) {
+        self.add_endpoint_maps(table);
         for (name, chain) in &self.chains {
             table.chains.insert(name.clone(), chain.clone());
         }
@@ -646,27 +664,10 @@ impl Part {
             table.sets.insert(name.clone(), set.clone());
         }
         for ((set, key), value) in &self.elements {
-            if key.key_type() == KeyType::Slot && !table.sets.contains_key(*set) {
-                table.sets.insert(set.to_string(), endpoint_map());
-            }
             if let Some(s) = table.sets.get_mut(*set) {
                 s.elements.insert(*key, value.clone());
             }
         }
-    }
-}
-
-/// An endpoint map (see [`crate::ruleset::Action::DnatSlot`]); one exists while it has
-/// elements.
-pub fn endpoint_map() -> Set {
-    Set {
-        decl: SetDecl {
-            key: KeyType::Slot,
-            is_vmap: false,
-            comment: None,
-            timeout_secs: None,
-        },
-        elements: BTreeMap::new(),
     }
 }
 

@@ -19,9 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::IpNet;
 
-use crate::build::{
-    BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, endpoint_map, service_part,
-};
+use crate::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::plan::TableState;
 use crate::ruleset::{ChainName, Family, Key, KeyType, Table};
@@ -130,7 +128,7 @@ impl Desired {
         cluster: &Cluster,
         config: &BuildConfig,
         family: Family,
-        mut slots: Slots,
+        slots: Slots,
     ) -> Desired {
         let table = base_table(config, cluster, family);
         let mut desired = Desired {
@@ -141,7 +139,7 @@ impl Desired {
             inputs: NodeInputs::of(cluster, family),
             built_from: cluster.clone(),
             shared: HashMap::new(),
-            slots: Slots::new(),
+            slots,
             no_local_endpoints: NoLocalEndpoints::default(),
         };
         let env = BuildEnv::new(cluster, config, family);
@@ -150,14 +148,13 @@ impl Desired {
                 svc,
                 cluster.slices_of(&svc.name),
                 &env,
-                &mut SlotSource::Assign(&mut slots),
+                &mut SlotSource::Assign(&mut desired.slots),
             );
             // Contested elements resolve by insertion order here, as in a full build.
             desired.insert(&part);
         }
         let chains = &desired.table.chains;
-        slots.retain(|chain| chains.contains_key(chain));
-        desired.slots = slots;
+        desired.slots.retain(|chain| chains.contains_key(chain));
         desired.table.compact();
         desired
     }
@@ -250,11 +247,8 @@ impl Desired {
     /// Adds a Service's part; true if another Service already claims one of its elements.
     fn insert(&mut self, part: &Part) -> bool {
         let mut contested = false;
-        for (set, key) in part.elements.keys() {
-            if key.key_type() == KeyType::Slot && !self.table.sets.contains_key(*set) {
-                self.table.sets.insert(set.to_string(), endpoint_map());
-            }
-        }
+        // Before counting, which skips elements of maps the table lacks.
+        part.add_endpoint_maps(&mut self.table);
         for (key, value) in &part.elements {
             // `merge_into` ignores elements of maps the table lacks.
             let Some(set) = self.table.sets.get(key.0) else {

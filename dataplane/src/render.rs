@@ -142,13 +142,6 @@ fn element_text(key: &Key, value: Option<&Value>) -> String {
     }
 }
 
-/// Elements as nft writes them.
-fn elements_text<'k>(elements: impl Iterator<Item = (&'k Key, Option<&'k Value>)>) -> Vec<String> {
-    elements
-        .map(|(key, value)| element_text(key, value))
-        .collect()
-}
-
 fn base_chain_text(b: &BaseChain) -> String {
     let t = match b.chain_type {
         ChainType::Filter => "filter",
@@ -201,7 +194,11 @@ pub fn table_text(table: &Table) -> String {
         let _ = writeln!(out, "\t{} {name} {{", set_kind(&set.decl));
         set_decl_lines(table.family, &set.decl, &mut out, "\t\t");
         if !set.elements.is_empty() {
-            let elems = elements_text(set.elements.iter().map(|(k, v)| (k, v.as_ref())));
+            let elems: Vec<String> = set
+                .elements
+                .iter()
+                .map(|(k, v)| element_text(k, v.as_ref()))
+                .collect();
             let _ = writeln!(out, "\t\telements = {{ {} }}", elems.join(",\n\t\t\t     "));
         }
         let _ = writeln!(out, "\t}}");
@@ -277,11 +274,14 @@ pub fn transaction_text(tx: &Transaction) -> String {
             }
             Op::DeleteSet { name } => format!("delete set {f} {TABLE} {name}"),
             Op::AddElements { set, elements } => {
-                let elems = elements_text(elements.iter().map(|(k, v)| (k, v.as_ref())));
+                let elems: Vec<String> = elements
+                    .iter()
+                    .map(|(k, v)| element_text(k, v.as_ref()))
+                    .collect();
                 format!("add element {f} {TABLE} {set} {{ {} }}", elems.join(", "))
             }
             Op::DeleteElements { set, keys } => {
-                let elems = elements_text(keys.iter().map(|k| (k, None)));
+                let elems: Vec<String> = keys.iter().map(key_text).collect();
                 format!(
                     "delete element {f} {TABLE} {set} {{ {} }}",
                     elems.join(", ")

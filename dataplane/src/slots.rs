@@ -55,18 +55,23 @@ impl Slots {
         self.by_chain.get(chain).copied()
     }
 
+    /// Map `map`'s bits, every map's being allocated on first use.
+    fn bits(&mut self, map: usize) -> &mut [u64; WORDS_PER_MAP] {
+        if self.used.is_empty() {
+            self.used = vec![[0; WORDS_PER_MAP]; ENDPOINT_MAPS];
+        }
+        &mut self.used[map]
+    }
+
     /// The chain's region, assigning the lowest free one of its map if it has none yet; `None`
     /// when that map is full.
     pub fn assign(&mut self, chain: &ChainName) -> Option<Slot> {
         if let Some(slot) = self.get(chain) {
             return Some(slot);
         }
-        if self.used.is_empty() {
-            self.used = vec![[0; WORDS_PER_MAP]; ENDPOINT_MAPS];
-        }
         let map = map_of(chain);
-        let words = &mut self.used[map];
-        let (w, word) = words
+        let (w, word) = self
+            .bits(map)
             .iter_mut()
             .enumerate()
             .find(|(_, w)| **w != u64::MAX)?;
@@ -83,25 +88,25 @@ impl Slots {
     /// Gives `chain` `slot` (as a previous run of the agent did), unless the chain already has
     /// a region or the region is taken.
     pub fn seed(&mut self, chain: &ChainName, slot: Slot) {
-        if slot.map >= ENDPOINT_MAPS || slot.region >= SLOT_REGIONS_PER_MAP {
+        if slot.map >= ENDPOINT_MAPS
+            || slot.region >= SLOT_REGIONS_PER_MAP
+            || self.by_chain.contains_key(chain)
+        {
             return;
         }
-        if self.used.is_empty() {
-            self.used = vec![[0; WORDS_PER_MAP]; ENDPOINT_MAPS];
+        let (w, mask) = word_and_mask(slot.region);
+        let word = &mut self.bits(slot.map)[w];
+        if *word & mask == 0 {
+            *word |= mask;
+            self.by_chain.insert(chain.clone(), slot);
         }
-        let (w, bit) = (slot.region as usize / 64, slot.region % 64);
-        if self.by_chain.contains_key(chain) || self.used[slot.map][w] & (1 << bit) != 0 {
-            return;
-        }
-        self.used[slot.map][w] |= 1 << bit;
-        self.by_chain.insert(chain.clone(), slot);
     }
 
     /// Frees the chain's region, if it has one.
     pub fn release(&mut self, chain: &str) {
         if let Some(slot) = self.by_chain.remove(chain) {
-            let (w, bit) = (slot.region as usize / 64, slot.region % 64);
-            self.used[slot.map][w] &= !(1 << bit);
+            let (w, mask) = word_and_mask(slot.region);
+            self.bits(slot.map)[w] &= !mask;
         }
     }
 
@@ -112,14 +117,11 @@ impl Slots {
             self.release(&chain);
         }
     }
+}
 
-    pub fn len(&self) -> usize {
-        self.by_chain.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_chain.is_empty()
-    }
+/// Where region `region`'s bit is in its map's words.
+fn word_and_mask(region: u32) -> (usize, u64) {
+    (region as usize / 64, 1 << (region % 64))
 }
 
 /// How a Service's part gets its chains' regions: a part being added may be assigned new ones,

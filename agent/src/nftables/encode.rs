@@ -815,13 +815,22 @@ fn chain_message(
 }
 
 fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Command, String> {
-    if decl.key == KeyType::Slot {
-        return slot_set_message(family, name, decl, id);
+    // An endpoint map is what nft 1.0.6 creates for `typeof numgen random mod 2 : ip daddr .
+    // th dport`, `flags interval`: an interval map from a 4-byte integer to `ADDR .
+    // inet_service`.
+    let endpoint_map = decl.key == KeyType::Slot;
+    if endpoint_map && (decl.is_vmap || decl.timeout_secs.is_some()) {
+        return Err(format!(
+            "endpoint map {name} cannot be a verdict map or have a timeout"
+        ));
     }
     let (key_type, key_len) = key_layout(family, decl.key);
     let mut flags = SetFlags::empty();
     if decl.is_vmap {
         flags |= SetFlags::Map;
+    }
+    if endpoint_map {
+        flags |= SetFlags::Interval | SetFlags::Map;
     }
     if decl.timeout_secs.is_some() {
         flags |= SetFlags::Timeout | SetFlags::Eval;
@@ -837,17 +846,27 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
         // Verdict data needs no NFTA_SET_DATA_LEN: the kernel knows a verdict's size.
         attributes.push(SetAttribute::DataType(NFT_DATA_VERDICT));
     }
+    if endpoint_map {
+        let (data_type, data_len) = slot_data_layout(family);
+        attributes.push(SetAttribute::DataType(data_type));
+        attributes.push(SetAttribute::DataLen(data_len));
+    }
     attributes.push(SetAttribute::Id(id));
     if let Some(secs) = decl.timeout_secs {
         attributes.push(SetAttribute::Timeout(u64::from(secs) * 1000));
     }
-    let mut udata = Vec::new();
-    if decl.key == KeyType::Addr {
-        // nft records the key byte order of address sets; without it nft still prints them, but
-        // writing what nft writes keeps `nft list` output identical.
-        udata.extend_from_slice(&[UDATA_SET_KEYBYTEORDER, 4]);
-        udata.extend_from_slice(&BYTEORDER_BIG_ENDIAN.to_ne_bytes());
-    }
+    // What nft writes, so that `nft list` output is identical: the key byte order of address
+    // sets (without it nft still prints them), the `typeof` of endpoint maps (without it nft
+    // cannot print them).
+    let mut udata = match decl.key {
+        KeyType::Addr => {
+            let mut u = Vec::new();
+            tlv_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG_ENDIAN);
+            u
+        }
+        KeyType::Slot => slot_udata(family),
+        _ => Vec::new(),
+    };
     if let Some(c) = &decl.comment {
         udata.extend(udata_string(UDATA_SET_COMMENT, c)?);
     }
@@ -859,46 +878,6 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
     }
     Ok(Command {
         msg: NfTablesMessage::NewSet(SetMessage { attributes }),
-        flags: NLM_F_CREATE,
-    })
-}
-
-/// An endpoint map, as nft 1.0.6 creates `typeof numgen random mod 2 : ip daddr . th dport`,
-/// `flags interval`: an interval map from a 4-byte integer to `ADDR . inet_service`.
-fn slot_set_message(
-    family: Family,
-    name: &str,
-    decl: &SetDecl,
-    id: u32,
-) -> Result<Command, String> {
-    if decl.is_vmap || decl.timeout_secs.is_some() {
-        return Err(format!(
-            "endpoint map {name} cannot be a verdict map or have a timeout"
-        ));
-    }
-    let (key_type, key_len) = key_layout(family, decl.key);
-    let (data_type, data_len) = slot_data_layout(family);
-    let mut udata = slot_udata(family);
-    if let Some(c) = &decl.comment {
-        udata.extend(udata_string(UDATA_SET_COMMENT, c)?);
-    }
-    if udata.len() > USERDATA_MAXLEN {
-        return Err("set user data exceeds 256 bytes".to_string());
-    }
-    Ok(Command {
-        msg: NfTablesMessage::NewSet(SetMessage {
-            attributes: vec![
-                SetAttribute::Table(TABLE.to_string()),
-                SetAttribute::Name(name.to_string()),
-                SetAttribute::Flags(SetFlags::Interval | SetFlags::Map),
-                SetAttribute::KeyType(key_type),
-                SetAttribute::KeyLen(key_len),
-                SetAttribute::DataType(data_type),
-                SetAttribute::DataLen(data_len),
-                SetAttribute::Id(id),
-                SetAttribute::UserData(udata),
-            ],
-        }),
         flags: NLM_F_CREATE,
     })
 }
