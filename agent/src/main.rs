@@ -448,7 +448,8 @@ fn trace_cmd(
     }
     let built = build(&cluster, &settings.build, family);
     let host = Host { local_addresses };
-    let result = trace(&built.table, &host, &pkt);
+    let mut result = trace(&built.table, &host, &pkt);
+    result.name_services(&cluster, family);
     print_out(&nftproxy::explain::explain(&pkt, &host, &result))
 }
 

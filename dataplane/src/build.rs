@@ -103,6 +103,85 @@ pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
+pub const NODEPORTS: &str = "nodeports";
+pub const MASQUERADE_SERVICES: &str = "masquerade-services";
+pub const MASQUERADE_NODEPORTS: &str = "masquerade-nodeports";
+pub const LOCAL_POLICY_SERVICES: &str = "local-policy-services";
+pub const LOCAL_POLICY_NODEPORTS: &str = "local-policy-nodeports";
+
+/// Most endpoints a Service port may have to be served by the shared endpoint lists rather
+/// than a chain of its own; each k up to it has a map and a rule (first packets try the rules
+/// in turn, so this stays small).
+pub const LIST_MAX_ENDPOINTS: usize = 8;
+
+/// The four families of endpoint-list maps and the chains that DNAT through them: by frontend
+/// (Service address or node port) and by which endpoints (all, or this node's for a Local
+/// traffic policy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndpointLists {
+    ClusterServices,
+    LocalServices,
+    ClusterNodePorts,
+    LocalNodePorts,
+}
+
+impl EndpointLists {
+    pub const ALL: [EndpointLists; 4] = [
+        EndpointLists::ClusterServices,
+        EndpointLists::LocalServices,
+        EndpointLists::ClusterNodePorts,
+        EndpointLists::LocalNodePorts,
+    ];
+
+    pub fn of(local: bool, nodeport: bool) -> EndpointLists {
+        match (local, nodeport) {
+            (false, false) => EndpointLists::ClusterServices,
+            (true, false) => EndpointLists::LocalServices,
+            (false, true) => EndpointLists::ClusterNodePorts,
+            (true, true) => EndpointLists::LocalNodePorts,
+        }
+    }
+
+    pub fn nodeport(self) -> bool {
+        matches!(
+            self,
+            EndpointLists::ClusterNodePorts | EndpointLists::LocalNodePorts
+        )
+    }
+
+    /// The chain that tries the maps of every k in turn.
+    pub fn chain(self) -> &'static str {
+        match self {
+            EndpointLists::ClusterServices => "cluster-endpoints",
+            EndpointLists::LocalServices => "local-endpoints",
+            EndpointLists::ClusterNodePorts => "cluster-nodeport-endpoints",
+            EndpointLists::LocalNodePorts => "local-nodeport-endpoints",
+        }
+    }
+
+    /// The map of the lists with `k` endpoints (1 ≤ k ≤ [`LIST_MAX_ENDPOINTS`]).
+    pub fn map(self, k: usize) -> &'static str {
+        static NAMES: std::sync::LazyLock<Vec<Vec<String>>> = std::sync::LazyLock::new(|| {
+            EndpointLists::ALL
+                .iter()
+                .map(|l| {
+                    (1..=LIST_MAX_ENDPOINTS)
+                        .map(|k| format!("{}-{k}", l.chain()))
+                        .collect()
+                })
+                .collect()
+        });
+        &NAMES[self as usize][k - 1]
+    }
+
+    fn key_type(self) -> KeyType {
+        if self.nodeport() {
+            KeyType::ProtoPortIndex
+        } else {
+            KeyType::AddrProtoPortIndex
+        }
+    }
+}
 
 /// Longest chain-name base (kube-proxy keeps 16 of nftables' 256 bytes for prefixes).
 const CHAIN_NAME_BASE_MAX: usize = 240;
@@ -429,6 +508,7 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
                 (vec![m.clone()], vec![m])
             }
         };
+    let det = detector(config, cluster, family);
     // ClusterIP traffic from outside the pod network (or all of it with masqueradeAll) is
     // masqueraded: one rule for every ClusterIP instead of one per Service chain.
     let cluster_ip = Match::DaddrInSet {
@@ -437,34 +517,95 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     let masquerade = if config.masquerade_all {
         Some(vec![cluster_ip])
     } else {
-        detector(config, cluster, family)
-            .is_not_local
-            .map(|m| vec![cluster_ip, m])
+        det.is_not_local.clone().map(|m| vec![cluster_ip, m])
     };
     let mut services = Vec::new();
     if let Some(matches) = masquerade {
         services.push(Rule::new(matches, jump(MARK_FOR_MASQUERADE)));
     }
+    let frontend_in = |set: &str| Match::AddrProtoPortInSet { set: set.into() };
+    let nodeport_in = |set: &str| Match::ProtoPortInSet { set: set.into() };
+    services.extend([
+        Rule::new(
+            vec![],
+            Action::VmapAddrProtoPort {
+                map: SERVICE_IPS.into(),
+            },
+        ),
+        Rule::new(
+            vec![frontend_in(LOCAL_POLICY_SERVICES)],
+            goto(&LOCAL_POLICY_SERVICES.into()),
+        ),
+        Rule::new(
+            vec![frontend_in(MASQUERADE_SERVICES)],
+            jump(MARK_FOR_MASQUERADE),
+        ),
+        Rule::new(vec![], jump(EndpointLists::ClusterServices.chain())),
+        Rule::new(vec![], jump(EndpointLists::LocalServices.chain())),
+        Rule::new(nodeport_match, jump(NODEPORTS)),
+    ]);
+    let nodeports = vec![
+        Rule::new(
+            vec![],
+            Action::VmapProtoPort {
+                map: SERVICE_NODEPORTS.into(),
+            },
+        ),
+        Rule::new(
+            vec![nodeport_in(LOCAL_POLICY_NODEPORTS)],
+            goto(&LOCAL_POLICY_NODEPORTS.into()),
+        ),
+        Rule::new(
+            vec![nodeport_in(MASQUERADE_NODEPORTS)],
+            jump(MARK_FOR_MASQUERADE),
+        ),
+        Rule::new(vec![], goto(&EndpointLists::ClusterNodePorts.chain().into())),
+    ];
+    // External traffic to a Service with externalTrafficPolicy Local (what each such
+    // Service's external chain does in kube-proxy, shared).
+    let local_policy = |cluster: EndpointLists, local: EndpointLists| {
+        let cluster: ChainName = cluster.chain().into();
+        let mut rules = Vec::new();
+        if let Some(m) = &det.is_local {
+            rules.push(
+                Rule::new(vec![m.clone()], goto(&cluster)).with_comment("short-circuit pod traffic"),
+            );
+        }
+        rules.extend([
+            Rule::new(vec![Match::FibSaddrLocal], jump(MARK_FOR_MASQUERADE))
+                .with_comment("masquerade local traffic"),
+            Rule::new(vec![Match::FibSaddrLocal], goto(&cluster))
+                .with_comment("short-circuit local traffic"),
+            Rule::new(vec![], goto(&local.chain().into())),
+        ]);
+        regular(rules)
+    };
     let c = &mut t.chains;
+    c.insert(SERVICES.into(), regular(services));
+    c.insert(NODEPORTS.into(), regular(nodeports));
     c.insert(
-        SERVICES.into(),
-        regular(vec![
-            Rule::new(
-                vec![],
-                Action::VmapAddrProtoPort {
-                    map: SERVICE_IPS.into(),
-                },
-            ),
-            Rule::new(
-                nodeport_match,
-                Action::VmapProtoPort {
-                    map: SERVICE_NODEPORTS.into(),
-                },
-            ),
-        ]),
+        LOCAL_POLICY_SERVICES.into(),
+        local_policy(EndpointLists::ClusterServices, EndpointLists::LocalServices),
     );
-    let rules = Arc::make_mut(&mut c.get_mut(SERVICES).expect("just inserted").rules);
-    rules.splice(0..0, services);
+    c.insert(
+        LOCAL_POLICY_NODEPORTS.into(),
+        local_policy(EndpointLists::ClusterNodePorts, EndpointLists::LocalNodePorts),
+    );
+    for lists in EndpointLists::ALL {
+        let rules = (1..=LIST_MAX_ENDPOINTS)
+            .map(|k| {
+                Rule::new(
+                    vec![],
+                    Action::DnatIndexed {
+                        map: lists.map(k).into(),
+                        nodeport: lists.nodeport(),
+                        modulus: k as u32,
+                    },
+                )
+            })
+            .collect();
+        c.insert(lists.chain().into(), regular(rules));
+    }
     c.insert(
         NODEPORT_ENDPOINTS_CHECK.into(),
         regular(vec![Rule::new(
@@ -533,6 +674,42 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         ),
     ] {
         t.sets.insert(name.into(), set(key, true, comment));
+    }
+    for (name, key, comment) in [
+        (
+            MASQUERADE_SERVICES,
+            KeyType::AddrProtoPort,
+            "external IPs and load-balancer IPs of Services with externalTrafficPolicy Cluster",
+        ),
+        (
+            MASQUERADE_NODEPORTS,
+            KeyType::ProtoPort,
+            "NodePorts of Services with externalTrafficPolicy Cluster",
+        ),
+        (
+            LOCAL_POLICY_SERVICES,
+            KeyType::AddrProtoPort,
+            "external IPs and load-balancer IPs of Services with externalTrafficPolicy Local",
+        ),
+        (
+            LOCAL_POLICY_NODEPORTS,
+            KeyType::ProtoPort,
+            "NodePorts of Services with externalTrafficPolicy Local",
+        ),
+    ] {
+        t.sets.insert(name.into(), set(key, false, comment));
+    }
+    for lists in EndpointLists::ALL {
+        for k in 1..=LIST_MAX_ENDPOINTS {
+            let decl = SetDecl {
+                key: lists.key_type(),
+                is_vmap: false,
+                comment: None,
+                timeout_secs: None,
+            };
+            let elements = BTreeMap::new();
+            t.sets.insert(lists.map(k).into(), Set { decl, elements });
+        }
     }
     t
 }
@@ -742,6 +919,63 @@ fn insert_element(part: &mut Part, set: &'static str, key: Key, value: Option<Ve
     part.elements.insert((set, key), value.map(Value::Verdict));
 }
 
+/// `ns/name:port` (`ns/name` for an unnamed port): how chain comments and traces name a
+/// Service port.
+pub fn port_label(svc: &Service, port: &ServicePort) -> String {
+    if port.name.is_empty() {
+        svc.name.to_string()
+    } else {
+        format!("{}:{}", svc.name, port.name)
+    }
+}
+
+/// Where external or internal traffic reaches a Service port.
+#[derive(Clone, Copy, Debug)]
+enum Frontend {
+    /// A ClusterIP, external IP or load-balancer IP, and the port.
+    Addr(IpAddr, u16),
+    /// A node port on the node's NodePort addresses.
+    NodePort(u16),
+}
+
+impl Frontend {
+    fn key(self, proto: Proto) -> Key {
+        match self {
+            Frontend::Addr(ip, port) => Key::AddrProtoPort(ip, proto, port),
+            Frontend::NodePort(port) => Key::ProtoPort(proto, port),
+        }
+    }
+
+    /// `services` for an address, `nodeports` for a node port.
+    fn pick(self, services: &'static str, nodeports: &'static str) -> &'static str {
+        match self {
+            Frontend::Addr(..) => services,
+            Frontend::NodePort(_) => nodeports,
+        }
+    }
+}
+
+/// Adds the endpoint list of `frontend` (at most [`LIST_MAX_ENDPOINTS`] endpoints): entry i of
+/// the map for k endpoints DNATs to endpoint i.
+fn list_elements(
+    part: &mut Part,
+    frontend: Frontend,
+    proto: Proto,
+    local: bool,
+    eps: &[PortEndpoint],
+) {
+    let lists = EndpointLists::of(local, matches!(frontend, Frontend::NodePort(_)));
+    let map = lists.map(eps.len());
+    for (i, ep) in (0u8..).zip(eps) {
+        let key = match frontend {
+            Frontend::Addr(ip, port) => Key::AddrProtoPortIndex(ip, proto, port, i),
+            Frontend::NodePort(port) => Key::ProtoPortIndex(proto, port, i),
+        };
+        part.elements
+            .insert((map, key), Some(Value::Endpoint(ep.addr, ep.port)));
+    }
+}
+
 impl PortContext<'_> {
     fn ips_of_family<'b>(&self, ips: &'b [IpAddr]) -> impl Iterator<Item = IpAddr> + 'b {
         let family = self.family;
@@ -751,11 +985,7 @@ impl PortContext<'_> {
     }
 
     fn comment(&self) -> String {
-        if self.port.name.is_empty() {
-            self.svc.name.to_string()
-        } else {
-            format!("{}:{}", self.svc.name, self.port.name)
-        }
+        port_label(self.svc, self.port)
     }
 
     fn add(&self, part: &mut Part, cat: &Categorized, usage: Usage, slots: &mut SlotSource<'_>) {
@@ -900,16 +1130,32 @@ impl PortContext<'_> {
 
         let uses_cluster_chain = !cat.cluster.is_empty() && usage.uses_cluster;
         let uses_local_chain = !cat.local.is_empty() && usage.uses_local;
-        if uses_cluster_chain {
+        // Without session affinity and with short enough endpoint lists, the Service port
+        // needs no chain: its frontends' endpoint lists are map elements that the shared
+        // `…-endpoints` chains DNAT to.
+        let direct = affinity_chains.is_empty()
+            && cat.cluster.len() <= LIST_MAX_ENDPOINTS
+            && cat.local.len() <= LIST_MAX_ENDPOINTS;
+        if !direct && uses_cluster_chain {
             let mut chain = regular(dispatch(part, &cluster_chain, &cat.cluster, slots));
             chain.comment = Some(self.comment().into());
             part.chains.insert(cluster_chain.clone(), chain);
         }
-        if uses_local_chain {
+        if !direct && uses_local_chain {
             let mut chain = regular(dispatch(part, &local_chain, &cat.local, slots));
             chain.comment = Some(self.comment().into());
             part.chains.insert(local_chain.clone(), chain);
         }
+        let list = |part: &mut Part, frontend: Frontend, local: bool| {
+            let (eps, used) = if local {
+                (&cat.local, uses_local_chain)
+            } else {
+                (&cat.cluster, uses_cluster_chain)
+            };
+            if used {
+                list_elements(part, frontend, proto, local, eps);
+            }
+        };
 
         // Internal (ClusterIP) traffic.
         let internal_chain = if svc.internal_policy_local {
@@ -919,12 +1165,16 @@ impl PortContext<'_> {
         };
         let has_internal = !(svc.internal_policy_local && cat.local.is_empty());
         if has_internal {
-            insert_element(
-                part,
-                SERVICE_IPS,
-                cip_key,
-                Some(Verdict::Goto(internal_chain.clone())),
-            );
+            if direct {
+                list(part, Frontend::Addr(self.cluster_ip, port), svc.internal_policy_local);
+            } else {
+                insert_element(
+                    part,
+                    SERVICE_IPS,
+                    cip_key,
+                    Some(Verdict::Goto(internal_chain.clone())),
+                );
+            }
         } else {
             part.no_local_endpoints.internal += 1;
             insert_element(part, NO_ENDPOINT_SERVICES, cip_key, Some(Verdict::Drop));
@@ -935,48 +1185,62 @@ impl PortContext<'_> {
             return;
         }
         let has_external = !(svc.external_policy_local && cat.local.is_empty());
-        let mut rules = Vec::new();
-        if svc.external_policy_local {
-            if let Some(m) = &self.det.is_local {
-                rules.push(
-                    Rule::new(vec![m.clone()], goto(&cluster_chain))
-                        .with_comment("short-circuit pod traffic"),
-                );
-            }
-            rules.push(
-                Rule::new(vec![Match::FibSaddrLocal], jump(MARK_FOR_MASQUERADE))
-                    .with_comment("masquerade local traffic"),
-            );
-            rules.push(
-                Rule::new(vec![Match::FibSaddrLocal], goto(&cluster_chain))
-                    .with_comment("short-circuit local traffic"),
-            );
-            if uses_local_chain {
-                rules.push(Rule::new(vec![], goto(&local_chain)));
+        let mut frontends: Vec<Frontend> = external_ips
+            .iter()
+            .map(|ip| Frontend::Addr(*ip, port))
+            .collect();
+        frontends.extend(self.port.node_port.map(Frontend::NodePort));
+        if direct {
+            for frontend in &frontends {
+                let policy = if svc.external_policy_local {
+                    frontend.pick(LOCAL_POLICY_SERVICES, LOCAL_POLICY_NODEPORTS)
+                } else {
+                    frontend.pick(MASQUERADE_SERVICES, MASQUERADE_NODEPORTS)
+                };
+                insert_element(part, policy, frontend.key(proto), None);
+                list(part, *frontend, false);
+                if svc.external_policy_local {
+                    list(part, *frontend, true);
+                }
             }
         } else {
-            rules.push(Rule::new(vec![], jump(MARK_FOR_MASQUERADE)));
-            rules.push(Rule::new(vec![], goto(&cluster_chain)));
-        }
-        let mut chain = regular(rules);
-        chain.comment = Some(self.comment().into());
-        part.chains.insert(external_chain.clone(), chain);
-        let to_external = Some(Verdict::Goto(external_chain));
-        for ip in &external_ips {
-            let key = Key::AddrProtoPort(*ip, proto, port);
-            insert_element(part, SERVICE_IPS, key, to_external.clone());
-            if !has_external {
-                insert_element(part, NO_ENDPOINT_SERVICES, key, Some(Verdict::Drop));
+            let mut rules = Vec::new();
+            if svc.external_policy_local {
+                if let Some(m) = &self.det.is_local {
+                    rules.push(
+                        Rule::new(vec![m.clone()], goto(&cluster_chain))
+                            .with_comment("short-circuit pod traffic"),
+                    );
+                }
+                rules.push(
+                    Rule::new(vec![Match::FibSaddrLocal], jump(MARK_FOR_MASQUERADE))
+                        .with_comment("masquerade local traffic"),
+                );
+                rules.push(
+                    Rule::new(vec![Match::FibSaddrLocal], goto(&cluster_chain))
+                        .with_comment("short-circuit local traffic"),
+                );
+                if uses_local_chain {
+                    rules.push(Rule::new(vec![], goto(&local_chain)));
+                }
+            } else {
+                rules.push(Rule::new(vec![], jump(MARK_FOR_MASQUERADE)));
+                rules.push(Rule::new(vec![], goto(&cluster_chain)));
             }
-        }
-        if let Some(np) = self.port.node_port {
-            let key = Key::ProtoPort(proto, np);
-            insert_element(part, SERVICE_NODEPORTS, key, to_external.clone());
-            if !has_external {
-                insert_element(part, NO_ENDPOINT_NODEPORTS, key, Some(Verdict::Drop));
+            let mut chain = regular(rules);
+            chain.comment = Some(self.comment().into());
+            part.chains.insert(external_chain.clone(), chain);
+            let to_external = Some(Verdict::Goto(external_chain));
+            for frontend in &frontends {
+                let map = frontend.pick(SERVICE_IPS, SERVICE_NODEPORTS);
+                insert_element(part, map, frontend.key(proto), to_external.clone());
             }
         }
         if !has_external {
+            for frontend in &frontends {
+                let map = frontend.pick(NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS);
+                insert_element(part, map, frontend.key(proto), Some(Verdict::Drop));
+            }
             part.no_local_endpoints.external += 1;
         }
 

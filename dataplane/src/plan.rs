@@ -226,13 +226,16 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
         let in_matches = r.matches.iter().any(|m| match m {
             Match::DaddrInSet { set }
             | Match::SaddrInSet { set }
-            | Match::SaddrDaddrInSet { set } => sets.contains(set),
+            | Match::SaddrDaddrInSet { set }
+            | Match::AddrProtoPortInSet { set }
+            | Match::ProtoPortInSet { set } => sets.contains(set),
             _ => false,
         });
         let in_action = match &r.action {
             Action::VmapAddrProtoPort { map } | Action::VmapProtoPort { map } => sets.contains(map),
             Action::UpdateSaddr { set } => sets.contains(set),
             Action::DnatSlot { map, .. } => sets.contains(*map),
+            Action::DnatIndexed { map, .. } => sets.contains(map),
             _ => false,
         };
         in_matches || in_action

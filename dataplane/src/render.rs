@@ -47,6 +47,10 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
             Match::FibSaddrLocal => "fib saddr type local".to_string(),
             Match::FibDaddrLocal => "fib daddr type local".to_string(),
             Match::L4Proto(p) => format!("meta l4proto {p}"),
+            Match::AddrProtoPortInSet { set } => {
+                format!("{fam} daddr . meta l4proto . th dport @{set}")
+            }
+            Match::ProtoPortInSet { set } => format!("meta l4proto . th dport @{set}"),
             Match::Numgen { modulus, value } => format!("numgen random mod {modulus} {value}"),
             Match::MarkUnset { mask } => format!("meta mark & 0x{mask:08x} == 0x00000000"),
             Match::IifName {
@@ -82,6 +86,20 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
                 format!(" offset {offset}")
             };
             format!("dnat {fam} to numgen random mod {SLOT_MODULUS}{offset} map @{map}")
+        }
+        Action::DnatIndexed {
+            map,
+            nodeport,
+            modulus,
+        } => {
+            let daddr = if *nodeport {
+                String::new()
+            } else {
+                format!("{fam} daddr . ")
+            };
+            format!(
+                "dnat {fam} to {daddr}meta l4proto . th dport . numgen random mod {modulus} map @{map}"
+            )
         }
     });
     if let Some(c) = &rule.comment {
@@ -121,6 +139,18 @@ pub fn key_type_text(family: Family, key: KeyType) -> &'static str {
         (Family::V6, KeyType::AddrPair) => "ipv6_addr . ipv6_addr",
         (Family::V4, KeyType::Slot) => "numgen random mod 2 : ip daddr . th dport",
         (Family::V6, KeyType::Slot) => "numgen random mod 2 : ip6 daddr . th dport",
+        (Family::V4, KeyType::AddrProtoPortIndex) => {
+            "ip daddr . meta l4proto . th dport . numgen random mod 2 : ip daddr . th dport"
+        }
+        (Family::V6, KeyType::AddrProtoPortIndex) => {
+            "ip6 daddr . meta l4proto . th dport . numgen random mod 2 : ip6 daddr . th dport"
+        }
+        (Family::V4, KeyType::ProtoPortIndex) => {
+            "meta l4proto . th dport . numgen random mod 2 : ip daddr . th dport"
+        }
+        (Family::V6, KeyType::ProtoPortIndex) => {
+            "meta l4proto . th dport . numgen random mod 2 : ip6 daddr . th dport"
+        }
     }
 }
 
@@ -131,6 +161,8 @@ pub fn key_text(key: &Key) -> String {
         Key::ProtoPort(p, port) => format!("{p} . {port}"),
         Key::AddrPair(a) => format!("{a} . {a}"),
         Key::Slot { at, end } => format!("{at}-{}", end.wrapping_sub(1)),
+        Key::AddrProtoPortIndex(a, p, port, i) => format!("{a} . {p} . {port} . {i}"),
+        Key::ProtoPortIndex(p, port, i) => format!("{p} . {port} . {i}"),
     }
 }
 
@@ -156,7 +188,7 @@ fn base_chain_text(b: &BaseChain) -> String {
 
 /// `map` or `set`.
 fn set_kind(decl: &SetDecl) -> &'static str {
-    if decl.is_vmap || decl.key == KeyType::Slot {
+    if decl.is_vmap || decl.key.holds_endpoints() {
         "map"
     } else {
         "set"
@@ -164,9 +196,11 @@ fn set_kind(decl: &SetDecl) -> &'static str {
 }
 
 fn set_decl_lines(family: Family, decl: &SetDecl, out: &mut String, indent: &str) {
-    if decl.key == KeyType::Slot {
+    if decl.key.holds_endpoints() {
         let _ = writeln!(out, "{indent}typeof {}", key_type_text(family, decl.key));
-        let _ = writeln!(out, "{indent}flags interval");
+        if decl.key == KeyType::Slot {
+            let _ = writeln!(out, "{indent}flags interval");
+        }
     } else {
         let value = if decl.is_vmap { " : verdict" } else { "" };
         let _ = writeln!(

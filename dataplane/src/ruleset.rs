@@ -191,6 +191,10 @@ pub enum Match {
     FibDaddrLocal,
     /// `meta l4proto P`
     L4Proto(Proto),
+    /// `ip daddr . meta l4proto . th dport @SET` (a set of [`Key::AddrProtoPort`])
+    AddrProtoPortInSet { set: String },
+    /// `meta l4proto . th dport @SET` (a set of [`Key::ProtoPort`])
+    ProtoPortInSet { set: String },
     /// `numgen random mod MODULUS VALUE`: true with probability 1/MODULUS for VALUE < MODULUS.
     Numgen { modulus: u32, value: u32 },
     /// `meta mark & MASK == 0`
@@ -240,6 +244,16 @@ pub enum Action {
         map: &'static str,
         offset: u32,
     },
+    /// `dnat ip to ip daddr . meta l4proto . th dport . numgen random mod MODULUS map @MAP`
+    /// (without `ip daddr .` for a NodePort map): the packet's own destination and a random
+    /// index below `modulus` choose the endpoint, so one rule serves every Service whose
+    /// endpoint list has `modulus` entries in `map` (a map of [`Key::AddrProtoPortIndex`] or
+    /// [`Key::ProtoPortIndex`] keys). A miss leaves the packet alone.
+    DnatIndexed {
+        map: String,
+        nodeport: bool,
+        modulus: u32,
+    },
 }
 
 // `repr(u8)` puts the tag in a byte of its own, which lets `Option<Value>` keep [`Value::Endpoint`]
@@ -277,6 +291,22 @@ pub enum KeyType {
     /// An endpoint map: `typeof numgen random mod 2 : ip daddr . th dport`, `flags interval`
     /// (elements are [`Key::Slot`]).
     Slot,
+    /// An endpoint-list map: `typeof ip daddr . meta l4proto . th dport . numgen random mod 2 :
+    /// ip daddr . th dport` (elements are [`Key::AddrProtoPortIndex`]).
+    AddrProtoPortIndex,
+    /// A NodePort endpoint-list map: `typeof meta l4proto . th dport . numgen random mod 2 :
+    /// ip daddr . th dport` (elements are [`Key::ProtoPortIndex`]).
+    ProtoPortIndex,
+}
+
+impl KeyType {
+    /// Maps whose elements are endpoints ([`Value::Endpoint`]).
+    pub fn holds_endpoints(self) -> bool {
+        matches!(
+            self,
+            KeyType::Slot | KeyType::AddrProtoPortIndex | KeyType::ProtoPortIndex
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -295,6 +325,10 @@ pub enum Key {
         at: u32,
         end: u32,
     },
+    /// Entry `index` of the endpoint list of a Service address and port.
+    AddrProtoPortIndex(IpAddr, Proto, u16, u8),
+    /// Entry `index` of the endpoint list of a NodePort.
+    ProtoPortIndex(Proto, u16, u8),
 }
 
 /// What a map element maps its key to.
@@ -417,6 +451,8 @@ impl Key {
             Key::ProtoPort(..) => KeyType::ProtoPort,
             Key::AddrPair(_) => KeyType::AddrPair,
             Key::Slot { .. } => KeyType::Slot,
+            Key::AddrProtoPortIndex(..) => KeyType::AddrProtoPortIndex,
+            Key::ProtoPortIndex(..) => KeyType::ProtoPortIndex,
         }
     }
 }
@@ -475,7 +511,7 @@ mod tests {
     fn map_elements_stay_small() {
         // Every element of every map is a (Key, Option<Value>) in the desired table, in the
         // committed state and in a cold start's transaction: 30k Services hold 376k of them.
-        assert!(std::mem::size_of::<Key>() <= 20);
+        assert!(std::mem::size_of::<Key>() <= 24);
         assert!(std::mem::size_of::<Option<Value>>() <= 24);
     }
 

@@ -10,7 +10,11 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::ruleset::{Action, Chain, Key, Match, Proto, Table, Value, Verdict, slot_region};
+use crate::build::port_label;
+use crate::model::Cluster;
+use crate::ruleset::{
+    Action, Chain, Family, Key, Match, Proto, Table, Value, Verdict, slot_region,
+};
 
 /// The first packet of a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,9 +78,41 @@ pub struct Trace {
     pub services: BTreeSet<String>,
     /// The chains visited, in order of first visit, for explanations.
     pub chains: Vec<String>,
+    /// The destinations (`ADDR . PROTO . PORT`, or `PROTO . PORT` for a node port) whose
+    /// endpoint list chose the endpoint: Services without a chain of their own. See
+    /// [`Trace::name_services`].
+    pub frontends: BTreeSet<Key>,
 }
 
 impl Trace {
+    /// Adds to `services` the Service ports (`ns/name:port`) of `cluster` that own
+    /// [`Trace::frontends`]; the table alone does not name them.
+    pub fn name_services(&mut self, cluster: &Cluster, family: Family) {
+        for svc in cluster.services.values() {
+            let Some(cluster_ip) = svc.cluster_ip(family) else {
+                continue;
+            };
+            for port in &svc.ports {
+                let owns = |key: &Key| match *key {
+                    Key::AddrProtoPort(ip, proto, p) => {
+                        proto == port.protocol
+                            && p == port.port
+                            && (ip == cluster_ip
+                                || svc.external_ips.contains(&ip)
+                                || svc.load_balancer_ips.contains(&ip))
+                    }
+                    Key::ProtoPort(proto, p) => {
+                        proto == port.protocol && port.node_port == Some(p)
+                    }
+                    _ => false,
+                };
+                if self.frontends.iter().any(owns) {
+                    self.services.insert(port_label(svc, port));
+                }
+            }
+        }
+    }
+
     /// The endpoints the packet may reach, if it is translated at all.
     pub fn endpoints(&self) -> BTreeSet<SocketAddr> {
         self.outcomes
@@ -155,6 +191,14 @@ impl Tracer<'_> {
             Match::FibSaddrLocal => self.host.is_local(&src),
             Match::FibDaddrLocal => self.host.is_local(&dst),
             Match::L4Proto(p) => *p == self.pkt.proto,
+            Match::AddrProtoPortInSet { set } => self.table.sets.get(set).is_some_and(|s| {
+                let key = Key::AddrProtoPort(dst, self.pkt.proto, self.pkt.dst.port());
+                s.elements.contains_key(&key)
+            }),
+            Match::ProtoPortInSet { set } => self.table.sets.get(set).is_some_and(|s| {
+                let key = Key::ProtoPort(self.pkt.proto, self.pkt.dst.port());
+                s.elements.contains_key(&key)
+            }),
             Match::Numgen { .. } => unreachable!("numgen is handled by forking"),
             Match::MarkUnset { mask } => state.mark & mask == 0,
             Match::IifName {
@@ -299,6 +343,43 @@ impl Tracer<'_> {
                 if targets.is_empty() {
                     return continue_here(self, state);
                 }
+                targets
+                    .into_iter()
+                    .map(|target| {
+                        let mut s = state.clone();
+                        s.dnat = Some(target);
+                        End::Accept(s)
+                    })
+                    .collect()
+            }
+            Action::DnatIndexed {
+                map,
+                nodeport,
+                modulus,
+            } => {
+                // Entry `numgen random mod modulus` of the destination's list: any of them.
+                let frontend = if *nodeport {
+                    Key::ProtoPort(proto, port)
+                } else {
+                    Key::AddrProtoPort(dst, proto, port)
+                };
+                let targets: Vec<SocketAddr> = (0..*modulus)
+                    .filter_map(|i| {
+                        let i = u8::try_from(i).ok()?;
+                        let key = match frontend {
+                            Key::ProtoPort(..) => Key::ProtoPortIndex(proto, port, i),
+                            _ => Key::AddrProtoPortIndex(dst, proto, port, i),
+                        };
+                        match self.table.sets.get(map)?.elements.get(&key)? {
+                            Some(Value::Endpoint(addr, port)) => Some(SocketAddr::new(*addr, *port)),
+                            _ => None,
+                        }
+                    })
+                    .collect();
+                if targets.is_empty() {
+                    return continue_here(self, state);
+                }
+                self.trace.frontends.insert(frontend);
                 targets
                     .into_iter()
                     .map(|target| {

@@ -510,6 +510,10 @@ impl RawSet {
         if !(self.flags - known).is_empty() {
             return None;
         }
+        let (endpoint_type, endpoint_len) = slot_data_layout(family);
+        if self.flags == SetFlags::Map && self.data_type == Some(endpoint_type) {
+            return self.list_decl(family, endpoint_len);
+        }
         let is_vmap = self.flags.contains(SetFlags::Map);
         if is_vmap != (self.data_type == Some(NFT_DATA_VERDICT)) {
             return None;
@@ -543,6 +547,26 @@ impl RawSet {
             is_vmap,
             comment: self.comment.clone().ok()?,
             timeout_secs,
+        })
+    }
+
+    /// An endpoint-list map: a plain map from `[ADDR .] inet_proto . inet_service . integer`
+    /// to the family's `ADDR . inet_service`.
+    fn list_decl(&self, family: Family, endpoint_len: u32) -> Option<SetDecl> {
+        if self.data_len != Some(endpoint_len) {
+            return None;
+        }
+        let key = [KeyType::AddrProtoPortIndex, KeyType::ProtoPortIndex]
+            .into_iter()
+            .find(|k| {
+                let (t, l) = key_layout(family, *k);
+                Some(l) == self.key_len && Some(t) == self.key_type
+            })?;
+        Some(SetDecl {
+            key,
+            is_vmap: false,
+            comment: self.comment.clone().ok()?,
+            timeout_secs: None,
         })
     }
 
@@ -593,6 +617,16 @@ fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> {
         KeyType::ProtoPort => {
             let (p, port) = decode_proto_port(b)?;
             Some(Key::ProtoPort(p, port))
+        }
+        KeyType::AddrProtoPortIndex if b.len() == alen + 12 => {
+            let (p, port) = decode_proto_port(&b[alen..alen + 8])?;
+            let i = u8::try_from(u32_ne(&b[alen + 8..])?).ok()?;
+            Some(Key::AddrProtoPortIndex(decode_addr(&b[..alen])?, p, port, i))
+        }
+        KeyType::ProtoPortIndex if b.len() == 12 => {
+            let (p, port) = decode_proto_port(&b[..8])?;
+            let i = u8::try_from(u32_ne(&b[8..])?).ok()?;
+            Some(Key::ProtoPortIndex(p, port, i))
         }
         // Only an address paired with itself is modelled; anything else is foreign.
         KeyType::AddrPair if b.len() == 2 * alen && b[..alen] == b[alen..] => {
@@ -676,7 +710,13 @@ fn decode_element(
         match kind {
             NFTA_SET_ELEM_KEY => key = data_value(v).and_then(|b| decode_key(family, decl.key, &b)),
             NFTA_SET_ELEM_DATA => {
-                value = data_verdict(v).map(Value::Verdict);
+                value = if decl.key.holds_endpoints() {
+                    data_value(v)
+                        .and_then(|b| decode_endpoint(family, &b))
+                        .map(|(addr, port)| Value::Endpoint(addr, port))
+                } else {
+                    data_verdict(v).map(Value::Verdict)
+                };
                 if value.is_none() {
                     return false;
                 }
@@ -688,7 +728,7 @@ fn decode_element(
         }
     }
     let Some(key) = key else { return false };
-    if decl.is_vmap != value.is_some() {
+    if (decl.is_vmap || decl.key.holds_endpoints()) != value.is_some() {
         return false;
     }
     out.insert(key, value);
@@ -697,13 +737,24 @@ fn decode_element(
 
 const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
 
+/// An endpoint as map data: the address, then the port padded to 4 bytes.
+fn decode_endpoint(family: Family, b: &[u8]) -> Option<(IpAddr, u16)> {
+    let alen = addr_layout(family).2 as usize;
+    if b.len() != alen + 4 || b[alen + 2..] != [0, 0] {
+        return None;
+    }
+    Some((
+        decode_addr(&b[..alen])?,
+        u16::from_be_bytes([b[alen], b[alen + 1]]),
+    ))
+}
+
 /// One element of an endpoint map: a 4-byte big-endian key, and either the interval-end flag
 /// or the endpoint as data (the address, the port padded to 4 bytes).
 fn decode_slot_element(family: Family, element: &[u8], out: &mut Vec<SlotBoundRaw>) -> bool {
     let Some(attrs) = attr_map(element) else {
         return false;
     };
-    let alen = addr_layout(family).2 as usize;
     let mut at = None;
     let mut end = false;
     let mut target = None;
@@ -711,14 +762,10 @@ fn decode_slot_element(family: Family, element: &[u8], out: &mut Vec<SlotBoundRa
         match kind {
             NFTA_SET_ELEM_KEY => at = data_value(v).and_then(|b| be_u32(&b)),
             NFTA_SET_ELEM_DATA => {
-                let Some(b) = data_value(v) else { return false };
-                if b.len() != alen + 4 || b[alen + 2..] != [0, 0] {
-                    return false;
-                }
-                let Some(addr) = decode_addr(&b[..alen]) else {
+                let Some(endpoint) = data_value(v).and_then(|b| decode_endpoint(family, &b)) else {
                     return false;
                 };
-                target = Some((addr, u16::from_be_bytes([b[alen], b[alen + 1]])));
+                target = Some(endpoint);
             }
             NFTA_SET_ELEM_FLAGS => match be_u32(v) {
                 Some(0) => {}
@@ -929,6 +976,22 @@ fn prefix_of(mask: &[u8]) -> Option<u8> {
 
 fn decode_match(family: Family, ex: &[Ex]) -> Option<(Match, usize)> {
     let (saddr_off, daddr_off, alen) = addr_layout(family);
+    if let Some((n, first, next)) = frontend_load(family, ex)
+        && let Some(Ex::Lookup {
+            set,
+            sreg,
+            dreg: None,
+        }) = ex.get(n)
+        && *sreg == first
+    {
+        let set = set.clone();
+        let m = if next == 2 {
+            Match::ProtoPortInSet { set }
+        } else {
+            Match::AddrProtoPortInSet { set }
+        };
+        return Some((m, n + 1));
+    }
     match ex {
         [
             Ex::Other { name, attrs },
@@ -1202,6 +1265,29 @@ fn addr_match(dest: bool, net: IpNet, op: u32) -> Option<Match> {
 
 fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
     let (saddr_off, daddr_off, alen) = addr_layout(family);
+    if let Some((n, first, next)) = frontend_load(family, ex)
+        && let [
+            Ex::Other { name, attrs: ng },
+            Ex::Lookup {
+                set,
+                sreg,
+                dreg: Some(data),
+            },
+            e,
+        ] = &ex[n..]
+        && name == "numgen"
+    {
+        let ok = only(ng, &[NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_TYPE])
+            && get_u32(ng, NFTA_NG_TYPE) == Some(NFT_NG_RANDOM)
+            && reg_of(ng, NFTA_NG_DREG) == Some(next)
+            && *sreg == first
+            && dnat_regs(family, is_other(e, "nat")?) == Some((*data, data + alen / 4));
+        return ok.then_some(Action::DnatIndexed {
+            map: set.clone(),
+            nodeport: next == 2,
+            modulus: get_u32(ng, NFTA_NG_MODULUS).filter(|m| *m > 0)?,
+        });
+    }
     let reject_code = match family {
         Family::V4 => ICMP_PORT_UNREACH,
         Family::V6 => ICMPV6_PORT_UNREACH,
@@ -1382,6 +1468,35 @@ fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
     }
 }
 
+/// `[ip daddr .] meta l4proto . th dport` loaded into consecutive words from word 0: the
+/// number of expressions, the first word and the word after the last (2 without the address).
+fn frontend_load(family: Family, ex: &[Ex]) -> Option<(usize, Word, Word)> {
+    let (_, daddr_off, alen) = addr_layout(family);
+    let (skip, first, word) = match ex.first()? {
+        Ex::Payload {
+            dreg,
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset,
+            len,
+        } if *offset == daddr_off && *len == alen => (1, *dreg, *dreg + alen / 4),
+        _ => (0, 0, 0),
+    };
+    match ex.get(skip..skip + 2)? {
+        [
+            Ex::MetaLoad { key, dreg: p },
+            Ex::Payload {
+                dreg: d,
+                base: NFT_PAYLOAD_TRANSPORT_HEADER,
+                offset: 2,
+                len: 2,
+            },
+        ] if *key == META_L4PROTO && *p == word && *d == word + 1 && first == 0 => {
+            Some((skip + 2, first, word + 2))
+        }
+        _ => None,
+    }
+}
+
 /// The address and port registers of a `nat` expression that is a `dnat` of `family` to one
 /// address and port.
 fn dnat_regs(family: Family, attrs: &BTreeMap<u16, Vec<u8>>) -> Option<(Word, Word)> {
@@ -1479,6 +1594,12 @@ mod tests {
                 Match::SaddrDaddrInSet {
                     set: "pairs".into(),
                 },
+                Match::AddrProtoPortInSet {
+                    set: "frontends".into(),
+                },
+                Match::ProtoPortInSet {
+                    set: "nodeports".into(),
+                },
                 Match::FibSaddrLocal,
                 Match::FibDaddrLocal,
                 Match::L4Proto(Proto::Sctp),
@@ -1519,6 +1640,16 @@ mod tests {
                 Action::DnatSlot {
                     map: endpoint_map_name(0),
                     offset: 0,
+                },
+                Action::DnatIndexed {
+                    map: "cluster-endpoints-3".into(),
+                    nodeport: false,
+                    modulus: 3,
+                },
+                Action::DnatIndexed {
+                    map: "local-nodeport-endpoints-1".into(),
+                    nodeport: true,
+                    modulus: 1,
                 },
             ];
             for action in actions {

@@ -131,6 +131,7 @@ const UDATA_TYPEOF_EXPR: u8 = 0;
 const UDATA_TYPEOF_DATA: u8 = 1;
 /// nft's expression kinds (`enum expr_types`) of the `typeof` of an endpoint map.
 const EXPR_PAYLOAD: u32 = 7;
+const EXPR_META: u32 = 9;
 const EXPR_CONCAT: u32 = 13;
 const EXPR_NUMGEN: u32 = 23;
 /// nft's protocol descriptions (`enum proto_desc_id`) and header field indexes.
@@ -210,6 +211,15 @@ pub(super) fn key_layout(family: Family, key: KeyType) -> (u32, u32) {
         KeyType::AddrPair => (concat(&[addr_type, addr_type]), 2 * addr_len),
         // A `numgen` value, big-endian in the map (the rule converts it with `byteorder`).
         KeyType::Slot => (TYPE_INTEGER, 4),
+        // The index is the `numgen` value as the rule computes it: host-endian.
+        KeyType::AddrProtoPortIndex => (
+            concat(&[addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_INTEGER]),
+            addr_len + 12,
+        ),
+        KeyType::ProtoPortIndex => (
+            concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_INTEGER]),
+            12,
+        ),
     }
 }
 
@@ -250,6 +260,59 @@ fn typeof_expr(kind: u32, data: &[u8]) -> Vec<u8> {
     out
 }
 
+fn typeof_numgen(modulus: u32) -> Vec<u8> {
+    let mut numgen = Vec::new();
+    tlv_u32(&mut numgen, 0, NFT_NG_RANDOM); // NFTNL_UDATA_NUMGEN_TYPE
+    tlv_u32(&mut numgen, 1, modulus); // NFTNL_UDATA_NUMGEN_MODULUS
+    tlv_u32(&mut numgen, 2, 0); // NFTNL_UDATA_NUMGEN_OFFSET
+    typeof_expr(EXPR_NUMGEN, &numgen)
+}
+
+fn typeof_daddr(family: Family) -> Vec<u8> {
+    match family {
+        Family::V4 => typeof_payload(PROTO_DESC_IP, IPHDR_DADDR),
+        Family::V6 => typeof_payload(PROTO_DESC_IP6, IP6HDR_DADDR),
+    }
+}
+
+/// A concatenation; its members are TLVs numbered from 0.
+fn typeof_concat(members: &[Vec<u8>]) -> Vec<u8> {
+    let mut data = Vec::new();
+    for (i, m) in (0u8..).zip(members) {
+        tlv(&mut data, i, m);
+    }
+    typeof_expr(EXPR_CONCAT, &data)
+}
+
+/// The `typeof` of an endpoint map's data: `ip daddr . th dport`.
+fn typeof_endpoint(family: Family) -> Vec<u8> {
+    typeof_concat(&[
+        typeof_daddr(family),
+        typeof_payload(PROTO_DESC_TH, THDR_DPORT),
+    ])
+}
+
+/// The set user data nft 1.0.6 writes for an endpoint-list map, `typeof [ip daddr .] meta
+/// l4proto . th dport . numgen random mod 2 : ip daddr . th dport`.
+fn list_udata(family: Family, nodeport: bool) -> Vec<u8> {
+    let mut key = Vec::new();
+    if !nodeport {
+        key.push(typeof_daddr(family));
+    }
+    let mut l4proto = Vec::new();
+    tlv_u32(&mut l4proto, 0, MetaKey::L4Proto.into()); // NFTNL_UDATA_META_KEY
+    key.push(typeof_expr(EXPR_META, &l4proto));
+    key.push(typeof_payload(PROTO_DESC_TH, THDR_DPORT));
+    key.push(typeof_numgen(2));
+    let mut out = Vec::new();
+    tlv_u32(&mut out, UDATA_SET_KEYBYTEORDER, BYTEORDER_INVALID);
+    tlv_u32(&mut out, UDATA_SET_DATABYTEORDER, BYTEORDER_INVALID);
+    tlv(&mut out, UDATA_SET_KEY_TYPEOF, &typeof_concat(&key));
+    tlv(&mut out, UDATA_SET_DATA_TYPEOF, &typeof_endpoint(family));
+    tlv_u32(&mut out, UDATA_SET_DATA_INTERVAL, 0);
+    out
+}
+
 fn typeof_payload(desc: u32, field: u32) -> Vec<u8> {
     let mut data = Vec::new();
     tlv_u32(&mut data, 0, desc);
@@ -261,31 +324,11 @@ fn typeof_payload(desc: u32, field: u32) -> Vec<u8> {
 /// `flags interval` (100 bytes for both families): the key and data byte orders, the two
 /// `typeof` expressions, and "data is not an interval". `nft list` prints the map from it.
 fn slot_udata(family: Family) -> Vec<u8> {
-    let mut numgen = Vec::new();
-    tlv_u32(&mut numgen, 0, NFT_NG_RANDOM); // NFTNL_UDATA_NUMGEN_TYPE
-    tlv_u32(&mut numgen, 1, 2); // NFTNL_UDATA_NUMGEN_MODULUS
-    tlv_u32(&mut numgen, 2, 0); // NFTNL_UDATA_NUMGEN_OFFSET
-    let daddr = match family {
-        Family::V4 => typeof_payload(PROTO_DESC_IP, IPHDR_DADDR),
-        Family::V6 => typeof_payload(PROTO_DESC_IP6, IP6HDR_DADDR),
-    };
-    // Concatenation members are TLVs numbered from 0.
-    let mut members = Vec::new();
-    tlv(&mut members, 0, &daddr);
-    tlv(&mut members, 1, &typeof_payload(PROTO_DESC_TH, THDR_DPORT));
     let mut out = Vec::new();
     tlv_u32(&mut out, UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST_ENDIAN);
     tlv_u32(&mut out, UDATA_SET_DATABYTEORDER, BYTEORDER_INVALID);
-    tlv(
-        &mut out,
-        UDATA_SET_KEY_TYPEOF,
-        &typeof_expr(EXPR_NUMGEN, &numgen),
-    );
-    tlv(
-        &mut out,
-        UDATA_SET_DATA_TYPEOF,
-        &typeof_expr(EXPR_CONCAT, &members),
-    );
+    tlv(&mut out, UDATA_SET_KEY_TYPEOF, &typeof_numgen(2));
+    tlv(&mut out, UDATA_SET_DATA_TYPEOF, &typeof_endpoint(family));
     tlv_u32(&mut out, UDATA_SET_DATA_INTERVAL, 0);
     out
 }
@@ -333,6 +376,16 @@ pub(super) fn key_bytes(family: Family, key: &Key) -> Result<Vec<u8>, String> {
             out.extend(addr_bytes(a));
         }
         Key::Slot { at, .. } => out.extend_from_slice(&at.to_be_bytes()),
+        Key::AddrProtoPortIndex(a, proto, port, i) => {
+            check_family(family, a)?;
+            out.extend(addr_bytes(a));
+            proto_port(&mut out, *proto, *port);
+            out.extend_from_slice(&u32::from(*i).to_ne_bytes());
+        }
+        Key::ProtoPortIndex(proto, port, i) => {
+            proto_port(&mut out, *proto, *port);
+            out.extend_from_slice(&u32::from(*i).to_ne_bytes());
+        }
     }
     Ok(out)
 }
@@ -551,6 +604,14 @@ fn match_exprs(family: Family, m: &Match, out: &mut Vec<Expr>) -> Result<(), Str
             ));
             out.push(cmp(Operator::Equal, RTN_LOCAL.to_ne_bytes().to_vec()));
         }
+        Match::AddrProtoPortInSet { set } => {
+            addr_proto_port(family, out);
+            out.push(lookup(set, Register::Reg1, None));
+        }
+        Match::ProtoPortInSet { set } => {
+            proto_port_load(0, out);
+            out.push(lookup(set, Register::Reg1, None));
+        }
         Match::L4Proto(p) => {
             out.push(meta_load(MetaKey::L4Proto, Register::Reg1));
             out.push(cmp(Operator::Equal, vec![p.number()]));
@@ -613,6 +674,40 @@ fn dnat(family: Family, proto_reg: Register, flags: Option<u32>) -> Expr {
 
 fn reg32(n: u32) -> Register {
     Register::from(8 + n)
+}
+
+/// The register nft names for 32-bit word `n`: the 16-byte register holding it when the word
+/// starts one (`reg 1` for word 0), else the 32-bit register.
+fn nft_reg(n: u32) -> Register {
+    if n % 4 == 0 {
+        Register::from(1 + n / 4)
+    } else {
+        reg32(n)
+    }
+}
+
+/// Loads `meta l4proto . th dport` into the words from `word` on.
+fn proto_port_load(word: u32, out: &mut Vec<Expr>) {
+    out.push(meta_load(MetaKey::L4Proto, nft_reg(word)));
+    out.push(payload(
+        NFT_PAYLOAD_TRANSPORT_HEADER,
+        2,
+        2,
+        nft_reg(word + 1),
+    ));
+}
+
+/// Loads `ip daddr . meta l4proto . th dport` from word 0 on; returns the next free word.
+fn addr_proto_port(family: Family, out: &mut Vec<Expr>) -> u32 {
+    let (_, daddr_off, alen) = addr_layout(family);
+    out.push(payload(
+        NFT_PAYLOAD_NETWORK_HEADER,
+        daddr_off,
+        alen,
+        Register::Reg1,
+    ));
+    proto_port_load(alen / 4, out);
+    alen / 4 + 2
 }
 
 fn action_exprs(family: Family, action: &Action, out: &mut Vec<Expr>) -> Result<(), String> {
@@ -706,6 +801,32 @@ fn action_exprs(family: Family, action: &Action, out: &mut Vec<Expr>) -> Result<
                 Family::V6 => Register::Reg2,
             };
             out.push(dnat(family, proto_reg, None));
+        }
+        Action::DnatIndexed {
+            map,
+            nodeport,
+            modulus,
+        } => {
+            if *modulus == 0 {
+                return Err("numgen modulus 0".to_string());
+            }
+            let word = if *nodeport {
+                proto_port_load(0, out);
+                2
+            } else {
+                addr_proto_port(family, out)
+            };
+            out.push(other(
+                "numgen",
+                vec![
+                    u32_attr(NFTA_NG_DREG, nft_reg(word).into()),
+                    u32_attr(NFTA_NG_MODULUS, *modulus),
+                    u32_attr(NFTA_NG_TYPE, NFT_NG_RANDOM),
+                ],
+            ));
+            // The endpoint (address . port) lands in the words from 0 on, as in DnatSlot.
+            out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
+            out.push(dnat(family, nft_reg(alen / 4), None));
         }
         Action::Masquerade => out.push(other(
             "masq",
@@ -818,7 +939,7 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
     // An endpoint map is what nft 1.0.6 creates for `typeof numgen random mod 2 : ip daddr .
     // th dport`, `flags interval`: an interval map from a 4-byte integer to `ADDR .
     // inet_service`.
-    let endpoint_map = decl.key == KeyType::Slot;
+    let endpoint_map = decl.key.holds_endpoints();
     if endpoint_map && (decl.is_vmap || decl.timeout_secs.is_some()) {
         return Err(format!(
             "endpoint map {name} cannot be a verdict map or have a timeout"
@@ -830,7 +951,10 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
         flags |= SetFlags::Map;
     }
     if endpoint_map {
-        flags |= SetFlags::Interval | SetFlags::Map;
+        flags |= SetFlags::Map;
+    }
+    if decl.key == KeyType::Slot {
+        flags |= SetFlags::Interval;
     }
     if decl.timeout_secs.is_some() {
         flags |= SetFlags::Timeout | SetFlags::Eval;
@@ -865,6 +989,8 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
             u
         }
         KeyType::Slot => slot_udata(family),
+        KeyType::AddrProtoPortIndex => list_udata(family, false),
+        KeyType::ProtoPortIndex => list_udata(family, true),
         _ => Vec::new(),
     };
     if let Some(c) = &decl.comment {
@@ -957,6 +1083,9 @@ fn push_elements(
         Some(Value::Verdict(v)) => attrs.push(SetElementAttribute::Data(DataAttribute::Verdict(
             verdict_attrs(v),
         ))),
+        Some(Value::Endpoint(addr, port)) if key.key_type().holds_endpoints() => attrs.push(
+            SetElementAttribute::Data(DataAttribute::Value(slot_data(family, addr, *port)?)),
+        ),
         Some(Value::Endpoint(..)) => {
             return Err("an endpoint as the value of a map other than an endpoint map".to_string());
         }
@@ -1296,6 +1425,36 @@ mod tests {
         assert_eq!(slot_udata(Family::V4).len(), 100);
         assert_eq!(slot_data_layout(Family::V4), (0x1cd, 8));
         assert_eq!(slot_data_layout(Family::V6), (0x20d, 20));
+    }
+
+    #[test]
+    fn endpoint_list_udata_is_nfts() {
+        // What nft 1.0.6 sends for `typeof ip daddr . meta l4proto . th dport . numgen random
+        // mod 2 : ip daddr . th dport` (captured with `nft --debug=mnl`), and the same without
+        // `ip daddr .`.
+        let v4 = "000400000000010400000000036000040d00000001580014000407000000010c00040c0000000104\
+                  0c000000010e00040900000001060004100000000214000407000000010c00040b00000001040200\
+                  0000031a0004170000000112000401000000010402000000020400000000043400040d000000012c\
+                  0014000407000000010c00040c00000001040c0000000114000407000000010c00040b0000000104\
+                  02000000060400000000";
+        let nodeport = "000400000000010400000000034a00040d0000000142000e0004090000000106000410000000\
+                        0114000407000000010c00040b000000010402000000021a00041700000001120004010000\
+                        00010402000000020400000000043400040d000000012c0014000407000000010c00040c00\
+                        000001040c0000000114000407000000010c00040b000000010402000000060400000000";
+        let unspaced = |s: &str| -> Vec<u8> {
+            let s: String = s.split_whitespace().collect();
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+                .collect()
+        };
+        assert_eq!(list_udata(Family::V4, false), unspaced(v4));
+        assert_eq!(list_udata(Family::V4, true), unspaced(nodeport));
+        assert_eq!(
+            key_layout(Family::V4, KeyType::AddrProtoPortIndex),
+            (0x1cc344, 16)
+        );
+        assert_eq!(key_layout(Family::V4, KeyType::ProtoPortIndex), (0xc344, 12));
     }
 
     #[test]
