@@ -1,24 +1,30 @@
 //! Builds the desired nftables table of one family from the cluster model.
 //!
 //! The shape follows kube-proxy's nftables mode (same base chains, hooks, priorities, map names
-//! and chain names) with deliberate differences, because the kernel's work (loading, and
-//! re-validating the whole table whenever a rule is added) grows with the number of sets,
-//! chains and rules (see docs/architecture.md):
-//! - endpoint selection is one rule per Service chain, `dnat to numgen random mod M offset O
-//!   map @endpoints-N`, whose endpoints are intervals of the values `O .. O+M` in a shared
-//!   endpoint map, instead of one anonymous verdict map per Service and one chain per endpoint.
-//!   An endpoint change then only replaces map elements, which needs no re-validation. Services
-//!   with session affinity keep kube-proxy's `endpoint-…` chains (which record the client),
-//!   reached through a cascade of `numgen random mod (N-i) 0` rules, and so does a chain whose
-//!   endpoint map has no free region left;
+//! and chain names) with deliberate differences, because the kernel's work grows with the
+//! number of sets, chains and rules: loading them, re-validating the whole table whenever a
+//! rule or a `goto` element is added, and visiting every chain on every commit (see
+//! docs/architecture.md):
+//! - a Service port without session affinity and with at most [`LIST_MAX_ENDPOINTS`]
+//!   endpoints has no chain at all. Each of its destinations (ClusterIP, external IP and
+//!   load-balancer IP with the port, or the node port) has an endpoint list in the shared map
+//!   for lists of its length: entry i of `cluster-endpoints-k` maps `ADDR . PROTO . PORT . i`
+//!   to endpoint i. One fixed rule per k, `dnat to ip daddr . meta l4proto . th dport . numgen
+//!   random mod k map @cluster-endpoints-k`, DNATs every such Service. What kube-proxy's
+//!   external chains do is done by fixed rules too, keyed by sets of destinations
+//!   (`masquerade-services`, `local-policy-services` and their NodePort twins). So the table's
+//!   chains and rules do not grow with the cluster: adding, changing or deleting such a
+//!   Service only adds and removes map elements;
+//! - other Service ports keep a chain whose endpoint selection is one rule, `dnat to numgen
+//!   random mod M offset O map @endpoints-N`, with its endpoints as intervals of the values `O
+//!   .. O+M` in a shared endpoint map. With session affinity they keep kube-proxy's
+//!   `endpoint-…` chains (which record the client), reached through a cascade of `numgen random
+//!   mod (N-i) 0` rules, and so does a chain whose endpoint map has no free region left;
 //! - hairpin traffic (an endpoint reaching itself through its Service) is masqueraded by one
 //!   rule in `masquerading` that looks `ip saddr . ip daddr` up in the `hairpin-endpoints` set,
 //!   instead of one rule per endpoint;
 //! - ClusterIP traffic from outside the pod network is marked for masquerade by one rule in
 //!   `services` (`ip daddr @cluster-ips`) instead of one rule per Service chain.
-//!
-//! A Service port therefore costs one chain (two with external traffic), one rule, one
-//! endpoint-map interval per endpoint and no sets of its own, unless it uses session affinity.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

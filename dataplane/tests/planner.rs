@@ -163,7 +163,7 @@ fn specs() -> impl Strategy<Value = Vec<SvcSpec>> {
     prop::collection::btree_map(
         1u8..40,
         (
-            prop::collection::btree_set(1u8..20, 0..5),
+            prop::collection::btree_set(1u8..40, 0..14),
             any::<bool>(),
             any::<bool>(),
         ),
@@ -328,18 +328,20 @@ fn regions_stay_with_their_chains_and_are_reused() {
                 _ => None,
             })
     };
-    let mut c = cluster(&[spec(1, vec![1, 2]), spec(2, vec![1])]);
+    // More endpoints than the shared lists take: svc1 has a chain and a region; svc2 none.
+    let many = |from: u8, to: u8| (from..=to).collect::<Vec<u8>>();
+    let mut c = cluster(&[spec(1, many(1, 9)), spec(2, many(1, 10))]);
     let mut desired = Desired::build(&c, &config(), Family::V4);
     let before = slot_of(desired.table(), "ns/svc1/").expect("svc1 uses an endpoint map");
     // Endpoints come and go: the rule, and so the region, stays.
-    for endpoints in [vec![1, 2, 3], vec![3], vec![4, 5, 6, 7, 8]] {
-        c = cluster(&[spec(1, endpoints), spec(2, vec![1])]);
+    for endpoints in [many(1, 10), many(3, 11), many(4, 20)] {
+        c = cluster(&[spec(1, endpoints), spec(2, many(1, 10))]);
         let updated = desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
         assert!(matches!(updated, Updated::Scope(_)));
         assert_eq!(slot_of(desired.table(), "ns/svc1/"), Some(before));
     }
     // Deleted, the region is free for the next chain of its map; its elements are gone.
-    c = cluster(&[spec(2, vec![1])]);
+    c = cluster(&[spec(2, many(1, 10))]);
     desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
     let left: usize = desired
         .table()
@@ -348,7 +350,7 @@ fn regions_stay_with_their_chains_and_are_reused() {
         .filter(|s| s.decl.key == KeyType::Slot)
         .map(|s| s.elements.len())
         .sum();
-    assert_eq!(left, 1, "svc2's one endpoint");
+    assert_eq!(left, 10, "svc2's endpoints");
     assert!(
         !desired.table().sets.contains_key(before.0)
             || slot_of(desired.table(), "ns/svc2/").is_some_and(|s| s.0 == before.0)
@@ -440,22 +442,61 @@ fn services_claiming_one_element_resolve_like_a_full_build() {
 
 #[test]
 fn one_endpoint_change_touches_only_that_service() {
+    // Two endpoints (the shared lists) and ten (a chain of their own, with an endpoint-map
+    // region) alternate.
     let many: Vec<SvcSpec> = (1..=200u8)
         .map(|id| SvcSpec {
             id,
-            endpoints: vec![1, 2],
+            endpoints: if id % 2 == 0 {
+                (1..=10).collect()
+            } else {
+                vec![1, 2]
+            },
             node_port: false,
             udp: false,
         })
         .collect();
-    let mut changed = many.clone();
-    changed[7].endpoints.push(3);
     let mut state = None;
     step(&mut state, &table(&many));
+
+    // svc7 (2 → 3 endpoints): its list moves from the 2- to the 3-endpoint map.
+    let mut changed = many.clone();
+    changed[6].endpoints.push(3);
     let after = table(&changed);
     let tx = plan(state.as_ref(), &after);
-    // No rule is written (that would make the kernel re-validate the whole table): svc8's
-    // region of its endpoint map is replaced, and the new endpoint gets its hairpin element.
+    assert!(tx.ops.len() <= 3, "{:#?}", tx.ops);
+    let cip: IpAddr = "172.30.0.7".parse().unwrap();
+    for op in &tx.ops {
+        let ok = match op {
+            Op::AddElements { set, elements } if set == "hairpin-endpoints" => elements
+                .iter()
+                .all(|(k, _)| *k == Key::AddrPair("10.180.7.3".parse().unwrap())),
+            Op::AddElements { set, elements } => {
+                set == "cluster-endpoints-3"
+                    && elements.len() == 3
+                    && elements
+                        .iter()
+                        .all(|(k, _)| matches!(k, Key::AddrProtoPortIndex(a, ..) if *a == cip))
+            }
+            Op::DeleteElements { set, keys } => {
+                set == "cluster-endpoints-2"
+                    && keys.len() == 2
+                    && keys
+                        .iter()
+                        .all(|k| matches!(k, Key::AddrProtoPortIndex(a, ..) if *a == cip))
+            }
+            _ => false,
+        };
+        assert!(ok, "unexpected op {op:?}");
+    }
+
+    // svc8 (10 → 11 endpoints): no rule is written (that would make the kernel re-validate
+    // the whole table), svc8's region of its endpoint map is replaced, and the new endpoint
+    // gets its hairpin element.
+    let mut changed = many.clone();
+    changed[7].endpoints.push(11);
+    let after = table(&changed);
+    let tx = plan(state.as_ref(), &after);
     assert!(tx.ops.len() <= 3, "{:#?}", tx.ops);
     let (map, offset) = after
         .chains
@@ -472,7 +513,7 @@ fn one_endpoint_change_touches_only_that_service() {
         let touches_svc8 = match op {
             Op::AddElements { set, elements } if set == "hairpin-endpoints" => elements
                 .iter()
-                .all(|(k, _)| *k == Key::AddrPair("10.180.8.3".parse().unwrap())),
+                .all(|(k, _)| *k == Key::AddrPair("10.180.8.11".parse().unwrap())),
             Op::AddElements { set, elements } => {
                 set == map && elements.iter().all(|(k, _)| in_region(k))
             }
@@ -487,13 +528,13 @@ fn one_endpoint_change_touches_only_that_service() {
 fn fingerprints_differ_when_rules_differ() {
     let a = table(&[SvcSpec {
         id: 1,
-        endpoints: vec![1, 2],
+        endpoints: (1..=9).collect(),
         node_port: false,
         udp: false,
     }]);
     let b = table(&[SvcSpec {
         id: 1,
-        endpoints: vec![1, 2],
+        endpoints: (1..=9).collect(),
         node_port: false,
         udp: true,
     }]);
@@ -514,7 +555,7 @@ fn fingerprints_differ_when_rules_differ() {
 fn a_restart_adopts_the_regions_the_kernel_has() {
     let spec = |id| SvcSpec {
         id,
-        endpoints: vec![1, 2],
+        endpoints: (1..=9).collect(),
         node_port: id % 3 == 0,
         udp: false,
     };
@@ -552,7 +593,7 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
 
     let c = cluster(&[SvcSpec {
         id: 1,
-        endpoints: vec![1, 2, 3],
+        endpoints: (1..=9).collect(),
         node_port: false,
         udp: false,
     }]);
@@ -578,7 +619,7 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
     };
     assert_eq!(
         service_rules(&cascade).len(),
-        3,
+        9,
         "one dnat rule per endpoint"
     );
     assert!(!cascade.sets.values().any(|s| s.decl.key == KeyType::Slot));
@@ -599,6 +640,6 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
     };
     let a = trace(&cascade, &Host::default(), &pkt);
     let b = trace(&mapped, &Host::default(), &pkt);
-    assert_eq!(a.endpoints().len(), 3, "{a:?}");
+    assert_eq!(a.endpoints().len(), 9, "{a:?}");
     assert_eq!(a.outcomes, b.outcomes);
 }

@@ -403,8 +403,8 @@ fn second_run_sends_nothing() {
     assert_eq!(listing(&t.node), before);
 }
 
-/// `n` ClusterIP Services `ns/svc-I` (172.30.1.0/24 and up), two endpoints each, without
-/// Service `skip`.
+/// `n` ClusterIP Services `ns/svc-I` (172.30.1.0/24 and up), without Service `skip`, each with
+/// nine endpoints: more than the shared endpoint lists take, so each has a Service chain.
 fn many_services(n: u16, skip: Option<u16>) -> String {
     use nftproxy_tests::cluster::{Endpoint, Objects, Service, Slice};
     let mut objects = Objects::new();
@@ -418,12 +418,11 @@ fn many_services(n: u16, skip: Option<u16>) -> String {
             )
             .port("http", Proto::Tcp, 80),
         );
-        objects.push(
-            Slice::new("ns", &format!("{name}-a"), &name)
-                .port("http", Proto::Tcp, 80)
-                .endpoint(Endpoint::new("10.180.0.1"))
-                .endpoint(Endpoint::new("10.180.2.1")),
-        );
+        let mut slice = Slice::new("ns", &format!("{name}-a"), &name).port("http", Proto::Tcp, 80);
+        for j in 1..=9 {
+            slice = slice.endpoint(Endpoint::new(&format!("10.180.{j}.1")));
+        }
+        objects.push(slice);
     }
     objects.to_yaml()
 }

@@ -1277,7 +1277,11 @@ fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
         ] = &ex[n..]
         && name == "numgen"
     {
-        let ok = only(ng, &[NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_TYPE])
+        // The kernel lists the offset, 0, although none was sent.
+        let ok = only(
+            ng,
+            &[NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_TYPE, NFTA_NG_OFFSET],
+        ) && absent_or(ng, NFTA_NG_OFFSET, 0)
             && get_u32(ng, NFTA_NG_TYPE) == Some(NFT_NG_RANDOM)
             && reg_of(ng, NFTA_NG_DREG) == Some(next)
             && *sreg == first
