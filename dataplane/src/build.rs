@@ -565,7 +565,10 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
             vec![nodeport_in(MASQUERADE_NODEPORTS)],
             jump(MARK_FOR_MASQUERADE),
         ),
-        Rule::new(vec![], goto(&EndpointLists::ClusterNodePorts.chain().into())),
+        Rule::new(
+            vec![],
+            goto(&EndpointLists::ClusterNodePorts.chain().into()),
+        ),
     ];
     // External traffic to a Service with externalTrafficPolicy Local (what each such
     // Service's external chain does in kube-proxy, shared).
@@ -574,7 +577,8 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         let mut rules = Vec::new();
         if let Some(m) = &det.is_local {
             rules.push(
-                Rule::new(vec![m.clone()], goto(&cluster)).with_comment("short-circuit pod traffic"),
+                Rule::new(vec![m.clone()], goto(&cluster))
+                    .with_comment("short-circuit pod traffic"),
             );
         }
         rules.extend([
@@ -595,7 +599,10 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     );
     c.insert(
         LOCAL_POLICY_NODEPORTS.into(),
-        local_policy(EndpointLists::ClusterNodePorts, EndpointLists::LocalNodePorts),
+        local_policy(
+            EndpointLists::ClusterNodePorts,
+            EndpointLists::LocalNodePorts,
+        ),
     );
     for lists in EndpointLists::ALL {
         let rules = (1..=LIST_MAX_ENDPOINTS)
@@ -1172,7 +1179,11 @@ impl PortContext<'_> {
         let has_internal = !(svc.internal_policy_local && cat.local.is_empty());
         if has_internal {
             if direct {
-                list(part, Frontend::Addr(self.cluster_ip, port), svc.internal_policy_local);
+                list(
+                    part,
+                    Frontend::Addr(self.cluster_ip, port),
+                    svc.internal_policy_local,
+                );
             } else {
                 insert_element(
                     part,

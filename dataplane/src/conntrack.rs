@@ -132,7 +132,7 @@ impl Frontends {
     }
 
     /// The UDP frontends programmed in a table read back from the kernel (the map keys of
-    /// `service-ips`, `service-nodeports`, `no-endpoint-services`, ...), with their endpoints
+    /// `service-ips`, `service-nodeports`, `no-endpoint-services`, the endpoint lists ...), with their endpoints
     /// unknown (empty). After a restart this is what the previous run served, so that entries
     /// to Services deleted while the agent was down are still recognised.
     pub fn from_table_state(state: Option<&TableState>) -> Frontends {
@@ -143,10 +143,11 @@ impl Frontends {
             .flat_map(|s| s.elements.keys());
         for key in keys {
             match *key {
-                Key::AddrProtoPort(addr, Proto::Udp, port) => {
+                Key::AddrProtoPort(addr, Proto::Udp, port)
+                | Key::AddrProtoPortIndex(addr, Proto::Udp, port, _) => {
                     out.addrs.entry((addr, port)).or_default();
                 }
-                Key::ProtoPort(Proto::Udp, port) => {
+                Key::ProtoPort(Proto::Udp, port) | Key::ProtoPortIndex(Proto::Udp, port, _) => {
                     out.node_ports.entry(port).or_default();
                 }
                 _ => {}
@@ -772,9 +773,45 @@ mod tests {
                 elements: [(Key::Addr(ip("172.30.0.10")), None)].into(),
             },
         );
+        // Services without chains are known by their endpoint lists.
+        let endpoint = Some(crate::ruleset::Value::Endpoint(ip("10.0.0.1"), 5353));
+        state.sets.insert(
+            "cluster-endpoints-1".into(),
+            SetState {
+                decl: SetDecl {
+                    is_vmap: false,
+                    ..decl(KeyType::AddrProtoPortIndex)
+                },
+                elements: [(
+                    Key::AddrProtoPortIndex(ip("172.30.0.11"), Proto::Udp, 53, 0),
+                    endpoint.clone(),
+                )]
+                .into(),
+            },
+        );
+        state.sets.insert(
+            "cluster-nodeport-endpoints-1".into(),
+            SetState {
+                decl: SetDecl {
+                    is_vmap: false,
+                    ..decl(KeyType::ProtoPortIndex)
+                },
+                elements: [(Key::ProtoPortIndex(Proto::Udp, 30055, 0), endpoint)].into(),
+            },
+        );
         let f = Frontends::from_table_state(Some(&state));
-        assert_eq!(f.addrs, [((ip("172.30.0.10"), 53), BTreeSet::new())].into());
-        assert_eq!(f.node_ports, [(30053, BTreeSet::new())].into());
+        assert_eq!(
+            f.addrs,
+            [
+                ((ip("172.30.0.10"), 53), BTreeSet::new()),
+                ((ip("172.30.0.11"), 53), BTreeSet::new())
+            ]
+            .into()
+        );
+        assert_eq!(
+            f.node_ports,
+            [(30053, BTreeSet::new()), (30055, BTreeSet::new())].into()
+        );
         assert!(Frontends::from_table_state(None).is_empty());
         // What a restarted agent makes of an entry to a Service deleted meanwhile.
         let e = entry(UDP, "10.0.5.5", ("172.30.0.10", 53), ("10.0.0.1", 5353));

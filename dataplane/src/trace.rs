@@ -101,9 +101,7 @@ impl Trace {
                                 || svc.external_ips.contains(&ip)
                                 || svc.load_balancer_ips.contains(&ip))
                     }
-                    Key::ProtoPort(proto, p) => {
-                        proto == port.protocol && port.node_port == Some(p)
-                    }
+                    Key::ProtoPort(proto, p) => proto == port.protocol && port.node_port == Some(p),
                     _ => false,
                 };
                 if self.frontends.iter().any(owns) {
@@ -371,7 +369,9 @@ impl Tracer<'_> {
                             _ => Key::AddrProtoPortIndex(dst, proto, port, i),
                         };
                         match self.table.sets.get(map)?.elements.get(&key)? {
-                            Some(Value::Endpoint(addr, port)) => Some(SocketAddr::new(*addr, *port)),
+                            Some(Value::Endpoint(addr, port)) => {
+                                Some(SocketAddr::new(*addr, *port))
+                            }
                             _ => None,
                         }
                     })

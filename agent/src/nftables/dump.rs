@@ -621,7 +621,12 @@ fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> {
         KeyType::AddrProtoPortIndex if b.len() == alen + 12 => {
             let (p, port) = decode_proto_port(&b[alen..alen + 8])?;
             let i = u8::try_from(u32_ne(&b[alen + 8..])?).ok()?;
-            Some(Key::AddrProtoPortIndex(decode_addr(&b[..alen])?, p, port, i))
+            Some(Key::AddrProtoPortIndex(
+                decode_addr(&b[..alen])?,
+                p,
+                port,
+                i,
+            ))
         }
         KeyType::ProtoPortIndex if b.len() == 12 => {
             let (p, port) = decode_proto_port(&b[..8])?;

@@ -679,7 +679,7 @@ fn reg32(n: u32) -> Register {
 /// The register nft names for 32-bit word `n`: the 16-byte register holding it when the word
 /// starts one (`reg 1` for word 0), else the 32-bit register.
 fn nft_reg(n: u32) -> Register {
-    if n % 4 == 0 {
+    if n.is_multiple_of(4) {
         Register::from(1 + n / 4)
     } else {
         reg32(n)
@@ -1454,7 +1454,10 @@ mod tests {
             key_layout(Family::V4, KeyType::AddrProtoPortIndex),
             (0x1cc344, 16)
         );
-        assert_eq!(key_layout(Family::V4, KeyType::ProtoPortIndex), (0xc344, 12));
+        assert_eq!(
+            key_layout(Family::V4, KeyType::ProtoPortIndex),
+            (0xc344, 12)
+        );
     }
 
     #[test]
