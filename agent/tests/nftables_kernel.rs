@@ -326,6 +326,7 @@ fn set(key: KeyType, is_vmap: bool, comment: Option<&str>, timeout: Option<u32>)
             is_vmap,
             comment: comment.map(Into::into),
             timeout_secs: timeout,
+            size: None,
         },
         elements: BTreeMap::new(),
     }

@@ -282,6 +282,7 @@ fn set(key: KeyType, is_vmap: bool, comment: &str) -> Set {
             is_vmap,
             comment: Some(comment.into()),
             timeout_secs: None,
+            size: None,
         },
         elements: BTreeMap::new(),
     }
@@ -719,6 +720,7 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
                 is_vmap: false,
                 comment: None,
                 timeout_secs: None,
+                size: None,
             };
             let elements = BTreeMap::new();
             t.sets.insert(lists.map(k).into(), Set { decl, elements });
@@ -836,6 +838,7 @@ impl Part {
                     is_vmap: false,
                     comment: None,
                     timeout_secs: None,
+                    size: None,
                 };
                 let elements = BTreeMap::new();
                 table.sets.insert(set.to_string(), Set { decl, elements });
@@ -912,6 +915,7 @@ pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Built {
         part.merge_into(&mut table);
         counts.add(part.no_local_endpoints);
     }
+    table.fit_set_sizes(|_| None);
     Built {
         table,
         no_local_endpoints: counts,
@@ -1078,6 +1082,7 @@ impl PortContext<'_> {
                                     is_vmap: false,
                                     comment: None,
                                     timeout_secs: Some(timeout),
+                                    size: None,
                                 },
                                 elements: BTreeMap::new(),
                             },

@@ -730,6 +730,7 @@ mod tests {
             is_vmap: true,
             comment: None,
             timeout_secs: None,
+            size: None,
         };
         let goto = Some(crate::ruleset::Value::Verdict(Verdict::Goto(
             "reject-chain".into(),

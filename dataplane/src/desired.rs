@@ -103,7 +103,7 @@ pub struct Desired {
 impl Desired {
     /// Builds the whole table (O(cluster)).
     pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Desired {
-        Desired::build_keeping(cluster, config, family, Slots::new())
+        Desired::build_keeping(cluster, config, family, Slots::new(), &BTreeMap::new())
     }
 
     /// Builds the whole table, giving chains the endpoint-map regions they have in `kernel`
@@ -120,15 +120,22 @@ impl Desired {
                 slots.seed(chain, slot);
             }
         }
-        Desired::build_keeping(cluster, config, family, slots)
+        let sizes = kernel
+            .sets
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), s.decl.size?)))
+            .collect();
+        Desired::build_keeping(cluster, config, family, slots, &sizes)
     }
 
-    /// Builds the whole table, keeping the regions `slots` gave chains that still exist.
+    /// Builds the whole table, keeping the regions `slots` gave chains that still exist and the
+    /// set sizes in `sizes` that still fit.
     fn build_keeping(
         cluster: &Cluster,
         config: &BuildConfig,
         family: Family,
         slots: Slots,
+        sizes: &BTreeMap<String, u32>,
     ) -> Desired {
         let table = base_table(config, cluster, family);
         let mut desired = Desired {
@@ -155,6 +162,7 @@ impl Desired {
         }
         let chains = &desired.table.chains;
         desired.slots.retain(|chain| chains.contains_key(chain));
+        desired.table.fit_set_sizes(|name| sizes.get(name).copied());
         desired.table.compact();
         desired
     }
@@ -235,13 +243,31 @@ impl Desired {
             }
         }
         self.built_from = cluster.clone();
+        // A set that outgrew its size (or shrank far below it) is recreated with a new one,
+        // which rewrites the chains that use it: plan everything.
+        let touched = scope.elements.keys().chain(&scope.sets).map(String::as_str);
+        if !self.table.set_sizes_fit(touched) {
+            let sizes = self.set_sizes();
+            self.table.fit_set_sizes(|name| sizes.get(name).copied());
+            return Updated::All;
+        }
         Updated::Scope(scope)
     }
 
-    /// Rebuilds everything (O(cluster)), keeping the chains' endpoint-map regions.
+    /// Rebuilds everything (O(cluster)), keeping the chains' endpoint-map regions and the set
+    /// sizes that still fit.
     pub fn rebuild(&mut self, cluster: &Cluster, config: &BuildConfig) {
         let slots = std::mem::take(&mut self.slots);
-        *self = Desired::build_keeping(cluster, config, self.family(), slots);
+        let sizes = self.set_sizes();
+        *self = Desired::build_keeping(cluster, config, self.family(), slots, &sizes);
+    }
+
+    fn set_sizes(&self) -> BTreeMap<String, u32> {
+        self.table
+            .sets
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), s.decl.size?)))
+            .collect()
     }
 
     /// Adds a Service's part; true if another Service already claims one of its elements.

@@ -213,6 +213,9 @@ fn set_decl_lines(family: Family, decl: &SetDecl, out: &mut String, indent: &str
         let _ = writeln!(out, "{indent}flags dynamic,timeout");
         let _ = writeln!(out, "{indent}timeout {t}s");
     }
+    if let Some(size) = decl.size {
+        let _ = writeln!(out, "{indent}size {size}");
+    }
     if let Some(c) = &decl.comment {
         let _ = writeln!(out, "{indent}comment {}", quote(c));
     }

@@ -466,6 +466,32 @@ pub struct SetDecl {
     pub comment: Option<String>,
     /// Element timeout in seconds; makes the set `dynamic,timeout` (session affinity).
     pub timeout_secs: Option<u32>,
+    /// The most elements the set may hold (nft's `size`), see [`Table::fit_set_sizes`].
+    pub size: Option<u32>,
+}
+
+impl SetDecl {
+    /// Whether the kernel keeps the set in a hash table, which it sizes by `size`: every set
+    /// but interval maps and sets with timeouts.
+    pub fn hashed(&self) -> bool {
+        self.timeout_secs.is_none() && self.key != KeyType::Slot
+    }
+}
+
+/// The smallest `size` a hashed set is given.
+pub const SET_SIZE_MIN: u32 = 256;
+
+/// The `size` a hashed set of `n` elements is given: room for twice as many, a power of two.
+pub fn fresh_set_size(n: usize) -> u32 {
+    let room = n.saturating_mul(2).next_power_of_two();
+    u32::try_from(room).unwrap_or(1 << 31).max(SET_SIZE_MIN)
+}
+
+/// Whether a hashed set of `size` still suits `n` elements: at most three quarters full, and not
+/// more than four times the size it would be given now.
+pub fn set_size_fits(size: u32, n: usize) -> bool {
+    let size = u64::from(size);
+    (n as u64) * 4 <= size * 3 && size <= u64::from(fresh_set_size(n)) * 4
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -490,6 +516,43 @@ impl Table {
             chains: BTreeMap::new(),
             sets: BTreeMap::new(),
         }
+    }
+
+    /// Sizes the hashed sets for their elements, keeping the size `kept` gives a set where that
+    /// still fits ([`set_size_fits`]); false if some set needed another size than `kept` gave.
+    ///
+    /// Without a size the kernel starts a set's hash table tiny and doubles it as elements
+    /// arrive, and while it doubles, an insert waits for the resize to finish: loading 400k
+    /// elements took twice the kernel time it takes in tables sized up front. A size is also a
+    /// limit, so a set that fills up is given a new size, which recreates it.
+    pub fn fit_set_sizes(&mut self, kept: impl Fn(&str) -> Option<u32>) -> bool {
+        let mut all_kept = true;
+        for (name, set) in &mut self.sets {
+            if !set.decl.hashed() {
+                set.decl.size = None;
+                continue;
+            }
+            let n = set.elements.len();
+            let previous = kept(name);
+            set.decl.size = match previous {
+                Some(size) if set_size_fits(size, n) => Some(size),
+                _ => {
+                    all_kept &= previous.is_none();
+                    Some(fresh_set_size(n))
+                }
+            };
+        }
+        all_kept
+    }
+
+    /// Whether every hashed set named in `names` still fits its size.
+    pub fn set_sizes_fit<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> bool {
+        names.into_iter().all(|name| {
+            self.sets.get(name).is_none_or(|s| match s.decl.size {
+                Some(size) => set_size_fits(size, s.elements.len()),
+                None => !s.decl.hashed(),
+            })
+        })
     }
 
     /// Repacks the chain and element B-trees densely. Filled Service by Service, in no key

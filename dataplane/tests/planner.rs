@@ -107,6 +107,10 @@ fn table(specs: &[SvcSpec]) -> Table {
 fn without_regions(t: &Table) -> Table {
     let mut out = t.clone();
     out.sets.retain(|_, s| s.decl.key != KeyType::Slot);
+    // Set sizes depend on history too (a set keeps its size while it fits).
+    for set in out.sets.values_mut() {
+        set.decl.size = None;
+    }
     for chain in out.chains.values_mut() {
         let rules = chain
             .rules
@@ -293,6 +297,7 @@ proptest! {
         let updated = desired.update(&cb, &config(), &names);
         let full = build(&cb, &config(), Family::V4);
         prop_assert_eq!(without_regions(desired.table()), without_regions(&full.table));
+        prop_assert!(desired.table().set_sizes_fit(desired.table().sets.keys().map(String::as_str)));
         prop_assert_eq!(desired.no_local_endpoints(), full.no_local_endpoints);
         let counts = desired.object_counts();
         prop_assert_eq!(counts.0, full.table.chains.len());
@@ -642,4 +647,53 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
     let b = trace(&mapped, &Host::default(), &pkt);
     assert_eq!(a.endpoints().len(), 9, "{a:?}");
     assert_eq!(a.outcomes, b.outcomes);
+}
+
+#[test]
+fn a_set_that_outgrows_its_size_is_recreated_with_room() {
+    let spec = |id| SvcSpec {
+        id,
+        endpoints: vec![1, 2],
+        node_port: false,
+        udp: false,
+    };
+    // 60 Services: 120 elements in `cluster-endpoints-2`, the smallest size (256).
+    let before: Vec<SvcSpec> = (1..=60).map(spec).collect();
+    let mut desired = Desired::build(&cluster(&before), &config(), Family::V4);
+    let size_of = |d: &Desired| d.table().sets["cluster-endpoints-2"].decl.size;
+    assert_eq!(size_of(&desired), Some(256));
+    let mut state = fresh_state(desired.table());
+
+    // 40 more: 200 elements, more than three quarters of 256.
+    let after: Vec<SvcSpec> = (1..=100).map(spec).collect();
+    let names: Vec<ObjectName> = (61..=100)
+        .map(|id| ObjectName::new("ns", &format!("svc{id}")))
+        .collect();
+    let c = cluster(&after);
+    assert_eq!(desired.update(&c, &config(), &names), Updated::All);
+    assert_eq!(size_of(&desired), Some(512));
+    let tx = plan(Some(&state), desired.table());
+    assert!(
+        tx.ops
+            .iter()
+            .any(|op| matches!(op, Op::DeleteSet { name } if name == "cluster-endpoints-2"))
+    );
+    // The chain that uses the map is rewritten with it.
+    assert!(
+        tx.ops
+            .iter()
+            .any(|op| matches!(op, Op::AddRules { chain, .. } if &**chain == "cluster-endpoints"))
+    );
+    state.apply(&tx);
+    state.apply(&plan_cleanup(&state, desired.table()));
+    assert_eq!(state, fresh_state(desired.table()));
+
+    // One Service fewer keeps the new size (no recreation back and forth).
+    let fewer: Vec<SvcSpec> = (1..=99).map(spec).collect();
+    let gone = [ObjectName::new("ns", "svc100")];
+    assert!(matches!(
+        desired.update(&cluster(&fewer), &config(), &gone),
+        Updated::Scope(_)
+    ));
+    assert_eq!(size_of(&desired), Some(512));
 }

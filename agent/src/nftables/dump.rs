@@ -16,8 +16,8 @@ use ipnet::IpNet;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainFlags, ChainMessage, GenAttribute, GenMessage, Hook as NlHook,
-    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetElementList, SetElementMessage,
-    SetFlags, SetMessage, Verdict as NlVerdict,
+    NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetDescription, SetElementList,
+    SetElementMessage, SetFlags, SetMessage, Verdict as NlVerdict,
 };
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 
@@ -332,6 +332,7 @@ fn read_once(nft: &mut Nftables, family: Family) -> Result<Option<TableState>, N
                     is_vmap: false,
                     comment: Some(UNDECODABLE_SET_COMMENT.to_string()),
                     timeout_secs: None,
+                    size: None,
                 },
                 elements: BTreeMap::new(),
             },
@@ -461,6 +462,7 @@ struct RawSet {
     data_type: Option<u32>,
     data_len: Option<u32>,
     timeout_ms: Option<u64>,
+    size: Option<u32>,
     comment: Result<Option<String>, ()>,
 }
 
@@ -475,6 +477,7 @@ impl RawSet {
             data_type: None,
             data_len: None,
             timeout_ms: None,
+            size: None,
             comment: Ok(None),
         };
         for a in s.attributes {
@@ -487,6 +490,13 @@ impl RawSet {
                 SetAttribute::DataType(t) => raw.data_type = Some(t),
                 SetAttribute::DataLen(l) => raw.data_len = Some(l),
                 SetAttribute::Timeout(t) => raw.timeout_ms = Some(t),
+                SetAttribute::Description(d) => {
+                    for desc in d {
+                        if let SetDescription::Size(n) = desc {
+                            raw.size = Some(n).filter(|n| *n > 0);
+                        }
+                    }
+                }
                 SetAttribute::UserData(u) => raw.comment = udata_string(&u, UDATA_SET_COMMENT),
                 _ => {}
             }
@@ -547,6 +557,8 @@ impl RawSet {
             is_vmap,
             comment: self.comment.clone().ok()?,
             timeout_secs,
+            // The kernel gives dynamic sets a size of its own (65535), which nft hides too.
+            size: self.size.filter(|_| !dynamic),
         })
     }
 
@@ -567,6 +579,7 @@ impl RawSet {
             is_vmap: false,
             comment: self.comment.clone().ok()?,
             timeout_secs: None,
+            size: self.size,
         })
     }
 
@@ -587,6 +600,7 @@ impl RawSet {
             is_vmap: false,
             comment: self.comment.clone().ok()?,
             timeout_secs: None,
+            size: self.size,
         })
     }
 }

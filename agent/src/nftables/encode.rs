@@ -25,8 +25,9 @@ use netlink_packet_netfilter::nftables::{
     Bitwise, ChainAttribute, ChainMessage, Cmp, DataAttribute, ExpressionAttribute, Expressions,
     Hook as NlHook, HookNumber, Immediate, InetHookNumber, ListAttribute, Lookup, Meta, MetaKey,
     NfTablesMessage, Operator, Payload, Register, RuleAttribute, RuleMessage, SetAttribute,
-    SetElementAttribute, SetElementFlags, SetElementList, SetElementMessage, SetFlags, SetMessage,
-    TableAttribute, TableFlags, TableMessage, Verdict as NlVerdict, VerdictAttribute,
+    SetDescription, SetElementAttribute, SetElementFlags, SetElementList, SetElementMessage,
+    SetFlags, SetMessage, TableAttribute, TableFlags, TableMessage, Verdict as NlVerdict,
+    VerdictAttribute,
 };
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{
@@ -974,6 +975,9 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
         let (data_type, data_len) = slot_data_layout(family);
         attributes.push(SetAttribute::DataType(data_type));
         attributes.push(SetAttribute::DataLen(data_len));
+    }
+    if let Some(size) = decl.size {
+        attributes.push(SetAttribute::Description(vec![SetDescription::Size(size)]));
     }
     attributes.push(SetAttribute::Id(id));
     if let Some(secs) = decl.timeout_secs {
