@@ -26,6 +26,7 @@
 //! - ClusterIP traffic from outside the pod network is marked for masquerade by one rule in
 //!   `services` (`ip daddr @cluster-ips`) instead of one rule per Service chain.
 
+use std::cell::LazyCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -936,6 +937,26 @@ fn insert_element(part: &mut Part, set: &'static str, key: Key, value: Option<Ve
     part.elements.insert((set, key), value.map(Value::Verdict));
 }
 
+/// The chains a Service port may have.
+struct ChainNames {
+    cluster: ChainName,
+    local: ChainName,
+    external: ChainName,
+    firewall: ChainName,
+}
+
+impl ChainNames {
+    fn of(svc: &Service, port: &ServicePort) -> ChainNames {
+        let base = service_port_base(svc, port);
+        ChainNames {
+            cluster: format!("service-{base}").into(),
+            local: format!("local-{base}").into(),
+            external: format!("external-{base}").into(),
+            firewall: format!("firewall-{base}").into(),
+        }
+    }
+}
+
 /// `ns/name:port` (`ns/name` for an unnamed port): how chain comments and traces name a
 /// Service port.
 pub fn port_label(svc: &Service, port: &ServicePort) -> String {
@@ -1009,11 +1030,8 @@ impl PortContext<'_> {
         let proto = self.port.protocol;
         let port = self.port.port;
         let svc = self.svc;
-        let base = service_port_base(svc, self.port);
-        let cluster_chain: ChainName = format!("service-{base}").into();
-        let local_chain: ChainName = format!("local-{base}").into();
-        let external_chain: ChainName = format!("external-{base}").into();
-        let firewall_chain: ChainName = format!("firewall-{base}").into();
+        // The names cost a SHA-256, and most Service ports have no chain.
+        let names = LazyCell::new(|| ChainNames::of(svc, self.port));
         let reject = Some(Verdict::Goto(REJECT_CHAIN.into()));
         let external_ips: Vec<IpAddr> = self
             .ips_of_family(&svc.external_ips)
@@ -1155,14 +1173,14 @@ impl PortContext<'_> {
             && cat.cluster.len() <= LIST_MAX_ENDPOINTS
             && cat.local.len() <= LIST_MAX_ENDPOINTS;
         if !direct && uses_cluster_chain {
-            let mut chain = regular(dispatch(part, &cluster_chain, &cat.cluster, slots));
+            let mut chain = regular(dispatch(part, &names.cluster, &cat.cluster, slots));
             chain.comment = Some(self.comment().into());
-            part.chains.insert(cluster_chain.clone(), chain);
+            part.chains.insert(names.cluster.clone(), chain);
         }
         if !direct && uses_local_chain {
-            let mut chain = regular(dispatch(part, &local_chain, &cat.local, slots));
+            let mut chain = regular(dispatch(part, &names.local, &cat.local, slots));
             chain.comment = Some(self.comment().into());
-            part.chains.insert(local_chain.clone(), chain);
+            part.chains.insert(names.local.clone(), chain);
         }
         let list = |part: &mut Part, frontend: Frontend, local: bool| {
             let (eps, used) = if local {
@@ -1176,11 +1194,6 @@ impl PortContext<'_> {
         };
 
         // Internal (ClusterIP) traffic.
-        let internal_chain = if svc.internal_policy_local {
-            &local_chain
-        } else {
-            &cluster_chain
-        };
         let has_internal = !(svc.internal_policy_local && cat.local.is_empty());
         if has_internal {
             if direct {
@@ -1190,6 +1203,11 @@ impl PortContext<'_> {
                     svc.internal_policy_local,
                 );
             } else {
+                let internal_chain = if svc.internal_policy_local {
+                    &names.local
+                } else {
+                    &names.cluster
+                };
                 insert_element(
                     part,
                     SERVICE_IPS,
@@ -1230,7 +1248,7 @@ impl PortContext<'_> {
             if svc.external_policy_local {
                 if let Some(m) = &self.det.is_local {
                     rules.push(
-                        Rule::new(vec![m.clone()], goto(&cluster_chain))
+                        Rule::new(vec![m.clone()], goto(&names.cluster))
                             .with_comment("short-circuit pod traffic"),
                     );
                 }
@@ -1239,20 +1257,20 @@ impl PortContext<'_> {
                         .with_comment("masquerade local traffic"),
                 );
                 rules.push(
-                    Rule::new(vec![Match::FibSaddrLocal], goto(&cluster_chain))
+                    Rule::new(vec![Match::FibSaddrLocal], goto(&names.cluster))
                         .with_comment("short-circuit local traffic"),
                 );
                 if uses_local_chain {
-                    rules.push(Rule::new(vec![], goto(&local_chain)));
+                    rules.push(Rule::new(vec![], goto(&names.local)));
                 }
             } else {
                 rules.push(Rule::new(vec![], jump(MARK_FOR_MASQUERADE)));
-                rules.push(Rule::new(vec![], goto(&cluster_chain)));
+                rules.push(Rule::new(vec![], goto(&names.cluster)));
             }
             let mut chain = regular(rules);
             chain.comment = Some(self.comment().into());
-            part.chains.insert(external_chain.clone(), chain);
-            let to_external = Some(Verdict::Goto(external_chain));
+            part.chains.insert(names.external.clone(), chain);
+            let to_external = Some(Verdict::Goto(names.external.clone()));
             for frontend in &frontends {
                 let map = frontend.pick(SERVICE_IPS, SERVICE_NODEPORTS);
                 insert_element(part, map, frontend.key(proto), to_external.clone());
@@ -1291,13 +1309,13 @@ impl PortContext<'_> {
             rules.push(Rule::new(vec![], Action::Verdict(Verdict::Drop)));
             let mut chain = regular(rules);
             chain.comment = Some(self.comment().into());
-            part.chains.insert(firewall_chain.clone(), chain);
+            part.chains.insert(names.firewall.clone(), chain);
             for ip in &lb_ips {
                 insert_element(
                     part,
                     FIREWALL_IPS,
                     Key::AddrProtoPort(*ip, proto, port),
-                    Some(Verdict::Goto(firewall_chain.clone())),
+                    Some(Verdict::Goto(names.firewall.clone())),
                 );
             }
         }

@@ -15,6 +15,7 @@
 //! wins); rather than tracking every claimant, such a rare conflict makes [`Desired::update`]
 //! rebuild everything.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::IpNet;
@@ -22,7 +23,7 @@ use ipnet::IpNet;
 use crate::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::plan::TableState;
-use crate::ruleset::{ChainName, Family, Key, KeyType, Table};
+use crate::ruleset::{ChainName, Family, Key, KeyType, Set, Table};
 use crate::slots::{SlotSource, Slots};
 
 /// What an incremental update touched: everything a planner must compare.
@@ -271,26 +272,47 @@ impl Desired {
     }
 
     /// Adds a Service's part; true if another Service already claims one of its elements.
+    /// (What [`Part::merge_into`] does, counting as it goes.)
     fn insert(&mut self, part: &Part) -> bool {
         let mut contested = false;
-        // Before counting, which skips elements of maps the table lacks.
         part.add_endpoint_maps(&mut self.table);
-        for (key, value) in &part.elements {
-            // `merge_into` ignores elements of maps the table lacks.
-            let Some(set) = self.table.sets.get(key.0) else {
+        for (name, chain) in &part.chains {
+            self.table.chains.insert(name.clone(), chain.clone());
+        }
+        for (name, set) in &part.sets {
+            self.elements += set.elements.len();
+            self.table.sets.insert(name.clone(), set.clone());
+        }
+        let Desired {
+            table,
+            shared,
+            elements,
+            ..
+        } = self;
+        // The part's elements come sorted by set: each set is looked up once.
+        let mut current: Option<(&str, Option<&mut Set>)> = None;
+        for ((name, key), value) in &part.elements {
+            if current.as_ref().is_none_or(|(n, _)| n != name) {
+                current = Some((name, table.sets.get_mut(*name)));
+            }
+            // Elements of maps the table lacks are ignored, as by `merge_into`.
+            let Some((_, Some(set))) = current.as_mut() else {
                 continue;
             };
-            if set.elements.contains_key(&key.1) {
-                *self.shared.entry(*key).or_insert(0) += 1;
-                // Plain-set elements (e.g. an endpoint shared by two Services) carry no value to
-                // disagree on; map elements do.
-                contested |= value.is_some();
-            } else {
-                self.elements += 1;
+            match set.elements.entry(*key) {
+                Entry::Occupied(mut e) => {
+                    *shared.entry((*name, *key)).or_insert(0) += 1;
+                    // Plain-set elements (e.g. an endpoint shared by two Services) carry no
+                    // value to disagree on; map elements do.
+                    contested |= value.is_some();
+                    e.insert(value.clone());
+                }
+                Entry::Vacant(e) => {
+                    e.insert(value.clone());
+                    *elements += 1;
+                }
             }
         }
-        self.elements += part.sets.values().map(|s| s.elements.len()).sum::<usize>();
-        part.merge_into(&mut self.table);
         self.rules += rules_of(part);
         self.no_local_endpoints.add(part.no_local_endpoints);
         contested

@@ -479,12 +479,16 @@ impl SetDecl {
 }
 
 /// The smallest `size` a hashed set is given.
-pub const SET_SIZE_MIN: u32 = 256;
+pub const SET_SIZE_MIN: u32 = 96;
 
-/// The `size` a hashed set of `n` elements is given: room for twice as many, a power of two.
+/// The `size` a hashed set of `n` elements is given: room for twice as many, of the form 3·2^k.
+/// The kernel gives the set a power of two of hash buckets, at least 4/3 of its size, and
+/// every bucket costs memory the kernel zeroes when it creates the set; 3·2^k needs exactly
+/// 4/3 (a power of two would need 8/3).
 pub fn fresh_set_size(n: usize) -> u32 {
-    let room = n.saturating_mul(2).next_power_of_two();
-    u32::try_from(room).unwrap_or(1 << 31).max(SET_SIZE_MIN)
+    let want = n.saturating_mul(2).max(SET_SIZE_MIN as usize);
+    let k = want.div_ceil(3).next_power_of_two();
+    u32::try_from(k.saturating_mul(3)).unwrap_or(3 << 30)
 }
 
 /// Whether a hashed set of `size` still suits `n` elements: at most three quarters full, and not
@@ -569,6 +573,26 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn set_sizes_leave_room_and_fit_the_kernels_buckets() {
+        for n in [0, 1, 47, 48, 49, 1000, 150_000, 2_000_000] {
+            let size = fresh_set_size(n);
+            assert!(
+                size as usize >= 2 * n && size >= SET_SIZE_MIN,
+                "{n}: {size}"
+            );
+            assert!(
+                size as usize <= (4 * n).max(2 * SET_SIZE_MIN as usize),
+                "{n}: {size}"
+            );
+            assert!((size / 3).is_power_of_two() && size % 3 == 0, "{n}: {size}");
+            assert!(set_size_fits(size, n));
+        }
+        assert!(!set_size_fits(96, 73), "more than three quarters full");
+        assert!(set_size_fits(96, 72));
+        assert!(!set_size_fits(fresh_set_size(100_000), 10), "far too big");
+    }
 
     #[test]
     fn map_elements_stay_small() {

@@ -152,6 +152,13 @@ fn fresh_state(t: &Table) -> TableState {
     s
 }
 
+/// Applies plan + cleanup to an existing state.
+fn step_from(state: &mut TableState, t: &Table) {
+    state.apply(&plan(Some(state), t));
+    let cleanup = plan_cleanup(state, t);
+    state.apply(&cleanup);
+}
+
 /// Applies plan + cleanup, like the agent does.
 fn step(state: &mut Option<TableState>, t: &Table) -> usize {
     let tx = plan(state.as_ref(), t);
@@ -305,13 +312,25 @@ proptest! {
         prop_assert_eq!(counts.3, full.table.sets.values().map(|s| s.elements.len()).sum::<usize>());
 
         // Planning only the scope takes the kernel to the same state as planning everything.
-        let Updated::Scope(scope) = updated else {
-            panic!("no node-wide change, no conflict: expected a scoped update");
-        };
-        let tx = plan_scope(&state, desired.table(), &scope);
-        state.apply(&tx);
-        let cleanup = plan_cleanup_scope(&state, desired.table(), &scope);
-        state.apply(&cleanup);
+        // Without a node-wide change or a conflict, only a set that needs another size makes
+        // the update plan everything.
+        match updated {
+            Updated::Scope(scope) => {
+                let tx = plan_scope(&state, desired.table(), &scope);
+                state.apply(&tx);
+                let cleanup = plan_cleanup_scope(&state, desired.table(), &scope);
+                state.apply(&cleanup);
+            }
+            Updated::All => {
+                let resized = desired
+                    .table()
+                    .sets
+                    .iter()
+                    .any(|(name, s)| state.sets.get(name).is_some_and(|k| k.decl.size != s.decl.size));
+                prop_assert!(resized, "a full plan without a resized set");
+                step_from(&mut state, desired.table());
+            }
+        }
         prop_assert_eq!(&state, &fresh_state(desired.table()));
     }
 }
@@ -657,21 +676,21 @@ fn a_set_that_outgrows_its_size_is_recreated_with_room() {
         node_port: false,
         udp: false,
     };
-    // 60 Services: 120 elements in `cluster-endpoints-2`, the smallest size (256).
-    let before: Vec<SvcSpec> = (1..=60).map(spec).collect();
+    // 30 Services: 60 elements in `cluster-endpoints-2`, size 192.
+    let before: Vec<SvcSpec> = (1..=30).map(spec).collect();
     let mut desired = Desired::build(&cluster(&before), &config(), Family::V4);
     let size_of = |d: &Desired| d.table().sets["cluster-endpoints-2"].decl.size;
-    assert_eq!(size_of(&desired), Some(256));
+    assert_eq!(size_of(&desired), Some(192));
     let mut state = fresh_state(desired.table());
 
-    // 40 more: 200 elements, more than three quarters of 256.
-    let after: Vec<SvcSpec> = (1..=100).map(spec).collect();
-    let names: Vec<ObjectName> = (61..=100)
+    // 50 more: 160 elements, more than three quarters of 192.
+    let after: Vec<SvcSpec> = (1..=80).map(spec).collect();
+    let names: Vec<ObjectName> = (31..=80)
         .map(|id| ObjectName::new("ns", &format!("svc{id}")))
         .collect();
     let c = cluster(&after);
     assert_eq!(desired.update(&c, &config(), &names), Updated::All);
-    assert_eq!(size_of(&desired), Some(512));
+    assert_eq!(size_of(&desired), Some(384));
     let tx = plan(Some(&state), desired.table());
     assert!(
         tx.ops
@@ -689,11 +708,11 @@ fn a_set_that_outgrows_its_size_is_recreated_with_room() {
     assert_eq!(state, fresh_state(desired.table()));
 
     // One Service fewer keeps the new size (no recreation back and forth).
-    let fewer: Vec<SvcSpec> = (1..=99).map(spec).collect();
-    let gone = [ObjectName::new("ns", "svc100")];
+    let fewer: Vec<SvcSpec> = (1..=79).map(spec).collect();
+    let gone = [ObjectName::new("ns", "svc80")];
     assert!(matches!(
         desired.update(&cluster(&fewer), &config(), &gone),
         Updated::Scope(_)
     ));
-    assert_eq!(size_of(&desired), Some(512));
+    assert_eq!(size_of(&desired), Some(384));
 }
