@@ -586,7 +586,7 @@ mod tests {
                 size as usize <= (4 * n).max(2 * SET_SIZE_MIN as usize),
                 "{n}: {size}"
             );
-            assert!((size / 3).is_power_of_two() && size % 3 == 0, "{n}: {size}");
+            assert!((size / 3).is_power_of_two() && size.is_multiple_of(3), "{n}: {size}");
             assert!(set_size_fits(size, n));
         }
         assert!(!set_size_fits(96, 73), "more than three quarters full");
