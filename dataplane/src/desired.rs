@@ -23,7 +23,7 @@ use ipnet::IpNet;
 use crate::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::plan::TableState;
-use crate::ruleset::{ChainName, Family, Key, KeyType, Set, Table};
+use crate::ruleset::{ChainName, Family, Key, KeyType, Set, Table, Value};
 use crate::slots::{SlotSource, Slots};
 
 /// What an incremental update touched: everything a planner must compare.
@@ -151,6 +151,10 @@ impl Desired {
             no_local_endpoints: NoLocalEndpoints::default(),
         };
         let env = BuildEnv::new(cluster, config, family);
+        // Elements are gathered per set and put in place at the end, sorted: inserting 400k
+        // elements one by one into B-trees (and repacking them) cost more than building the
+        // rest of the table.
+        let mut gathered: HashMap<&'static str, Vec<(Key, Option<Value>)>> = HashMap::new();
         for svc in cluster.services.values() {
             let part = service_part(
                 svc,
@@ -158,14 +162,57 @@ impl Desired {
                 &env,
                 &mut SlotSource::Assign(&mut desired.slots),
             );
-            // Contested elements resolve by insertion order here, as in a full build.
-            desired.insert(&part);
+            desired.insert_structure(&part);
+            for ((set, key), value) in part.elements {
+                gathered.entry(set).or_default().push((key, value));
+            }
+        }
+        for (set, elements) in gathered {
+            desired.insert_gathered(set, elements);
         }
         let chains = &desired.table.chains;
         desired.slots.retain(|chain| chains.contains_key(chain));
         desired.table.fit_set_sizes(|name| sizes.get(name).copied());
-        desired.table.compact();
+        // Filled in no key order, the chains' B-tree nodes end up about two-thirds full;
+        // rebuilt from their sorted contents they are full.
+        desired.table.chains = std::mem::take(&mut desired.table.chains)
+            .into_iter()
+            .collect();
         desired
+    }
+
+    /// Puts the elements services claimed in `set`, in build order, into the table: where
+    /// several claim an element, the last one's value stands, as in a full build, and the
+    /// others count as sharing it.
+    fn insert_gathered(&mut self, set: &'static str, mut elements: Vec<(Key, Option<Value>)>) {
+        let Some(s) = self.table.sets.get_mut(set) else {
+            return; // As `merge_into`: elements of maps the table lacks are ignored.
+        };
+        // Stable: claimants of one element stay in build order.
+        elements.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut unique: Vec<(Key, Option<Value>)> = Vec::with_capacity(elements.len());
+        for (key, value) in elements {
+            match unique.last_mut() {
+                Some(last) if last.0 == key => {
+                    last.1 = value;
+                    *self.shared.entry((set, key)).or_insert(0) += 1;
+                }
+                _ => unique.push((key, value)),
+            }
+        }
+        if s.elements.is_empty() {
+            self.elements += unique.len();
+            // Built in bulk from sorted keys: densely packed nodes.
+            s.elements = unique.into_iter().collect();
+            return;
+        }
+        for (key, value) in unique {
+            if s.elements.insert(key, value).is_some() {
+                *self.shared.entry((set, key)).or_insert(0) += 1;
+            } else {
+                self.elements += 1;
+            }
+        }
     }
 
     pub fn family(&self) -> Family {
@@ -275,14 +322,7 @@ impl Desired {
     /// (What [`Part::merge_into`] does, counting as it goes.)
     fn insert(&mut self, part: &Part) -> bool {
         let mut contested = false;
-        part.add_endpoint_maps(&mut self.table);
-        for (name, chain) in &part.chains {
-            self.table.chains.insert(name.clone(), chain.clone());
-        }
-        for (name, set) in &part.sets {
-            self.elements += set.elements.len();
-            self.table.sets.insert(name.clone(), set.clone());
-        }
+        self.insert_structure(part);
         let Desired {
             table,
             shared,
@@ -313,9 +353,21 @@ impl Desired {
                 }
             }
         }
+        contested
+    }
+
+    /// Adds a Service's part but for its elements of shared maps.
+    fn insert_structure(&mut self, part: &Part) {
+        part.add_endpoint_maps(&mut self.table);
+        for (name, chain) in &part.chains {
+            self.table.chains.insert(name.clone(), chain.clone());
+        }
+        for (name, set) in &part.sets {
+            self.elements += set.elements.len();
+            self.table.sets.insert(name.clone(), set.clone());
+        }
         self.rules += rules_of(part);
         self.no_local_endpoints.add(part.no_local_endpoints);
-        contested
     }
 
     /// Takes a Service's part out again; true if another Service still claims one of its

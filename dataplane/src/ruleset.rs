@@ -558,16 +558,6 @@ impl Table {
             })
         })
     }
-
-    /// Repacks the chain and element B-trees densely. Filled Service by Service, in no key
-    /// order, their nodes end up about two-thirds full; rebuilt from their sorted contents they
-    /// are full (a 30k-Service table: 23 -> 13 MiB of elements).
-    pub fn compact(&mut self) {
-        self.chains = std::mem::take(&mut self.chains).into_iter().collect();
-        for set in self.sets.values_mut() {
-            set.elements = std::mem::take(&mut set.elements).into_iter().collect();
-        }
-    }
 }
 
 #[cfg(test)]
@@ -586,7 +576,10 @@ mod tests {
                 size as usize <= (4 * n).max(2 * SET_SIZE_MIN as usize),
                 "{n}: {size}"
             );
-            assert!((size / 3).is_power_of_two() && size.is_multiple_of(3), "{n}: {size}");
+            assert!(
+                (size / 3).is_power_of_two() && size.is_multiple_of(3),
+                "{n}: {size}"
+            );
             assert!(set_size_fits(size, n));
         }
         assert!(!set_size_fits(96, 73), "more than three quarters full");
