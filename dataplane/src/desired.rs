@@ -189,7 +189,7 @@ impl Desired {
             return; // As `merge_into`: elements of maps the table lacks are ignored.
         };
         // Stable: claimants of one element stay in build order.
-        elements.sort_by(|a, b| a.0.cmp(&b.0));
+        elements.sort_by_key(|e| e.0);
         let mut unique: Vec<(Key, Option<Value>)> = Vec::with_capacity(elements.len());
         for (key, value) in elements {
             match unique.last_mut() {
