@@ -315,6 +315,35 @@ fn random_choice_spreads_over_three_endpoints() {
     }
 }
 
+#[test]
+fn a_service_with_more_endpoints_than_the_lists_take_spreads_over_all_of_them() {
+    let t = topology();
+    run_once(&t.node, "cluster-ip.yaml");
+    // Nine endpoints: its own Service chain, endpoints chosen from an endpoint map.
+    let listing = listing(&t.node);
+    let chain: String = listing
+        .lines()
+        .skip_while(|l| !(l.contains("chain service-") && l.contains("ns5/svc9/tcp/http")))
+        .take_while(|l| l.trim() != "}")
+        .collect();
+    assert!(chain.contains("map @endpoints-"), "{chain}\n{listing}");
+    let r = t
+        .lab
+        .run_probe(
+            &t.client,
+            &Probe::new(Proto::Tcp, sa("172.30.0.49:80"), 450),
+        )
+        .unwrap();
+    assert_eq!(r.answered_total(), 450, "{r}");
+    assert_eq!(r.answered.len(), 9, "{r}");
+    for (ep, n) in &r.answered {
+        assert!(
+            (20..=85).contains(n),
+            "{ep} got {n} of 450 connections: {r}"
+        );
+    }
+}
+
 /// The text from `nft list table` for both families.
 fn listing(ns: &Ns) -> String {
     ["ip", "ip6"]
