@@ -1000,7 +1000,9 @@ impl Lab {
         })
     }
 
-    fn connect_times(&self, dst: SocketAddr, count: usize, warmup: usize) -> Result<LatencyStats> {
+    /// Connect times (µs) of `count` connections to `dst` after `warmup` unmeasured ones, and
+    /// the number of measured connections that failed.
+    fn connect_times(&self, dst: SocketAddr, count: usize, warmup: usize) -> Result<Samples> {
         self.client.run_in(|| {
             let mut times = Vec::with_capacity(count);
             let mut failures = 0;
@@ -1032,19 +1034,40 @@ impl Lab {
                     Err(_) => {}
                 }
             }
-            ensure!(
-                failures * 100 <= count,
-                "{failures} of {count} connections to {dst} failed"
-            );
-            times.sort_by(f64::total_cmp);
-            Ok(LatencyStats {
-                connections: times.len(),
-                failures,
-                p50_us: percentile(&times, 0.50),
-                p90_us: percentile(&times, 0.90),
-                p99_us: percentile(&times, 0.99),
-                mean_us: times.iter().sum::<f64>() / times.len().max(1) as f64,
-            })
+            Ok(Samples { times, failures })
+        })
+    }
+}
+
+/// Connect times of one kind of connection, gathered over several rounds.
+#[derive(Default)]
+struct Samples {
+    times: Vec<f64>,
+    failures: usize,
+}
+
+impl Samples {
+    fn add(&mut self, more: Samples) {
+        self.times.extend(more.times);
+        self.failures += more.failures;
+    }
+
+    fn stats(mut self, what: &str) -> Result<LatencyStats> {
+        let count = self.times.len() + self.failures;
+        ensure!(
+            self.failures * 100 <= count,
+            "{} of {count} connections {what} failed",
+            self.failures
+        );
+        self.times.sort_by(f64::total_cmp);
+        let times = &self.times;
+        Ok(LatencyStats {
+            connections: times.len(),
+            failures: self.failures,
+            p50_us: percentile(times, 0.50),
+            p90_us: percentile(times, 0.90),
+            p99_us: percentile(times, 0.99),
+            mean_us: times.iter().sum::<f64>() / times.len().max(1) as f64,
         })
     }
 }
@@ -1082,39 +1105,67 @@ fn echo_server(ns: &Netns, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHan
     Ok(handle)
 }
 
-/// First-packet latency with one Service and then with `cluster` loaded as well.
+/// Rounds the connections of each kind are spread over (see [`latency_bench`]).
+const LATENCY_ROUNDS: usize = 10;
+
+/// First-packet latency with one Service, and with `cluster` loaded as well, in two labs side by
+/// side. The connections alternate between the labs in rounds, so that both see the machine in
+/// the same state: measured one after the other, the two figures moved apart by up to ±30% on
+/// this VM whatever was loaded, as did the direct connections without any DNAT.
 pub fn latency_bench(
     label: &str,
     cluster: &Cluster,
     config: &BuildConfig,
     count: usize,
 ) -> Result<LatencyResult> {
-    let lab = Lab::create(label)?;
+    let one_lab = Lab::create(&format!("{label}-1"))?;
+    let loaded_lab = Lab::create(&format!("{label}-n"))?;
     let stop = Arc::new(AtomicBool::new(false));
-    let server = echo_server(&lab.echo, stop.clone())?;
+    let servers = [
+        echo_server(&one_lab.echo, stop.clone())?,
+        echo_server(&loaded_lab.echo, stop.clone())?,
+    ];
     let result = (|| -> Result<LatencyResult> {
         let echo = synth::echo_objects(ECHO_VIP, ECHO_IP);
         let mut one = synth::to_cluster(&synth::base_objects())?;
         synth::add_to_cluster(&mut one, &echo)?;
         let mut loaded = cluster.clone();
         synth::add_to_cluster(&mut loaded, &echo)?;
+        one_lab.sync(&one, config)?;
+        loaded_lab.sync(&loaded, config)?;
         let vip = SocketAddr::from((ECHO_VIP, synth::PORT));
         let direct = SocketAddr::from((ECHO_IP, synth::TARGET_PORT));
         let warmup = (count / 10).max(50);
-        lab.sync(&one, config)?;
-        let direct_one_service = lab.connect_times(direct, count, warmup)?;
-        let one_service = lab.connect_times(vip, count, warmup)?;
-        lab.sync(&loaded, config)?;
-        let direct_loaded = lab.connect_times(direct, count, warmup)?;
-        let loaded = lab.connect_times(vip, count, warmup)?;
+        let kinds = [
+            (&one_lab, direct),
+            (&one_lab, vip),
+            (&loaded_lab, direct),
+            (&loaded_lab, vip),
+        ];
+        for (lab, dst) in kinds {
+            lab.connect_times(dst, 0, warmup)?;
+        }
+        let mut samples: [Samples; 4] = Default::default();
+        let per_round = count.div_ceil(LATENCY_ROUNDS);
+        for round in 0..LATENCY_ROUNDS {
+            // Each round in another order, so that no kind always follows the same one.
+            for i in 0..kinds.len() {
+                let k = (i + round) % kinds.len();
+                let (lab, dst) = kinds[k];
+                samples[k].add(lab.connect_times(dst, per_round, 0)?);
+            }
+        }
+        let [direct_one, one_service, direct_loaded, loaded] = samples;
         Ok(LatencyResult {
-            one_service,
-            loaded,
-            direct_one_service,
-            direct_loaded,
+            one_service: one_service.stats("through the ClusterIP, one Service")?,
+            loaded: loaded.stats("through the ClusterIP, all Services")?,
+            direct_one_service: direct_one.stats("to the pod, one Service")?,
+            direct_loaded: direct_loaded.stats("to the pod, all Services")?,
         })
     })();
     stop.store(true, Ordering::Relaxed);
-    let _ = server.join();
+    for server in servers {
+        let _ = server.join();
+    }
     result
 }
