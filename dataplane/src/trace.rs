@@ -341,14 +341,7 @@ impl Tracer<'_> {
                 if targets.is_empty() {
                     return continue_here(self, state);
                 }
-                targets
-                    .into_iter()
-                    .map(|target| {
-                        let mut s = state.clone();
-                        s.dnat = Some(target);
-                        End::Accept(s)
-                    })
-                    .collect()
+                dnat_to_any(targets, &state)
             }
             Action::DnatIndexed {
                 map,
@@ -380,14 +373,7 @@ impl Tracer<'_> {
                     return continue_here(self, state);
                 }
                 self.trace.frontends.insert(frontend);
-                targets
-                    .into_iter()
-                    .map(|target| {
-                        let mut s = state.clone();
-                        s.dnat = Some(target);
-                        End::Accept(s)
-                    })
-                    .collect()
+                dnat_to_any(targets, &state)
             }
             Action::Masquerade => {
                 state.masqueraded = true;
@@ -428,6 +414,18 @@ impl Tracer<'_> {
         }
         out
     }
+}
+
+/// A random choice among `targets`: each is a possible outcome.
+fn dnat_to_any(targets: Vec<SocketAddr>, state: &State) -> Vec<End> {
+    targets
+        .into_iter()
+        .map(|target| {
+            let mut s = state.clone();
+            s.dnat = Some(target);
+            End::Accept(s)
+        })
+        .collect()
 }
 
 /// Traces the first packet of a connection through `table` on `host`.

@@ -541,17 +541,15 @@ impl RawSet {
         } else {
             None
         };
-        let key = [
-            KeyType::Addr,
-            KeyType::AddrProtoPort,
-            KeyType::ProtoPort,
-            KeyType::AddrPair,
-        ]
-        .into_iter()
-        .find(|k| {
-            let (t, l) = key_layout(family, *k);
-            Some(l) == self.key_len && Some(t) == self.key_type
-        })?;
+        let key = self.key_among(
+            family,
+            &[
+                KeyType::Addr,
+                KeyType::AddrProtoPort,
+                KeyType::ProtoPort,
+                KeyType::AddrPair,
+            ],
+        )?;
         Some(SetDecl {
             key,
             is_vmap,
@@ -562,18 +560,24 @@ impl RawSet {
         })
     }
 
+    /// The key type among `candidates` whose type id and length the set has.
+    fn key_among(&self, family: Family, candidates: &[KeyType]) -> Option<KeyType> {
+        candidates.iter().copied().find(|k| {
+            let (t, l) = key_layout(family, *k);
+            Some(l) == self.key_len && Some(t) == self.key_type
+        })
+    }
+
     /// An endpoint-list map: a plain map from `[ADDR .] inet_proto . inet_service . integer`
     /// to the family's `ADDR . inet_service`.
     fn list_decl(&self, family: Family, endpoint_len: u32) -> Option<SetDecl> {
         if self.data_len != Some(endpoint_len) {
             return None;
         }
-        let key = [KeyType::AddrProtoPortIndex, KeyType::ProtoPortIndex]
-            .into_iter()
-            .find(|k| {
-                let (t, l) = key_layout(family, *k);
-                Some(l) == self.key_len && Some(t) == self.key_type
-            })?;
+        let key = self.key_among(
+            family,
+            &[KeyType::AddrProtoPortIndex, KeyType::ProtoPortIndex],
+        )?;
         Some(SetDecl {
             key,
             is_vmap: false,
