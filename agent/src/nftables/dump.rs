@@ -1287,7 +1287,24 @@ fn addr_match(dest: bool, net: IpNet, op: u32) -> Option<Match> {
 }
 
 fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
-    let (saddr_off, daddr_off, alen) = addr_layout(family);
+    let (saddr_off, _, alen) = addr_layout(family);
+    if let Some((n, first, next)) = frontend_load(family, ex)
+        && let [
+            Ex::Lookup {
+                set,
+                sreg,
+                dreg: Some(VERDICT_REG),
+            },
+        ] = &ex[n..]
+        && *sreg == first
+    {
+        let map = set.clone();
+        return Some(if next == 2 {
+            Action::VmapProtoPort { map }
+        } else {
+            Action::VmapAddrProtoPort { map }
+        });
+    }
     if let Some((n, first, next)) = frontend_load(family, ex)
         && let [
             Ex::Other { name, attrs: ng },
@@ -1321,50 +1338,6 @@ fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
     };
     match ex {
         [Ex::ImmVerdict(v)] => Some(Action::Verdict(v.clone())),
-        [
-            Ex::Payload {
-                dreg: a,
-                base: NFT_PAYLOAD_NETWORK_HEADER,
-                offset,
-                len,
-            },
-            Ex::MetaLoad { key, dreg: p },
-            Ex::Payload {
-                dreg: d,
-                base: NFT_PAYLOAD_TRANSPORT_HEADER,
-                offset: 2,
-                len: 2,
-            },
-            Ex::Lookup {
-                set,
-                sreg,
-                dreg: Some(VERDICT_REG),
-            },
-        ] if *offset == daddr_off
-            && *len == alen
-            && *key == META_L4PROTO
-            && *p == a + alen / 4
-            && *d == p + 1
-            && sreg == a =>
-        {
-            Some(Action::VmapAddrProtoPort { map: set.clone() })
-        }
-        [
-            Ex::MetaLoad { key, dreg: p },
-            Ex::Payload {
-                dreg: d,
-                base: NFT_PAYLOAD_TRANSPORT_HEADER,
-                offset: 2,
-                len: 2,
-            },
-            Ex::Lookup {
-                set,
-                sreg,
-                dreg: Some(VERDICT_REG),
-            },
-        ] if *key == META_L4PROTO && *d == p + 1 && sreg == p => {
-            Some(Action::VmapProtoPort { map: set.clone() })
-        }
         [e] if is_other(e, "reject").is_some() => {
             let attrs = is_other(e, "reject")?;
             (only(attrs, &[NFTA_REJECT_TYPE, NFTA_REJECT_ICMP_CODE])
