@@ -6,9 +6,10 @@
 //! the chains, sets and map elements that may differ, so that planning is O(change) as well.
 //!
 //! The result is always the table a full build would give, except for which endpoint-map region
-//! a Service chain uses: regions are kept for as long as their chain exists (see
-//! [`crate::slots`]), so after changes they may differ from a fresh build's (and a build at
-//! startup adopts the regions the kernel's table has). Elements of plain sets may be shared (an
+//! a Service chain uses and the sets' sizes: regions are kept for as long as their chain exists
+//! (see [`crate::slots`]) and sizes for as long as they fit (see
+//! [`crate::ruleset::Table::fit_set_sizes`]), so after changes both may differ from a fresh
+//! build's (and a build at startup adopts the kernel's). Elements of plain sets may be shared (an
 //! endpoint of several Services is one `hairpin-endpoints` element): they are counted and stay
 //! while any Service claims them. Two Services claiming the same map element (e.g. the
 //! same external IP and port) are resolved by a full build's order (the last Service by name
