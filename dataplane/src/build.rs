@@ -276,6 +276,20 @@ fn regular(mut rules: Vec<Rule>) -> Chain {
     }
 }
 
+/// An empty map of endpoints (an endpoint map or an endpoint-list map).
+fn endpoint_map(key: KeyType) -> Set {
+    Set {
+        decl: SetDecl {
+            key,
+            is_vmap: false,
+            comment: None,
+            timeout_secs: None,
+            size: None,
+        },
+        elements: BTreeMap::new(),
+    }
+}
+
 fn set(key: KeyType, is_vmap: bool, comment: &str) -> Set {
     Set {
         decl: SetDecl {
@@ -575,22 +589,11 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     // External traffic to a Service with externalTrafficPolicy Local (what each such
     // Service's external chain does in kube-proxy, shared).
     let local_policy = |cluster: EndpointLists, local: EndpointLists| {
-        let cluster: ChainName = cluster.chain().into();
-        let mut rules = Vec::new();
-        if let Some(m) = &det.is_local {
-            rules.push(
-                Rule::new(vec![m.clone()], goto(&cluster))
-                    .with_comment("short-circuit pod traffic"),
-            );
-        }
-        rules.extend([
-            Rule::new(vec![Match::FibSaddrLocal], jump(MARK_FOR_MASQUERADE))
-                .with_comment("masquerade local traffic"),
-            Rule::new(vec![Match::FibSaddrLocal], goto(&cluster))
-                .with_comment("short-circuit local traffic"),
-            Rule::new(vec![], goto(&local.chain().into())),
-        ]);
-        regular(rules)
+        regular(local_policy_rules(
+            &det,
+            &cluster.chain().into(),
+            Some(&local.chain().into()),
+        ))
     };
     let c = &mut t.chains;
     c.insert(SERVICES.into(), regular(services));
@@ -716,18 +719,31 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     }
     for lists in EndpointLists::ALL {
         for k in 1..=LIST_MAX_ENDPOINTS {
-            let decl = SetDecl {
-                key: lists.key_type(),
-                is_vmap: false,
-                comment: None,
-                timeout_secs: None,
-                size: None,
-            };
-            let elements = BTreeMap::new();
-            t.sets.insert(lists.map(k).into(), Set { decl, elements });
+            t.sets
+                .insert(lists.map(k).into(), endpoint_map(lists.key_type()));
         }
     }
     t
+}
+
+/// What kube-proxy's external chain of a Service with externalTrafficPolicy Local does: pod and
+/// host sources go to all endpoints (`cluster`, host sources masqueraded), the rest to this
+/// node's (`local`, if it has any).
+fn local_policy_rules(det: &Detector, cluster: &ChainName, local: Option<&ChainName>) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    if let Some(m) = &det.is_local {
+        rules.push(
+            Rule::new(vec![m.clone()], goto(cluster)).with_comment("short-circuit pod traffic"),
+        );
+    }
+    rules.extend([
+        Rule::new(vec![Match::FibSaddrLocal], jump(MARK_FOR_MASQUERADE))
+            .with_comment("masquerade local traffic"),
+        Rule::new(vec![Match::FibSaddrLocal], goto(cluster))
+            .with_comment("short-circuit local traffic"),
+    ]);
+    rules.extend(local.map(|local| Rule::new(vec![], goto(local))));
+    rules
 }
 
 /// Per-sync counts that feed kube-proxy's `no_local_endpoints` metric.
@@ -834,15 +850,9 @@ impl Part {
     pub fn add_endpoint_maps(&self, table: &mut Table) {
         for (set, key) in self.elements.keys() {
             if key.key_type() == KeyType::Slot && !table.sets.contains_key(*set) {
-                let decl = SetDecl {
-                    key: KeyType::Slot,
-                    is_vmap: false,
-                    comment: None,
-                    timeout_secs: None,
-                    size: None,
-                };
-                let elements = BTreeMap::new();
-                table.sets.insert(set.to_string(), Set { decl, elements });
+                table
+                    .sets
+                    .insert(set.to_string(), endpoint_map(KeyType::Slot));
             }
         }
     }
@@ -1005,10 +1015,10 @@ fn list_elements(
     let lists = EndpointLists::of(local, matches!(frontend, Frontend::NodePort(_)));
     let map = lists.map(eps.len());
     for (i, ep) in (0u8..).zip(eps) {
-        let key = match frontend {
-            Frontend::Addr(ip, port) => Key::AddrProtoPortIndex(ip, proto, port, i),
-            Frontend::NodePort(port) => Key::ProtoPortIndex(proto, port, i),
-        };
+        let key = frontend
+            .key(proto)
+            .list_entry(i)
+            .expect("a destination key");
         part.elements
             .insert((map, key), Some(Value::Endpoint(ep.addr, ep.port)));
     }
@@ -1033,31 +1043,22 @@ impl PortContext<'_> {
         // The names cost a SHA-256, and most Service ports have no chain.
         let names = LazyCell::new(|| ChainNames::of(svc, self.port));
         let reject = Some(Verdict::Goto(REJECT_CHAIN.into()));
-        let external_ips: Vec<IpAddr> = self
-            .ips_of_family(&svc.external_ips)
-            .chain(self.ips_of_family(&svc.load_balancer_ips))
-            .collect();
         let lb_ips: Vec<IpAddr> = self.ips_of_family(&svc.load_balancer_ips).collect();
+        // Where external traffic reaches the port.
+        let mut frontends: Vec<Frontend> = self
+            .ips_of_family(&svc.external_ips)
+            .chain(lb_ips.iter().copied())
+            .map(|ip| Frontend::Addr(ip, port))
+            .collect();
+        frontends.extend(self.port.node_port.map(Frontend::NodePort));
         let cip_key = Key::AddrProtoPort(self.cluster_ip, proto, port);
         insert_element(part, CLUSTER_IPS, Key::Addr(self.cluster_ip), None);
 
         if !cat.has_any {
             insert_element(part, NO_ENDPOINT_SERVICES, cip_key, reject.clone());
-            for ip in &external_ips {
-                insert_element(
-                    part,
-                    NO_ENDPOINT_SERVICES,
-                    Key::AddrProtoPort(*ip, proto, port),
-                    reject.clone(),
-                );
-            }
-            if let Some(np) = self.port.node_port {
-                insert_element(
-                    part,
-                    NO_ENDPOINT_NODEPORTS,
-                    Key::ProtoPort(proto, np),
-                    reject,
-                );
+            for frontend in &frontends {
+                let map = frontend.pick(NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS);
+                insert_element(part, map, frontend.key(proto), reject.clone());
             }
             return;
         }
@@ -1225,11 +1226,6 @@ impl PortContext<'_> {
             return;
         }
         let has_external = !(svc.external_policy_local && cat.local.is_empty());
-        let mut frontends: Vec<Frontend> = external_ips
-            .iter()
-            .map(|ip| Frontend::Addr(*ip, port))
-            .collect();
-        frontends.extend(self.port.node_port.map(Frontend::NodePort));
         if direct {
             for frontend in &frontends {
                 let policy = if svc.external_policy_local {
@@ -1244,29 +1240,15 @@ impl PortContext<'_> {
                 }
             }
         } else {
-            let mut rules = Vec::new();
-            if svc.external_policy_local {
-                if let Some(m) = &self.det.is_local {
-                    rules.push(
-                        Rule::new(vec![m.clone()], goto(&names.cluster))
-                            .with_comment("short-circuit pod traffic"),
-                    );
-                }
-                rules.push(
-                    Rule::new(vec![Match::FibSaddrLocal], jump(MARK_FOR_MASQUERADE))
-                        .with_comment("masquerade local traffic"),
-                );
-                rules.push(
-                    Rule::new(vec![Match::FibSaddrLocal], goto(&names.cluster))
-                        .with_comment("short-circuit local traffic"),
-                );
-                if uses_local_chain {
-                    rules.push(Rule::new(vec![], goto(&names.local)));
-                }
+            let rules = if svc.external_policy_local {
+                let local = uses_local_chain.then_some(&names.local);
+                local_policy_rules(self.det, &names.cluster, local)
             } else {
-                rules.push(Rule::new(vec![], jump(MARK_FOR_MASQUERADE)));
-                rules.push(Rule::new(vec![], goto(&names.cluster)));
-            }
+                vec![
+                    Rule::new(vec![], jump(MARK_FOR_MASQUERADE)),
+                    Rule::new(vec![], goto(&names.cluster)),
+                ]
+            };
             let mut chain = regular(rules);
             chain.comment = Some(self.comment().into());
             part.chains.insert(names.external.clone(), chain);

@@ -296,8 +296,7 @@ impl Desired {
         // which rewrites the chains that use it: plan everything.
         let touched = scope.elements.keys().chain(&scope.sets).map(String::as_str);
         if !self.table.set_sizes_fit(touched) {
-            let sizes = self.set_sizes();
-            self.table.fit_set_sizes(|name| sizes.get(name).copied());
+            self.table.fit_set_sizes(|_| None);
             return Updated::All;
         }
         Updated::Scope(scope)

@@ -444,6 +444,18 @@ pub fn slot_elements_from_bounds(
 }
 
 impl Key {
+    /// Entry `index` of the endpoint list of a destination (`ADDR . PROTO . PORT`, or `PROTO .
+    /// PORT` for a node port); `None` for other keys.
+    pub fn list_entry(self, index: u8) -> Option<Key> {
+        match self {
+            Key::AddrProtoPort(addr, proto, port) => {
+                Some(Key::AddrProtoPortIndex(addr, proto, port, index))
+            }
+            Key::ProtoPort(proto, port) => Some(Key::ProtoPortIndex(proto, port, index)),
+            _ => None,
+        }
+    }
+
     pub fn key_type(&self) -> KeyType {
         match self {
             Key::Addr(_) => KeyType::Addr,
@@ -522,31 +534,25 @@ impl Table {
         }
     }
 
-    /// Sizes the hashed sets for their elements, keeping the size `kept` gives a set where that
-    /// still fits ([`set_size_fits`]); false if some set needed another size than `kept` gave.
+    /// Sizes the hashed sets for their elements, keeping the size `kept` gives a set (or else
+    /// the size it has) where that still fits ([`set_size_fits`]).
     ///
     /// Without a size the kernel starts a set's hash table tiny and doubles it as elements
     /// arrive, and while it doubles, an insert waits for the resize to finish: loading 400k
     /// elements took twice the kernel time it takes in tables sized up front. A size is also a
     /// limit, so a set that fills up is given a new size, which recreates it.
-    pub fn fit_set_sizes(&mut self, kept: impl Fn(&str) -> Option<u32>) -> bool {
-        let mut all_kept = true;
+    pub fn fit_set_sizes(&mut self, kept: impl Fn(&str) -> Option<u32>) {
         for (name, set) in &mut self.sets {
             if !set.decl.hashed() {
                 set.decl.size = None;
                 continue;
             }
             let n = set.elements.len();
-            let previous = kept(name);
-            set.decl.size = match previous {
+            set.decl.size = match kept(name).or(set.decl.size) {
                 Some(size) if set_size_fits(size, n) => Some(size),
-                _ => {
-                    all_kept &= previous.is_none();
-                    Some(fresh_set_size(n))
-                }
+                _ => Some(fresh_set_size(n)),
             };
         }
-        all_kept
     }
 
     /// Whether every hashed set named in `names` still fits its size.

@@ -356,11 +356,7 @@ impl Tracer<'_> {
                 };
                 let targets: Vec<SocketAddr> = (0..*modulus)
                     .filter_map(|i| {
-                        let i = u8::try_from(i).ok()?;
-                        let key = match frontend {
-                            Key::ProtoPort(..) => Key::ProtoPortIndex(proto, port, i),
-                            _ => Key::AddrProtoPortIndex(dst, proto, port, i),
-                        };
+                        let key = frontend.list_entry(u8::try_from(i).ok()?)?;
                         match self.table.sets.get(map)?.elements.get(&key)? {
                             Some(Value::Endpoint(addr, port)) => {
                                 Some(SocketAddr::new(*addr, *port))

@@ -298,19 +298,28 @@ fn dual_stack_service_on_both_cluster_ips() {
 fn random_choice_spreads_over_three_endpoints() {
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
+    assert_spread(&t, "172.30.0.45:80", 300, 3, 60..=141);
+}
+
+/// `connections` connections to `vip` all answered, by `endpoints` endpoints, each getting a
+/// number of them within `each`.
+fn assert_spread(
+    t: &Topology,
+    vip: &str,
+    connections: usize,
+    endpoints: usize,
+    each: std::ops::RangeInclusive<usize>,
+) {
     let r = t
         .lab
-        .run_probe(
-            &t.client,
-            &Probe::new(Proto::Tcp, sa("172.30.0.45:80"), 300),
-        )
+        .run_probe(&t.client, &Probe::new(Proto::Tcp, sa(vip), connections))
         .unwrap();
-    assert_eq!(r.answered_total(), 300, "{r}");
-    assert_eq!(r.answered.len(), 3, "{r}");
+    assert_eq!(r.answered_total(), connections, "{r}");
+    assert_eq!(r.answered.len(), endpoints, "{r}");
     for (ep, n) in &r.answered {
         assert!(
-            (60..=141).contains(n),
-            "{ep} got {n} of 300 connections: {r}"
+            each.contains(n),
+            "{ep} got {n} of {connections} connections: {r}"
         );
     }
 }
@@ -327,21 +336,7 @@ fn a_service_with_more_endpoints_than_the_lists_take_spreads_over_all_of_them() 
         .take_while(|l| l.trim() != "}")
         .collect();
     assert!(chain.contains("map @endpoints-"), "{chain}\n{listing}");
-    let r = t
-        .lab
-        .run_probe(
-            &t.client,
-            &Probe::new(Proto::Tcp, sa("172.30.0.49:80"), 450),
-        )
-        .unwrap();
-    assert_eq!(r.answered_total(), 450, "{r}");
-    assert_eq!(r.answered.len(), 9, "{r}");
-    for (ep, n) in &r.answered {
-        assert!(
-            (20..=85).contains(n),
-            "{ep} got {n} of 450 connections: {r}"
-        );
-    }
+    assert_spread(&t, "172.30.0.49:80", 450, 9, 20..=85);
 }
 
 /// The text from `nft list table` for both families.

@@ -520,7 +520,7 @@ impl RawSet {
         if !(self.flags - known).is_empty() {
             return None;
         }
-        let (endpoint_type, endpoint_len) = slot_data_layout(family);
+        let (endpoint_type, endpoint_len) = endpoint_data_layout(family);
         if self.flags == SetFlags::Map && self.data_type == Some(endpoint_type) {
             return self.list_decl(family, endpoint_len);
         }
@@ -591,7 +591,7 @@ impl RawSet {
     /// `ADDR . inet_service`. The key type id is not checked: only nft reads it, and the
     /// elements mean the same whatever it is.
     fn slot_decl(&self, family: Family) -> Option<SetDecl> {
-        let (data_type, data_len) = slot_data_layout(family);
+        let (data_type, data_len) = endpoint_data_layout(family);
         if self.flags != SetFlags::Interval | SetFlags::Map
             || self.key_len != Some(4)
             || self.data_type != Some(data_type)

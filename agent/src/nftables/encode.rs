@@ -224,16 +224,17 @@ pub(super) fn key_layout(family: Family, key: KeyType) -> (u32, u32) {
     }
 }
 
-/// `NFTA_SET_DATA_TYPE` and `NFTA_SET_DATA_LEN` of an endpoint map: `ADDR . inet_service`, the
-/// port padded to 4 bytes.
-pub(super) fn slot_data_layout(family: Family) -> (u32, u32) {
+/// `NFTA_SET_DATA_TYPE` and `NFTA_SET_DATA_LEN` of maps to endpoints (endpoint maps and
+/// endpoint lists): `ADDR . inet_service`, the port padded to 4 bytes.
+pub(super) fn endpoint_data_layout(family: Family) -> (u32, u32) {
     let (addr_type, addr_len) = addr_type(family);
     (concat(&[addr_type, TYPE_INET_SERVICE]), addr_len + 4)
 }
 
-/// The data of an endpoint-map start element: the address, then the port (big-endian) padded
-/// to 4 bytes, as `nat` reads them from consecutive registers.
-pub(super) fn slot_data(family: Family, addr: &IpAddr, port: u16) -> Result<Vec<u8>, String> {
+/// An endpoint as map data (of an endpoint-list entry or an endpoint-map interval start): the
+/// address, then the port (big-endian) padded to 4 bytes, as `nat` reads them from consecutive
+/// registers.
+pub(super) fn endpoint_data(family: Family, addr: &IpAddr, port: u16) -> Result<Vec<u8>, String> {
     check_family(family, addr)?;
     let mut out = addr_bytes(addr);
     out.extend_from_slice(&port.to_be_bytes());
@@ -937,9 +938,8 @@ fn chain_message(
 }
 
 fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Command, String> {
-    // An endpoint map is what nft 1.0.6 creates for `typeof numgen random mod 2 : ip daddr .
-    // th dport`, `flags interval`: an interval map from a 4-byte integer to `ADDR .
-    // inet_service`.
+    // Maps to endpoints are what nft 1.0.6 creates for their `typeof` (an endpoint map also has
+    // `flags interval`): maps to `ADDR . inet_service`.
     let endpoint_map = decl.key.holds_endpoints();
     if endpoint_map && (decl.is_vmap || decl.timeout_secs.is_some()) {
         return Err(format!(
@@ -948,10 +948,7 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
     }
     let (key_type, key_len) = key_layout(family, decl.key);
     let mut flags = SetFlags::empty();
-    if decl.is_vmap {
-        flags |= SetFlags::Map;
-    }
-    if endpoint_map {
+    if decl.is_vmap || endpoint_map {
         flags |= SetFlags::Map;
     }
     if decl.key == KeyType::Slot {
@@ -972,7 +969,7 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
         attributes.push(SetAttribute::DataType(NFT_DATA_VERDICT));
     }
     if endpoint_map {
-        let (data_type, data_len) = slot_data_layout(family);
+        let (data_type, data_len) = endpoint_data_layout(family);
         attributes.push(SetAttribute::DataType(data_type));
         attributes.push(SetAttribute::DataLen(data_len));
     }
@@ -1122,7 +1119,7 @@ fn put_elements(
     let data = match (value, delete) {
         (_, true) | (None, false) => None,
         (Some(Value::Endpoint(addr, port)), false) if key.key_type().holds_endpoints() => {
-            Some(Ok(slot_data(family, addr, *port)?))
+            Some(Ok(endpoint_data(family, addr, *port)?))
         }
         (Some(Value::Endpoint(..)), false) => {
             return Err("an endpoint as the value of a map other than an endpoint map".to_string());
@@ -1494,8 +1491,8 @@ mod tests {
         assert_eq!(slot_udata(Family::V4), hex(&v4));
         assert_eq!(slot_udata(Family::V6), hex(&v6));
         assert_eq!(slot_udata(Family::V4).len(), 100);
-        assert_eq!(slot_data_layout(Family::V4), (0x1cd, 8));
-        assert_eq!(slot_data_layout(Family::V6), (0x20d, 20));
+        assert_eq!(endpoint_data_layout(Family::V4), (0x1cd, 8));
+        assert_eq!(endpoint_data_layout(Family::V6), (0x20d, 20));
     }
 
     #[test]
@@ -1588,7 +1585,7 @@ mod tests {
                 }
             }
             let endpoint = Value::Endpoint(addr, 8080);
-            let data = slot_data(family, &addr, 8080).unwrap();
+            let data = endpoint_data(family, &addr, 8080).unwrap();
             for key in [
                 Key::AddrProtoPortIndex(addr, Proto::Tcp, 80, 4),
                 Key::ProtoPortIndex(Proto::Tcp, 30080, 0),
@@ -1643,10 +1640,10 @@ mod tests {
         );
         assert_eq!(deleted, crate_bytes(&[start(0x0048_cc40, None), end]));
         assert_eq!(
-            slot_data(Family::V4, &"10.0.0.2".parse().unwrap(), 8080).unwrap(),
+            endpoint_data(Family::V4, &"10.0.0.2".parse().unwrap(), 8080).unwrap(),
             hex("0a 00 00 02 1f 90 00 00")
         );
-        assert!(slot_data(Family::V6, &"10.0.0.2".parse().unwrap(), 8080).is_err());
+        assert!(endpoint_data(Family::V6, &"10.0.0.2".parse().unwrap(), 8080).is_err());
     }
 
     #[test]
