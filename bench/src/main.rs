@@ -11,6 +11,7 @@ mod measure;
 mod netns;
 mod synth;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,8 +47,8 @@ struct Cli {
     /// Largest size for which the kube-proxy-shaped baseline is loaded (it is quadratic).
     #[arg(long, default_value_t = 10000)]
     baseline_max: usize,
-    /// Repetitions of each partial sync (medians are reported).
-    #[arg(long, default_value_t = 5)]
+    /// Repetitions of each partial sync (medians are reported), after one unrecorded round.
+    #[arg(long, default_value_t = 21)]
     reps: usize,
     /// TCP connections per first-packet latency measurement.
     #[arg(long, default_value_t = 2000)]
@@ -94,6 +95,9 @@ struct SizeReport {
     baseline_skipped: bool,
     agent: Option<AgentResult>,
     latency: Option<LatencyResult>,
+    /// Endpoint changes synced alternately with those of the other end of the size range
+    /// (smallest and largest size): medians by operation key.
+    side_by_side: Option<BTreeMap<String, SyncRun>>,
     errors: Vec<String>,
 }
 
@@ -179,6 +183,7 @@ fn real_main() -> Result<()> {
         print_progress(n, "done");
         sizes.push(report);
     }
+    side_by_side(&cli, &config, &mut sizes);
     let targets = targets(&sizes, cli.endpoints);
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -203,6 +208,54 @@ fn real_main() -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Endpoint changes of the smallest and the largest size, synced alternately (the flatness
+/// target compares these two).
+fn side_by_side(cli: &Cli, config: &dataplane::build::BuildConfig, sizes: &mut [SizeReport]) {
+    let (Some(small), Some(large)) = (cli.services.iter().min(), cli.services.iter().max()) else {
+        return;
+    };
+    let (small, large, k) = (*small, *large, cli.endpoints);
+    if small == large {
+        return;
+    }
+    eprintln!("[{small} and {large} Services] endpoint changes, alternately");
+    let result = synth::to_cluster(&synth::objects(small, k))
+        .and_then(|a| Ok((a, synth::to_cluster(&synth::objects(large, k))?)))
+        .and_then(|(a, b)| {
+            measure::side_by_side_bench(
+                [
+                    measure::SideBySideCluster {
+                        n: small,
+                        cluster: &a,
+                    },
+                    measure::SideBySideCluster {
+                        n: large,
+                        cluster: &b,
+                    },
+                ],
+                config,
+                k,
+                cli.reps,
+            )
+        });
+    match result {
+        Ok([a, b]) => {
+            for (n, runs) in [(small, a), (large, b)] {
+                if let Some(r) = sizes.iter_mut().find(|r| r.services == n) {
+                    r.side_by_side = Some(runs);
+                }
+            }
+        }
+        Err(e) => {
+            let msg = format!("endpoint changes side by side: {e:#}");
+            eprintln!("[{small} and {large} Services] FAILED {msg}");
+            if let Some(r) = sizes.iter_mut().find(|r| r.services == large) {
+                r.errors.push(msg);
+            }
+        }
+    }
 }
 
 fn agent_binary(flag: Option<&Path>) -> Result<PathBuf> {
@@ -409,23 +462,37 @@ fn targets(sizes: &[SizeReport], k: usize) -> Vec<Target> {
             let worst = ep.iter().map(|(_, v)| *v).fold(0.0, f64::max);
             let list: Vec<String> = ep
                 .iter()
-                .map(|(n, v)| format!("{}: {v:.1} ms", short(*n)))
+                .map(|(n, v)| format!("{}: {v:.3} ms", short(*n)))
                 .collect();
             (list.join(", "), worst <= 10.0)
         }),
     );
+    // The two sizes synced alternately if they were (same machine state), else one after the
+    // other.
+    let side = |n: usize| -> Option<f64> {
+        let runs = size(sizes, n)?.side_by_side.as_ref()?;
+        let a = runs.get("endpoint_added")?.wall_ms;
+        let b = runs.get("endpoint_removed")?.wall_ms;
+        Some(a.max(b))
+    };
+    let apart = |n: usize| ep.iter().find(|(m, _)| *m == n).map(|(_, v)| *v);
+    let flatness = side(1000)
+        .zip(side(50000))
+        .map(|pair| (pair, "synced alternately"))
+        .or_else(|| {
+            apart(1000)
+                .zip(apart(50000))
+                .map(|p| (p, "one size after the other"))
+        });
     push(
         "partial sync of one endpoint change within +-50% between 1k and 50k",
-        ep.iter()
-            .find(|(n, _)| *n == 1000)
-            .zip(ep.iter().find(|(n, _)| *n == 50000))
-            .map(|((_, a), (_, b))| {
-                let ratio = b / a;
-                (
-                    format!("{a:.1} ms -> {b:.1} ms ({ratio:.1}x)"),
-                    (0.5..=1.5).contains(&ratio),
-                )
-            }),
+        flatness.map(|((a, b), how)| {
+            let ratio = b / a;
+            (
+                format!("{a:.3} ms -> {b:.3} ms ({ratio:.2}x, {how})"),
+                (0.5..=1.5).contains(&ratio),
+            )
+        }),
     );
     push(
         &format!("peak RSS of the agent <= 200 MiB at 30k x 5 (run --once){k_note}"),
@@ -477,6 +544,8 @@ fn short(n: usize) -> String {
 fn f(v: f64) -> String {
     if v.is_nan() {
         "-".into()
+    } else if v < 1.0 {
+        format!("{v:.3}")
     } else if v < 10.0 {
         format!("{v:.2}")
     } else if v < 100.0 {
@@ -703,13 +772,40 @@ fn render(report: &Report, cli: &Cli) -> String {
     );
 
     t.section(&format!(
-        "Partial syncs, nftproxy (Syncer::sync, full=false), median of {}: wall ms / messages",
+        "Partial syncs, nftproxy (Syncer::sync, full=false), median of {} after a warm-up round: wall ms / messages",
         cli.reps
     ));
     for op in measure::PartialOp::ALL {
         t.row(
             op.name(),
             col(&|s| ops(s, op.key()).map(|r| format!("{} / {}", f(r.wall_ms), r.messages))),
+        );
+    }
+    for op in [
+        measure::PartialOp::AddEndpoint,
+        measure::PartialOp::RemoveEndpoint,
+    ] {
+        t.row(
+            &format!("{}, CPU caches emptied first", op.name()),
+            col(&|s| {
+                let r = s.syncer.as_ref()?.cold_cache.get(op.key())?;
+                Some(format!("{} / {}", f(r.wall_ms), r.messages))
+            }),
+        );
+    }
+    for op in [
+        measure::PartialOp::AddEndpoint,
+        measure::PartialOp::RemoveEndpoint,
+    ] {
+        t.row(
+            &format!(
+                "{}, smallest and largest size synced alternately",
+                op.name()
+            ),
+            col(&|s| {
+                let r = s.side_by_side.as_ref()?.get(op.key())?;
+                Some(format!("{} / {}", f(r.wall_ms), r.messages))
+            }),
         );
     }
     t.row(

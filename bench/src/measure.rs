@@ -187,8 +187,9 @@ impl PartialOp {
         k: usize,
         rep: usize,
     ) -> Result<BTreeSet<ObjectName>> {
-        // A ClusterIP Service in the middle of the cluster, a different one per repetition.
-        let target = Spec::of((n / 2) / 10 * 10 + rep * 10, k);
+        // A ClusterIP Service from the middle of the cluster on, a different one per repetition
+        // (as long as there are enough).
+        let target = Spec::of(((n / 2) / 10 * 10 + rep * 10) % (n / 10 * 10).max(10), k);
         let extra_ep = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + rep as u32);
         let extra_svc = synth::extra_spec(n, rep, k);
         let changed = match self {
@@ -222,7 +223,15 @@ pub struct SyncerResult {
     /// Median over the repetitions, by operation key.
     pub partial: BTreeMap<String, SyncRun>,
     pub partial_runs: BTreeMap<String, Vec<SyncRun>>,
+    /// Endpoint changes synced right after the CPU caches were emptied: median, by key.
+    pub cold_cache: BTreeMap<String, SyncRun>,
+    pub cold_cache_runs: BTreeMap<String, Vec<SyncRun>>,
 }
+
+/// Rounds of partial syncs run, and not recorded, before the measured ones: the first change
+/// after a cold sync also pays for first touches of memory (page faults, allocator growth)
+/// that no later change sees.
+const WARM_UP_ROUNDS: usize = 1;
 
 /// Cold full sync, then partial syncs, through the agent's `Syncer` in a fresh namespace.
 pub fn syncer_bench(
@@ -243,7 +252,7 @@ pub fn syncer_bench(
             cold: syncer_run(&mut syncer, &cluster, &config, true, Changed::All)?,
             ..SyncerResult::default()
         };
-        for rep in 0..reps {
+        for rep in 0..WARM_UP_ROUNDS + reps {
             for op in PartialOp::ALL {
                 let changed = op.apply(&mut cluster, n, k, rep)?;
                 let run = syncer_run(
@@ -254,7 +263,31 @@ pub fn syncer_bench(
                     Changed::Services(&changed),
                 )
                 .with_context(|| format!("partial sync ({})", op.name()))?;
+                if rep < WARM_UP_ROUNDS {
+                    continue;
+                }
                 out.partial_runs
+                    .entry(op.key().to_string())
+                    .or_default()
+                    .push(run);
+            }
+        }
+        // The same endpoint changes (on other Services) with the CPU caches emptied first: what
+        // a sync costs when everything else ran since the last one.
+        let mut evictor = CacheEvictor::new();
+        for rep in WARM_UP_ROUNDS + reps..WARM_UP_ROUNDS + 2 * reps {
+            for op in [PartialOp::AddEndpoint, PartialOp::RemoveEndpoint] {
+                let changed = op.apply(&mut cluster, n, k, rep)?;
+                evictor.evict();
+                let run = syncer_run(
+                    &mut syncer,
+                    &cluster,
+                    &config,
+                    false,
+                    Changed::Services(&changed),
+                )
+                .with_context(|| format!("partial sync ({}, cold caches)", op.name()))?;
+                out.cold_cache_runs
                     .entry(op.key().to_string())
                     .or_default()
                     .push(run);
@@ -263,8 +296,112 @@ pub fn syncer_bench(
         for (key, runs) in &out.partial_runs {
             out.partial.insert(key.clone(), SyncRun::median(runs));
         }
+        for (key, runs) in &out.cold_cache_runs {
+            out.cold_cache.insert(key.clone(), SyncRun::median(runs));
+        }
         Ok(out)
     })
+}
+
+/// One cluster of [`side_by_side_bench`]: its size and model.
+pub struct SideBySideCluster<'a> {
+    pub n: usize,
+    pub cluster: &'a Cluster,
+}
+
+/// Endpoint changes on two clusters synced alternately, each by its own `Syncer` in its own
+/// namespace: both sizes see the machine in the same state. Measured one size after the other,
+/// minutes apart, the same sync moved by up to ±30% between runs on this VM, which is more than
+/// the difference being compared. Returns the medians by operation key, per cluster.
+pub fn side_by_side_bench(
+    clusters: [SideBySideCluster<'_>; 2],
+    config: &BuildConfig,
+    k: usize,
+    reps: usize,
+) -> Result<[BTreeMap<String, SyncRun>; 2]> {
+    // Fields drop in order: the Syncer's sockets close before the namespace is deleted.
+    struct Side {
+        syncer: Syncer,
+        _ns: Netns,
+        n: usize,
+        cluster: Cluster,
+        config: BuildConfig,
+        runs: BTreeMap<String, Vec<SyncRun>>,
+    }
+    let mut sides = Vec::new();
+    for c in clusters {
+        let ns = Netns::create(&format!("side{}", c.n))?;
+        let (syncer, config) = ns.run_in(|| {
+            let mut config = config.clone();
+            config.local_addresses = nftproxy::addresses::local_addresses();
+            let mut syncer = Syncer::new().context("opening the Syncer")?;
+            syncer.sync(c.cluster, &config, true)?;
+            Ok((syncer, config))
+        })?;
+        sides.push(Side {
+            syncer,
+            _ns: ns,
+            n: c.n,
+            cluster: c.cluster.clone(),
+            config,
+            runs: BTreeMap::new(),
+        });
+    }
+    for rep in 0..WARM_UP_ROUNDS + reps {
+        // Each round in the other order, so that neither size always follows the other.
+        let order: [usize; 2] = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let side = &mut sides[i];
+            for op in [PartialOp::AddEndpoint, PartialOp::RemoveEndpoint] {
+                let changed = op.apply(&mut side.cluster, side.n, k, rep)?;
+                // The Syncer's sockets were opened in its namespace and stay there.
+                let run = syncer_run(
+                    &mut side.syncer,
+                    &side.cluster,
+                    &side.config,
+                    false,
+                    Changed::Services(&changed),
+                )
+                .with_context(|| format!("{} Services: partial sync ({})", side.n, op.name()))?;
+                if rep >= WARM_UP_ROUNDS {
+                    side.runs.entry(op.key().to_string()).or_default().push(run);
+                }
+            }
+        }
+    }
+    let medians = |side: &Side| -> BTreeMap<String, SyncRun> {
+        side.runs
+            .iter()
+            .map(|(key, runs)| (key.clone(), SyncRun::median(runs)))
+            .collect()
+    };
+    Ok([medians(&sides[0]), medians(&sides[1])])
+}
+
+/// Empties the CPU caches (and the TLB's hold on the agent's pages) by writing a buffer twice
+/// the size of a large last-level cache.
+struct CacheEvictor {
+    buffer: Vec<u8>,
+    round: u8,
+}
+
+impl CacheEvictor {
+    const BYTES: usize = 64 << 20;
+
+    fn new() -> CacheEvictor {
+        CacheEvictor {
+            buffer: vec![0; Self::BYTES],
+            round: 0,
+        }
+    }
+
+    fn evict(&mut self) {
+        self.round = self.round.wrapping_add(1);
+        for line in self.buffer.chunks_mut(64) {
+            line[0] = self.round;
+        }
+        std::hint::black_box(&self.buffer);
+    }
 }
 
 fn syncer_run(
@@ -554,12 +691,14 @@ pub fn phased_bench(
             ..PhasedResult::default()
         };
         let mut runs: BTreeMap<(String, String), Vec<Phases>> = BTreeMap::new();
-        for rep in 0..reps {
+        for rep in 0..WARM_UP_ROUNDS + reps {
             for op in PartialOp::ALL {
                 let changed = op.apply(&mut cluster, n, k, rep)?;
-                for (family, p) in
-                    phased.sync(&cluster, &config, false, Changed::Services(&changed))?
-                {
+                let phases = phased.sync(&cluster, &config, false, Changed::Services(&changed))?;
+                if rep < WARM_UP_ROUNDS {
+                    continue;
+                }
+                for (family, p) in phases {
                     runs.entry((op.key().to_string(), family))
                         .or_default()
                         .push(p);
