@@ -17,8 +17,9 @@ use serde::de::DeserializeOwned;
 
 use crate::syncloop::Shared;
 
-/// kube-proxy's Service selector: Services handled by another proxy, and headless Services,
-/// are not even listed.
+/// kube-proxy's selector for Services and EndpointSlices (the EndpointSlice controller copies
+/// a Service's labels to its slices and marks those of headless Services): objects handled by
+/// another proxy, and headless Services and their slices, are not even listed.
 pub const SERVICE_SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 
@@ -34,7 +35,7 @@ pub async fn run(client: Client, node_name: String, shared: Arc<Shared>) {
     );
     let slices = watch(
         Api::<EndpointSlice>::all(client.clone()),
-        watcher::Config::default(),
+        watcher::Config::default().labels(SERVICE_SELECTOR),
         Kind::EndpointSlice,
         shared.clone(),
         |t, o| t.apply_slice(o),

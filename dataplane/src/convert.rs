@@ -278,15 +278,25 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
     })
 }
 
+/// Converts an EndpointSlice. Like Services, slices another proxy handles and those of headless
+/// Services are ignored: the EndpointSlice controller copies a Service's labels to its slices,
+/// and kube-proxy selects both kinds by the same labels.
 pub fn endpoint_slice(
     slice: &discovery::EndpointSlice,
     node_names: &mut NodeNames,
+    proxy_name: &str,
 ) -> Result<EndpointSlice, Skip> {
     let name = object_name(&slice.metadata);
     let labels = slice.metadata.labels.as_ref();
     let Some(service) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
         return Err(Skip::Ignored("no-service-name-label"));
     };
+    if !handled_by(&slice.metadata, proxy_name) {
+        return Err(Skip::Ignored("service-proxy-name"));
+    }
+    if labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL)) {
+        return Err(Skip::Ignored("headless"));
+    }
     let family = match slice.address_type.as_str() {
         "IPv4" => Family::V4,
         "IPv6" => Family::V6,
@@ -560,7 +570,7 @@ pub fn cluster(
         }
     }
     for s in &objects.slices {
-        match endpoint_slice(s, &mut node_names) {
+        match endpoint_slice(s, &mut node_names, proxy_name) {
             Ok(slice) => {
                 cluster.slices.insert(slice.name.clone(), slice);
             }
@@ -686,5 +696,38 @@ items:
             text.iter()
                 .any(|t| t.contains("ns/port0") && t.contains("out of range"))
         );
+    }
+
+    #[test]
+    fn slices_of_other_proxies_and_headless_services_are_ignored() {
+        let slice = |name: &str, extra_label: &str| {
+            format!(
+                r#"
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata:
+    name: {name}
+    namespace: ns
+    labels: {{kubernetes.io/service-name: web{extra_label}}}
+  addressType: IPv4
+  ports: [{{port: 80}}]
+  endpoints: [{{addresses: [10.0.0.1]}}]"#
+            )
+        };
+        let yaml = format!(
+            "apiVersion: v1\nkind: List\nitems:{}{}{}",
+            slice("plain", ""),
+            slice("other", ", service.kubernetes.io/service-proxy-name: other"),
+            slice("headless", ", service.kubernetes.io/headless: ''"),
+        );
+        let (objects, skipped) = parse_yaml(&yaml).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        let names = |proxy_name: &str| -> Vec<String> {
+            let (cluster, skipped) = cluster(&objects, "node", proxy_name);
+            assert!(skipped.is_empty(), "ignored, not invalid: {skipped:?}");
+            cluster.slices.keys().map(|k| k.to_string()).collect()
+        };
+        assert_eq!(names(""), vec!["ns/plain"]);
+        assert_eq!(names("other"), vec!["ns/other"]);
     }
 }

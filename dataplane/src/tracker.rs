@@ -247,10 +247,11 @@ impl Tracker {
         let name = object_name(&slice.metadata);
         self.seen(Kind::EndpointSlice, &name);
         self.events.slice_events += 1;
-        let (new, skip) = match convert::endpoint_slice(slice, &mut self.node_names) {
-            Ok(s) => (Some(s), None),
-            Err(e) => (None, Some(e)),
-        };
+        let (new, skip) =
+            match convert::endpoint_slice(slice, &mut self.node_names, &self.proxy_name) {
+                Ok(s) => (Some(s), None),
+                Err(e) => (None, Some(e)),
+            };
         let old = self.cluster.slices.get(&name);
         let same = match (old, &new) {
             (Some(o), Some(n)) => {

@@ -152,6 +152,13 @@ fn committed_messages(agent: &Proc, from: usize) -> Vec<usize> {
 fn changes_through_the_api_reach_the_kernel() {
     let t = topology();
     let _agent = start_agent(&t);
+    // A slice that another proxy handles (the EndpointSlice controller copies the Service's
+    // service-proxy-name label to its slices) is not listed, as by kube-proxy: its endpoint
+    // never receives traffic. Applied first, so it is seen before the slice that counts.
+    let mut other = slice("web", 80, &["10.180.9.9"]);
+    other["metadata"]["name"] = json!("web-other");
+    other["metadata"]["labels"]["service.kubernetes.io/service-proxy-name"] = json!("other");
+    t.api.apply(other).unwrap();
     t.api.apply(service("web", "172.30.0.10", 80, 80)).unwrap();
     t.api.apply(slice("web", 80, &["10.180.0.1"])).unwrap();
     // minSyncPeriod (1 s) + 1 s.
