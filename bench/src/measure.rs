@@ -1030,7 +1030,7 @@ pub fn agent_bench(
     result.map(|()| out)
 }
 
-/// utime + stime of all threads of `pid` (/proc/<pid>/stat).
+/// utime + stime of all threads of `pid` (`/proc/<pid>/stat`).
 fn process_cpu(pid: u32) -> Result<Duration> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let rest = text

@@ -214,12 +214,14 @@ fn hash16(input: &str) -> String {
     BASE32.encode(&digest)[..16].to_string()
 }
 
-/// kube-proxy's `portProtoHash`: base32(sha256(`ns/name:port` + protocol))[:16].
+/// kube-proxy's `portProtoHash`: the first 16 characters of
+/// base32(sha256(`ns/name:port` + protocol)).
 pub fn port_proto_hash(service_port_name: &str, protocol: &str) -> String {
     hash16(&format!("{service_port_name}{protocol}"))
 }
 
-/// kube-proxy's endpoint-chain hash: base32(sha256(`ns/name:port` + protocol + `IP:port`))[:16].
+/// kube-proxy's endpoint-chain hash: the first 16 characters of
+/// base32(sha256(`ns/name:port` + protocol + `IP:port`)).
 pub fn endpoint_hash(service_port_name: &str, protocol: &str, endpoint: SocketAddr) -> String {
     hash16(&format!("{service_port_name}{protocol}{endpoint}"))
 }

@@ -1,7 +1,7 @@
 //! Just enough SCTP (RFC 9260) to push an association attempt through conntrack and NAT
 //! without a kernel SCTP stack: an INIT from the prober and an ABORT back from the echo.
 //!
-//! The echo's ABORT carries its report ("nettest <local> <peer>") as the reason of an
+//! The echo's ABORT carries its report (`nettest <local> <peer>`) as the reason of an
 //! "User-Initiated Abort" error cause (code 12). Conntrack accepts an ABORT whose
 //! verification tag is the INIT's initiate tag as the reply direction, so reverse NAT
 //! applies to it just as it would to a real INIT-ACK.
