@@ -117,9 +117,10 @@ pub const LOCAL_POLICY_SERVICES: &str = "local-policy-services";
 pub const LOCAL_POLICY_NODEPORTS: &str = "local-policy-nodeports";
 
 /// Most endpoints a Service port may have to be served by the shared endpoint lists rather
-/// than a chain of its own; each k up to it has a map and a rule (first packets try the rules
-/// in turn, so this stays small).
-pub const LIST_MAX_ENDPOINTS: usize = 8;
+/// than a chain of its own; each k up to it has a map and a rule. First packets try the rules
+/// in turn, so this stays small (15 missed lookups before the hit did not show in the
+/// first-packet latency: docs/architecture.md).
+pub const LIST_MAX_ENDPOINTS: usize = 16;
 
 /// The four families of endpoint-list maps and the chains that DNAT through them: by frontend
 /// (Service address or node port) and by which endpoints (all, or this node's for a Local

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use nftproxy_dataplane::build::{BuildConfig, LocalDetector, build};
+use nftproxy_dataplane::build::{BuildConfig, LIST_MAX_ENDPOINTS, LocalDetector, build};
 use nftproxy_dataplane::desired::{Desired, Updated};
 use nftproxy_dataplane::model::{
     Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
@@ -18,6 +18,10 @@ use nftproxy_dataplane::ruleset::{
     Action, Chain, Family, Key, KeyType, Proto, Rule, Table, Value, slot_region,
 };
 use proptest::prelude::*;
+
+/// The fewest endpoints that give a Service port a chain of its own (more than the shared
+/// endpoint lists take).
+const LONG: u8 = LIST_MAX_ENDPOINTS as u8 + 1;
 
 #[derive(Clone, Debug)]
 struct SvcSpec {
@@ -174,7 +178,8 @@ fn specs() -> impl Strategy<Value = Vec<SvcSpec>> {
     prop::collection::btree_map(
         1u8..40,
         (
-            prop::collection::btree_set(1u8..40, 0..14),
+            // Both sides of LIST_MAX_ENDPOINTS: shared lists and Service chains.
+            prop::collection::btree_set(1u8..40, 0..LONG as usize + 5),
             any::<bool>(),
             any::<bool>(),
         ),
@@ -354,18 +359,18 @@ fn regions_stay_with_their_chains_and_are_reused() {
     };
     // More endpoints than the shared lists take: svc1 has a chain and a region; svc2 none.
     let many = |from: u8, to: u8| (from..=to).collect::<Vec<u8>>();
-    let mut c = cluster(&[spec(1, many(1, 9)), spec(2, many(1, 10))]);
+    let mut c = cluster(&[spec(1, many(1, LONG)), spec(2, many(1, LONG + 1))]);
     let mut desired = Desired::build(&c, &config(), Family::V4);
     let before = slot_of(desired.table(), "ns/svc1/").expect("svc1 uses an endpoint map");
     // Endpoints come and go: the rule, and so the region, stays.
-    for endpoints in [many(1, 10), many(3, 11), many(4, 20)] {
-        c = cluster(&[spec(1, endpoints), spec(2, many(1, 10))]);
+    for endpoints in [many(1, LONG + 1), many(3, LONG + 2), many(4, LONG + 11)] {
+        c = cluster(&[spec(1, endpoints), spec(2, many(1, LONG + 1))]);
         let updated = desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
         assert!(matches!(updated, Updated::Scope(_)));
         assert_eq!(slot_of(desired.table(), "ns/svc1/"), Some(before));
     }
     // Deleted, the region is free for the next chain of its map; its elements are gone.
-    c = cluster(&[spec(2, many(1, 10))]);
+    c = cluster(&[spec(2, many(1, LONG + 1))]);
     desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
     let left: usize = desired
         .table()
@@ -374,7 +379,7 @@ fn regions_stay_with_their_chains_and_are_reused() {
         .filter(|s| s.decl.key == KeyType::Slot)
         .map(|s| s.elements.len())
         .sum();
-    assert_eq!(left, 10, "svc2's endpoints");
+    assert_eq!(left, usize::from(LONG + 1), "svc2's endpoints");
     assert!(
         !desired.table().sets.contains_key(before.0)
             || slot_of(desired.table(), "ns/svc2/").is_some_and(|s| s.0 == before.0)
@@ -466,13 +471,13 @@ fn services_claiming_one_element_resolve_like_a_full_build() {
 
 #[test]
 fn one_endpoint_change_touches_only_that_service() {
-    // Two endpoints (the shared lists) and ten (a chain of their own, with an endpoint-map
-    // region) alternate.
+    // Two endpoints (the shared lists) and LONG + 1 (a chain of their own, with an
+    // endpoint-map region) alternate.
     let many: Vec<SvcSpec> = (1..=200u8)
         .map(|id| SvcSpec {
             id,
             endpoints: if id % 2 == 0 {
-                (1..=10).collect()
+                (1..=LONG + 1).collect()
             } else {
                 vec![1, 2]
             },
@@ -514,11 +519,11 @@ fn one_endpoint_change_touches_only_that_service() {
         assert!(ok, "unexpected op {op:?}");
     }
 
-    // svc8 (10 → 11 endpoints): no rule is written (that would make the kernel re-validate
+    // svc8 (one more endpoint): no rule is written (that would make the kernel re-validate
     // the whole table), svc8's region of its endpoint map is replaced, and the new endpoint
     // gets its hairpin element.
     let mut changed = many.clone();
-    changed[7].endpoints.push(11);
+    changed[7].endpoints.push(LONG + 2);
     let after = table(&changed);
     let tx = plan(state.as_ref(), &after);
     assert!(tx.ops.len() <= 3, "{:#?}", tx.ops);
@@ -535,9 +540,11 @@ fn one_endpoint_change_touches_only_that_service() {
         |k: &Key| matches!(k, Key::Slot { at, .. } if slot_region(*at) == slot_region(offset));
     for op in &tx.ops {
         let touches_svc8 = match op {
-            Op::AddElements { set, elements } if set == "hairpin-endpoints" => elements
-                .iter()
-                .all(|(k, _)| *k == Key::AddrPair("10.180.8.11".parse().unwrap())),
+            Op::AddElements { set, elements } if set == "hairpin-endpoints" => {
+                elements.iter().all(|(k, _)| {
+                    *k == Key::AddrPair(format!("10.180.8.{}", LONG + 2).parse().unwrap())
+                })
+            }
             Op::AddElements { set, elements } => {
                 set == map && elements.iter().all(|(k, _)| in_region(k))
             }
@@ -552,13 +559,13 @@ fn one_endpoint_change_touches_only_that_service() {
 fn fingerprints_differ_when_rules_differ() {
     let a = table(&[SvcSpec {
         id: 1,
-        endpoints: (1..=9).collect(),
+        endpoints: (1..=LONG).collect(),
         node_port: false,
         udp: false,
     }]);
     let b = table(&[SvcSpec {
         id: 1,
-        endpoints: (1..=9).collect(),
+        endpoints: (1..=LONG).collect(),
         node_port: false,
         udp: true,
     }]);
@@ -579,7 +586,7 @@ fn fingerprints_differ_when_rules_differ() {
 fn a_restart_adopts_the_regions_the_kernel_has() {
     let spec = |id| SvcSpec {
         id,
-        endpoints: (1..=9).collect(),
+        endpoints: (1..=LONG).collect(),
         node_port: id % 3 == 0,
         udp: false,
     };
@@ -617,7 +624,7 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
 
     let c = cluster(&[SvcSpec {
         id: 1,
-        endpoints: (1..=9).collect(),
+        endpoints: (1..=LONG).collect(),
         node_port: false,
         udp: false,
     }]);
@@ -643,7 +650,7 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
     };
     assert_eq!(
         service_rules(&cascade).len(),
-        9,
+        usize::from(LONG),
         "one dnat rule per endpoint"
     );
     assert!(!cascade.sets.values().any(|s| s.decl.key == KeyType::Slot));
@@ -664,7 +671,7 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
     };
     let a = trace(&cascade, &Host::default(), &pkt);
     let b = trace(&mapped, &Host::default(), &pkt);
-    assert_eq!(a.endpoints().len(), 9, "{a:?}");
+    assert_eq!(a.endpoints().len(), usize::from(LONG), "{a:?}");
     assert_eq!(a.outcomes, b.outcomes);
 }
 

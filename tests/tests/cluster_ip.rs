@@ -100,7 +100,7 @@ fn topology() -> Topology {
         .unwrap();
     let ep3 = lab.pod(&node, "ep3", &[ip("10.180.3.1")]).unwrap();
     for ep in [&ep1, &ep2, &ep3] {
-        lab.echo(ep, &[80, 8443, 53, 5353]).unwrap();
+        lab.echo(ep, &[80, 8443, 53, 5353, 8080, 9090]).unwrap();
     }
     Topology {
         lab,
@@ -328,7 +328,7 @@ fn assert_spread(
 fn a_service_with_more_endpoints_than_the_lists_take_spreads_over_all_of_them() {
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
-    // Nine endpoints: its own Service chain, endpoints chosen from an endpoint map.
+    // Eighteen endpoints: its own Service chain, endpoints chosen from an endpoint map.
     let listing = listing(&t.node);
     let chain: String = listing
         .lines()
@@ -336,7 +336,27 @@ fn a_service_with_more_endpoints_than_the_lists_take_spreads_over_all_of_them() 
         .take_while(|l| l.trim() != "}")
         .collect();
     assert!(chain.contains("map @endpoints-"), "{chain}\n{listing}");
-    assert_spread(&t, "172.30.0.49:80", 450, 9, 20..=85);
+    assert_spread(&t, "172.30.0.49:80", 900, 18, 20..=85);
+}
+
+#[test]
+fn a_long_endpoint_list_spreads_over_all_of_its_endpoints() {
+    let t = topology();
+    run_once(&t.node, "cluster-ip.yaml");
+    // Twelve endpoints: no chain, one list in the map for lists of twelve.
+    let listing = listing(&t.node);
+    assert!(!listing.contains("ns5/svc10/"), "{listing}");
+    let map: String = listing
+        .lines()
+        .skip_while(|l| !l.contains("map cluster-endpoints-12 "))
+        .take_while(|l| l.trim() != "}")
+        .collect();
+    assert_eq!(
+        map.matches("172.30.0.46 . tcp . 80 . ").count(),
+        12,
+        "{map}"
+    );
+    assert_spread(&t, "172.30.0.46:80", 600, 12, 20..=85);
 }
 
 /// The text from `nft list table` for both families.
@@ -428,7 +448,7 @@ fn second_run_sends_nothing() {
 }
 
 /// `n` ClusterIP Services `ns/svc-I` (172.30.1.0/24 and up), without Service `skip`, each with
-/// nine endpoints: more than the shared endpoint lists take, so each has a Service chain.
+/// seventeen endpoints: more than the shared endpoint lists take, so each has a Service chain.
 fn many_services(n: u16, skip: Option<u16>) -> String {
     use nftproxy_tests::cluster::{Endpoint, Objects, Service, Slice};
     let mut objects = Objects::new();
@@ -443,7 +463,7 @@ fn many_services(n: u16, skip: Option<u16>) -> String {
             .port("http", Proto::Tcp, 80),
         );
         let mut slice = Slice::new("ns", &format!("{name}-a"), &name).port("http", Proto::Tcp, 80);
-        for j in 1..=9 {
+        for j in 1..=17 {
             slice = slice.endpoint(Endpoint::new(&format!("10.180.{j}.1")));
         }
         objects.push(slice);
