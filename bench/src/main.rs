@@ -408,6 +408,13 @@ fn partial<'a>(s: &'a SizeReport, op: &str) -> Option<&'a SyncRun> {
     s.syncer.as_ref()?.partial.get(op)
 }
 
+/// The slower of an endpoint addition and removal (wall ms), from medians by operation key.
+fn endpoint_change(medians: &BTreeMap<String, SyncRun>) -> Option<f64> {
+    let added = medians.get("endpoint_added")?.wall_ms;
+    let removed = medians.get("endpoint_removed")?.wall_ms;
+    Some(added.max(removed))
+}
+
 fn targets(sizes: &[SizeReport], k: usize) -> Vec<Target> {
     let mut out = Vec::new();
     let mut push = |target: &str, v: Option<(String, bool)>| {
@@ -450,11 +457,7 @@ fn targets(sizes: &[SizeReport], k: usize) -> Vec<Target> {
     );
     let ep: Vec<(usize, f64)> = sizes
         .iter()
-        .filter_map(|s| {
-            let a = partial(s, "endpoint_added")?.wall_ms;
-            let b = partial(s, "endpoint_removed")?.wall_ms;
-            Some((s.services, a.max(b)))
-        })
+        .filter_map(|s| Some((s.services, endpoint_change(&s.syncer.as_ref()?.partial)?)))
         .collect();
     push(
         "partial sync of one endpoint change <= 10 ms (every size)",
@@ -469,12 +472,7 @@ fn targets(sizes: &[SizeReport], k: usize) -> Vec<Target> {
     );
     // The two sizes synced alternately if they were (same machine state), else one after the
     // other.
-    let side = |n: usize| -> Option<f64> {
-        let runs = size(sizes, n)?.side_by_side.as_ref()?;
-        let a = runs.get("endpoint_added")?.wall_ms;
-        let b = runs.get("endpoint_removed")?.wall_ms;
-        Some(a.max(b))
-    };
+    let side = |n: usize| endpoint_change(size(sizes, n)?.side_by_side.as_ref()?);
     let apart = |n: usize| ep.iter().find(|(m, _)| *m == n).map(|(_, v)| *v);
     let flatness = side(1000)
         .zip(side(50000))
@@ -775,38 +773,29 @@ fn render(report: &Report, cli: &Cli) -> String {
         "Partial syncs, nftproxy (Syncer::sync, full=false), median of {} after a warm-up round: wall ms / messages",
         cli.reps
     ));
+    let wall_messages = |r: &SyncRun| format!("{} / {}", f(r.wall_ms), r.messages);
     for op in measure::PartialOp::ALL {
         t.row(
             op.name(),
-            col(&|s| ops(s, op.key()).map(|r| format!("{} / {}", f(r.wall_ms), r.messages))),
+            col(&|s| ops(s, op.key()).map(|r| wall_messages(&r))),
         );
     }
-    for op in [
-        measure::PartialOp::AddEndpoint,
-        measure::PartialOp::RemoveEndpoint,
-    ] {
-        t.row(
-            &format!("{}, CPU caches emptied first", op.name()),
-            col(&|s| {
-                let r = s.syncer.as_ref()?.cold_cache.get(op.key())?;
-                Some(format!("{} / {}", f(r.wall_ms), r.messages))
-            }),
-        );
-    }
-    for op in [
-        measure::PartialOp::AddEndpoint,
-        measure::PartialOp::RemoveEndpoint,
-    ] {
-        t.row(
-            &format!(
-                "{}, smallest and largest size synced alternately",
-                op.name()
-            ),
-            col(&|s| {
-                let r = s.side_by_side.as_ref()?.get(op.key())?;
-                Some(format!("{} / {}", f(r.wall_ms), r.messages))
-            }),
-        );
+    type Medians = fn(&SizeReport) -> Option<&BTreeMap<String, SyncRun>>;
+    let endpoint_views: [(&str, Medians); 2] = [
+        ("CPU caches emptied first", |s| {
+            s.syncer.as_ref().map(|r| &r.cold_cache)
+        }),
+        ("smallest and largest size synced alternately", |s| {
+            s.side_by_side.as_ref()
+        }),
+    ];
+    for (view, medians) in endpoint_views {
+        for op in measure::PartialOp::ENDPOINT_CHANGES {
+            t.row(
+                &format!("{}, {view}", op.name()),
+                col(&|s| medians(s)?.get(op.key()).map(wall_messages)),
+            );
+        }
     }
     t.row(
         "endpoint added: CPU user / sys, ms",

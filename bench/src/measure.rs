@@ -158,6 +158,10 @@ impl PartialOp {
         PartialOp::NoChange,
     ];
 
+    /// The two endpoint changes, measured in more ways than the other operations.
+    pub const ENDPOINT_CHANGES: [PartialOp; 2] =
+        [PartialOp::AddEndpoint, PartialOp::RemoveEndpoint];
+
     pub fn name(self) -> &'static str {
         match self {
             PartialOp::AddEndpoint => "endpoint added",
@@ -255,52 +259,50 @@ pub fn syncer_bench(
         for rep in 0..WARM_UP_ROUNDS + reps {
             for op in PartialOp::ALL {
                 let changed = op.apply(&mut cluster, n, k, rep)?;
-                let run = syncer_run(
-                    &mut syncer,
-                    &cluster,
-                    &config,
-                    false,
-                    Changed::Services(&changed),
-                )
-                .with_context(|| format!("partial sync ({})", op.name()))?;
-                if rep < WARM_UP_ROUNDS {
-                    continue;
+                let run = partial_run(&mut syncer, &cluster, &config, &changed)
+                    .with_context(|| format!("partial sync ({})", op.name()))?;
+                if rep >= WARM_UP_ROUNDS {
+                    record(&mut out.partial_runs, op, run);
                 }
-                out.partial_runs
-                    .entry(op.key().to_string())
-                    .or_default()
-                    .push(run);
             }
         }
         // The same endpoint changes (on other Services) with the CPU caches emptied first: what
         // a sync costs when everything else ran since the last one.
         let mut evictor = CacheEvictor::new();
         for rep in WARM_UP_ROUNDS + reps..WARM_UP_ROUNDS + 2 * reps {
-            for op in [PartialOp::AddEndpoint, PartialOp::RemoveEndpoint] {
+            for op in PartialOp::ENDPOINT_CHANGES {
                 let changed = op.apply(&mut cluster, n, k, rep)?;
                 evictor.evict();
-                let run = syncer_run(
-                    &mut syncer,
-                    &cluster,
-                    &config,
-                    false,
-                    Changed::Services(&changed),
-                )
-                .with_context(|| format!("partial sync ({}, cold caches)", op.name()))?;
-                out.cold_cache_runs
-                    .entry(op.key().to_string())
-                    .or_default()
-                    .push(run);
+                let run = partial_run(&mut syncer, &cluster, &config, &changed)
+                    .with_context(|| format!("partial sync ({}, cold caches)", op.name()))?;
+                record(&mut out.cold_cache_runs, op, run);
             }
         }
-        for (key, runs) in &out.partial_runs {
-            out.partial.insert(key.clone(), SyncRun::median(runs));
-        }
-        for (key, runs) in &out.cold_cache_runs {
-            out.cold_cache.insert(key.clone(), SyncRun::median(runs));
-        }
+        out.partial = medians(&out.partial_runs);
+        out.cold_cache = medians(&out.cold_cache_runs);
         Ok(out)
     })
+}
+
+/// Syncs the Services a partial change reported.
+fn partial_run(
+    syncer: &mut Syncer,
+    cluster: &Cluster,
+    config: &BuildConfig,
+    changed: &BTreeSet<ObjectName>,
+) -> Result<SyncRun> {
+    syncer_run(syncer, cluster, config, false, Changed::Services(changed))
+}
+
+fn record(runs: &mut BTreeMap<String, Vec<SyncRun>>, op: PartialOp, run: SyncRun) {
+    runs.entry(op.key().to_string()).or_default().push(run);
+}
+
+/// The median of each operation's runs.
+fn medians(runs: &BTreeMap<String, Vec<SyncRun>>) -> BTreeMap<String, SyncRun> {
+    runs.iter()
+        .map(|(key, runs)| (key.clone(), SyncRun::median(runs)))
+        .collect()
 }
 
 /// One cluster of [`side_by_side_bench`]: its size and model.
@@ -352,30 +354,20 @@ pub fn side_by_side_bench(
         let order: [usize; 2] = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
             let side = &mut sides[i];
-            for op in [PartialOp::AddEndpoint, PartialOp::RemoveEndpoint] {
+            for op in PartialOp::ENDPOINT_CHANGES {
                 let changed = op.apply(&mut side.cluster, side.n, k, rep)?;
                 // The Syncer's sockets were opened in its namespace and stay there.
-                let run = syncer_run(
-                    &mut side.syncer,
-                    &side.cluster,
-                    &side.config,
-                    false,
-                    Changed::Services(&changed),
-                )
-                .with_context(|| format!("{} Services: partial sync ({})", side.n, op.name()))?;
+                let run = partial_run(&mut side.syncer, &side.cluster, &side.config, &changed)
+                    .with_context(|| {
+                        format!("{} Services: partial sync ({})", side.n, op.name())
+                    })?;
                 if rep >= WARM_UP_ROUNDS {
-                    side.runs.entry(op.key().to_string()).or_default().push(run);
+                    record(&mut side.runs, op, run);
                 }
             }
         }
     }
-    let medians = |side: &Side| -> BTreeMap<String, SyncRun> {
-        side.runs
-            .iter()
-            .map(|(key, runs)| (key.clone(), SyncRun::median(runs)))
-            .collect()
-    };
-    Ok([medians(&sides[0]), medians(&sides[1])])
+    Ok([medians(&sides[0].runs), medians(&sides[1].runs)])
 }
 
 /// Empties the CPU caches (and the TLB's hold on the agent's pages) by writing a buffer twice

@@ -154,8 +154,6 @@ fn c_string(b: &[u8]) -> Option<String> {
     String::from_utf8(b[..end].to_vec()).ok()
 }
 
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
 const NFTA_VERDICT_CHAIN: u16 = 2;
 
@@ -659,11 +657,6 @@ fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> {
     }
 }
 
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
-const NFTA_SET_ELEM_FLAGS: u16 = 3;
 const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
@@ -757,8 +750,6 @@ fn decode_element(
     out.insert(key, value);
     true
 }
-
-const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
 
 /// An endpoint as map data: the address, then the port padded to 4 bytes.
 fn decode_endpoint(family: Family, b: &[u8]) -> Option<(IpAddr, u16)> {
@@ -999,13 +990,12 @@ fn prefix_of(mask: &[u8]) -> Option<u8> {
 
 fn decode_match(family: Family, ex: &[Ex]) -> Option<(Match, usize)> {
     let (saddr_off, daddr_off, alen) = addr_layout(family);
-    if let Some((n, first, next)) = frontend_load(family, ex)
+    if let Some((n, next)) = frontend_load(family, ex)
         && let Some(Ex::Lookup {
             set,
-            sreg,
+            sreg: 0,
             dreg: None,
         }) = ex.get(n)
-        && *sreg == first
     {
         let set = set.clone();
         let m = if next == 2 {
@@ -1190,16 +1180,10 @@ fn decode_match(family: Family, ex: &[Ex]) -> Option<(Match, usize)> {
             },
             ..,
         ] if name == "numgen" => {
-            if !only(
-                attrs,
-                &[NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_TYPE, NFTA_NG_OFFSET],
-            ) || reg_of(attrs, NFTA_NG_DREG) != Some(*sreg)
-                || get_u32(attrs, NFTA_NG_TYPE) != Some(NFT_NG_RANDOM)
-                || !absent_or(attrs, NFTA_NG_OFFSET, 0)
-            {
+            let (dreg, modulus, offset) = random_numgen(attrs)?;
+            if dreg != *sreg || offset != 0 {
                 return None;
             }
-            let modulus = get_u32(attrs, NFTA_NG_MODULUS)?;
             let value = u32_ne(data)?;
             Some((Match::Numgen { modulus, value }, 2))
         }
@@ -1288,49 +1272,8 @@ fn addr_match(dest: bool, net: IpNet, op: u32) -> Option<Match> {
 
 fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
     let (saddr_off, _, alen) = addr_layout(family);
-    if let Some((n, first, next)) = frontend_load(family, ex)
-        && let [
-            Ex::Lookup {
-                set,
-                sreg,
-                dreg: Some(VERDICT_REG),
-            },
-        ] = &ex[n..]
-        && *sreg == first
-    {
-        let map = set.clone();
-        return Some(if next == 2 {
-            Action::VmapProtoPort { map }
-        } else {
-            Action::VmapAddrProtoPort { map }
-        });
-    }
-    if let Some((n, first, next)) = frontend_load(family, ex)
-        && let [
-            Ex::Other { name, attrs: ng },
-            Ex::Lookup {
-                set,
-                sreg,
-                dreg: Some(data),
-            },
-            e,
-        ] = &ex[n..]
-        && name == "numgen"
-    {
-        // The kernel lists the offset, 0, although none was sent.
-        let ok = only(
-            ng,
-            &[NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_TYPE, NFTA_NG_OFFSET],
-        ) && absent_or(ng, NFTA_NG_OFFSET, 0)
-            && get_u32(ng, NFTA_NG_TYPE) == Some(NFT_NG_RANDOM)
-            && reg_of(ng, NFTA_NG_DREG) == Some(next)
-            && *sreg == first
-            && dnat_regs(family, is_other(e, "nat")?) == Some((*data, data + alen / 4));
-        return ok.then_some(Action::DnatIndexed {
-            map: set.clone(),
-            nodeport: next == 2,
-            modulus: get_u32(ng, NFTA_NG_MODULUS).filter(|m| *m > 0)?,
-        });
+    if let Some(action) = frontend_action(family, ex) {
+        return Some(action);
     }
     let reject_code = match family {
         Family::V4 => ICMP_PORT_UNREACH,
@@ -1383,12 +1326,8 @@ fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
             },
             e,
         ] if name == "numgen" && bo_name == "byteorder" => {
-            let value = reg_of(ng, NFTA_NG_DREG)?;
-            let ok = only(
-                ng,
-                &[NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_TYPE, NFTA_NG_OFFSET],
-            ) && get_u32(ng, NFTA_NG_TYPE) == Some(NFT_NG_RANDOM)
-                && get_u32(ng, NFTA_NG_MODULUS) == Some(SLOT_MODULUS)
+            let (value, modulus, offset) = random_numgen(ng)?;
+            let ok = modulus == SLOT_MODULUS
                 && only(
                     bo,
                     &[
@@ -1409,7 +1348,7 @@ fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
                 && dnat_regs(family, is_other(e, "nat")?) == Some((*data, data + alen / 4));
             ok.then_some(Action::DnatSlot {
                 map: endpoint_map_name(endpoint_map_index(set)?),
-                offset: get_u32(ng, NFTA_NG_OFFSET).unwrap_or(0),
+                offset,
             })
         }
         [
@@ -1468,9 +1407,72 @@ fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
     }
 }
 
+/// The actions keyed by a Service frontend: a verdict-map dispatch, or a DNAT through an
+/// endpoint list.
+fn frontend_action(family: Family, ex: &[Ex]) -> Option<Action> {
+    let (n, next) = frontend_load(family, ex)?;
+    let nodeport = next == 2;
+    match &ex[n..] {
+        [
+            Ex::Lookup {
+                set,
+                sreg: 0,
+                dreg: Some(VERDICT_REG),
+            },
+        ] => {
+            let map = set.clone();
+            Some(if nodeport {
+                Action::VmapProtoPort { map }
+            } else {
+                Action::VmapAddrProtoPort { map }
+            })
+        }
+        [
+            Ex::Other { name, attrs: ng },
+            Ex::Lookup {
+                set,
+                sreg: 0,
+                dreg: Some(data),
+            },
+            e,
+        ] if name == "numgen" => {
+            // The kernel lists the offset, 0, although none was sent.
+            let (dreg, modulus, offset) = random_numgen(ng)?;
+            let alen = addr_layout(family).2;
+            let ok = dreg == next
+                && offset == 0
+                && modulus > 0
+                && dnat_regs(family, is_other(e, "nat")?) == Some((*data, data + alen / 4));
+            ok.then_some(Action::DnatIndexed {
+                map: set.clone(),
+                nodeport,
+                modulus,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// A `numgen random` expression's destination register, modulus and offset (0 if absent).
+fn random_numgen(attrs: &BTreeMap<u16, Vec<u8>>) -> Option<(Word, u32, u32)> {
+    let ok = only(
+        attrs,
+        &[NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_TYPE, NFTA_NG_OFFSET],
+    ) && get_u32(attrs, NFTA_NG_TYPE) == Some(NFT_NG_RANDOM);
+    let offset = match attrs.contains_key(&NFTA_NG_OFFSET) {
+        true => get_u32(attrs, NFTA_NG_OFFSET)?,
+        false => 0,
+    };
+    ok.then_some((
+        reg_of(attrs, NFTA_NG_DREG)?,
+        get_u32(attrs, NFTA_NG_MODULUS)?,
+        offset,
+    ))
+}
+
 /// `[ip daddr .] meta l4proto . th dport` loaded into consecutive words from word 0: the
-/// number of expressions, the first word and the word after the last (2 without the address).
-fn frontend_load(family: Family, ex: &[Ex]) -> Option<(usize, Word, Word)> {
+/// number of expressions and the word after the last (2 without the address).
+fn frontend_load(family: Family, ex: &[Ex]) -> Option<(usize, Word)> {
     let (_, daddr_off, alen) = addr_layout(family);
     let (skip, first, word) = match ex.first()? {
         Ex::Payload {
@@ -1491,7 +1493,7 @@ fn frontend_load(family: Family, ex: &[Ex]) -> Option<(usize, Word, Word)> {
                 len: 2,
             },
         ] if *key == META_L4PROTO && *p == word && *d == word + 1 && first == 0 => {
-            Some((skip + 2, first, word + 2))
+            Some((skip + 2, word + 2))
         }
         _ => None,
     }

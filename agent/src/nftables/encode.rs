@@ -624,14 +624,7 @@ fn match_exprs(family: Family, m: &Match, out: &mut Vec<Expr>) -> Result<(), Str
                     "numgen value {value} is not below modulus {modulus}"
                 ));
             }
-            out.push(other(
-                "numgen",
-                vec![
-                    u32_attr(NFTA_NG_DREG, Register::Reg1.into()),
-                    u32_attr(NFTA_NG_MODULUS, *modulus),
-                    u32_attr(NFTA_NG_TYPE, NFT_NG_RANDOM),
-                ],
-            ));
+            out.push(numgen(Register::Reg1, *modulus, None));
             // numgen writes a host-endian u32.
             out.push(cmp(Operator::Equal, value.to_ne_bytes().to_vec()));
         }
@@ -660,8 +653,17 @@ fn match_exprs(family: Family, m: &Match, out: &mut Vec<Expr>) -> Result<(), Str
     Ok(())
 }
 
-/// 32-bit register `n` (`NFT_REG32_00 + n`): concatenations are loaded field after field into
-/// consecutive 32-bit registers.
+/// `numgen random mod modulus [offset offset]` into `dreg`.
+fn numgen(dreg: Register, modulus: u32, offset: Option<u32>) -> Expr {
+    let mut attrs = vec![
+        u32_attr(NFTA_NG_DREG, dreg.into()),
+        u32_attr(NFTA_NG_MODULUS, modulus),
+        u32_attr(NFTA_NG_TYPE, NFT_NG_RANDOM),
+    ];
+    attrs.extend(offset.map(|o| u32_attr(NFTA_NG_OFFSET, o)));
+    other("numgen", attrs)
+}
+
 /// `nat dnat` to the address in reg 1 and the port in `proto_reg`, with nft's flags if any.
 fn dnat(family: Family, proto_reg: Register, flags: Option<u32>) -> Expr {
     let mut attrs = vec![
@@ -674,6 +676,8 @@ fn dnat(family: Family, proto_reg: Register, flags: Option<u32>) -> Expr {
     other("nat", attrs)
 }
 
+/// 32-bit register `n` (`NFT_REG32_00 + n`): concatenations are loaded field after field into
+/// consecutive 32-bit registers.
 fn reg32(n: u32) -> Register {
     Register::from(8 + n)
 }
@@ -774,15 +778,7 @@ fn action_exprs(family: Family, action: &Action, out: &mut Vec<Expr>) -> Result<
             if offset.checked_add(SLOT_MODULUS - 1).is_none() {
                 return Err(format!("numgen offset {offset} overflows"));
             }
-            out.push(other(
-                "numgen",
-                vec![
-                    u32_attr(NFTA_NG_DREG, Register::Reg1.into()),
-                    u32_attr(NFTA_NG_MODULUS, SLOT_MODULUS),
-                    u32_attr(NFTA_NG_TYPE, NFT_NG_RANDOM),
-                    u32_attr(NFTA_NG_OFFSET, *offset),
-                ],
-            ));
+            out.push(numgen(Register::Reg1, SLOT_MODULUS, Some(*offset)));
             // numgen writes a host-endian u32; the map's keys are big-endian.
             out.push(other(
                 "byteorder",
@@ -798,11 +794,7 @@ fn action_exprs(family: Family, action: &Action, out: &mut Vec<Expr>) -> Result<
             // the word after the address (reg 9 = NFT_REG32_01 for IPv4, reg 2 for IPv6, the
             // registers nft picks). The kernel adds MAP_IPS | PROTO_SPECIFIED itself.
             out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
-            let proto_reg = match family {
-                Family::V4 => reg32(1),
-                Family::V6 => Register::Reg2,
-            };
-            out.push(dnat(family, proto_reg, None));
+            out.push(dnat(family, nft_reg(alen / 4), None));
         }
         Action::DnatIndexed {
             map,
@@ -818,14 +810,7 @@ fn action_exprs(family: Family, action: &Action, out: &mut Vec<Expr>) -> Result<
             } else {
                 addr_proto_port(family, out)
             };
-            out.push(other(
-                "numgen",
-                vec![
-                    u32_attr(NFTA_NG_DREG, nft_reg(word).into()),
-                    u32_attr(NFTA_NG_MODULUS, *modulus),
-                    u32_attr(NFTA_NG_TYPE, NFT_NG_RANDOM),
-                ],
-            ));
+            out.push(numgen(nft_reg(word), *modulus, None));
             // The endpoint (address . port) lands in the words from 0 on, as in DnatSlot.
             out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
             out.push(dnat(family, nft_reg(alen / 4), None));
@@ -1053,19 +1038,14 @@ fn element_messages<'e>(
     Ok(out)
 }
 
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
-const NFTA_SET_ELEM_FLAGS: u16 = 3;
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
-const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
-const NFT_JUMP: i32 = -3;
-const NFT_GOTO: i32 = -4;
-const NFT_RETURN: i32 = -5;
+pub(super) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+pub(super) const NFTA_LIST_ELEM: u16 = 1;
+pub(super) const NFTA_SET_ELEM_KEY: u16 = 1;
+pub(super) const NFTA_SET_ELEM_DATA: u16 = 2;
+pub(super) const NFTA_SET_ELEM_FLAGS: u16 = 3;
+pub(super) const NFTA_DATA_VALUE: u16 = 1;
+pub(super) const NFTA_DATA_VERDICT: u16 = 2;
+pub(super) const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
 
 /// Appends attribute `kind` holding `value`, padded to 4 bytes.
 fn put_attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
@@ -1086,20 +1066,13 @@ fn put_nested(out: &mut Vec<u8>, kind: u16, fill: impl FnOnce(&mut Vec<u8>)) {
     out[at..at + 2].copy_from_slice(&len.to_ne_bytes());
 }
 
+/// Verdicts are rare (verdict-map elements), so the crate writes their attributes.
 fn put_verdict(out: &mut Vec<u8>, v: &Verdict) {
-    let (code, chain) = match v {
-        Verdict::Accept => (NF_ACCEPT as i32, None),
-        Verdict::Drop => (NF_DROP as i32, None),
-        Verdict::Return => (NFT_RETURN, None),
-        Verdict::Jump(c) => (NFT_JUMP, Some(c)),
-        Verdict::Goto(c) => (NFT_GOTO, Some(c)),
-    };
     put_nested(out, NFTA_DATA_VERDICT, |out| {
-        put_attr(out, NFTA_VERDICT_CODE, &code.to_be_bytes());
-        if let Some(chain) = chain {
-            let mut name = chain.as_bytes().to_vec();
-            name.push(0);
-            put_attr(out, NFTA_VERDICT_CHAIN, &name);
+        for attr in verdict_attrs(v) {
+            let mut value = vec![0; attr.value_len()];
+            attr.emit_value(&mut value);
+            put_attr(out, attr.kind(), &value);
         }
     });
 }
@@ -1126,20 +1099,24 @@ fn put_elements(
         }
         (Some(Value::Verdict(v)), false) => Some(Err(v)),
     };
-    if let Key::Slot { at, end } = key {
-        if data.is_none() && !delete {
-            return Err("an endpoint-map interval without its endpoint".to_string());
-        }
-        put_nested(out, NFTA_LIST_ELEM, |out| {
-            put_nested(out, NFTA_SET_ELEM_KEY, |out| {
-                put_attr(out, NFTA_DATA_VALUE, &at.to_be_bytes())
-            });
-            if let Some(Ok(bytes)) = &data {
-                put_nested(out, NFTA_SET_ELEM_DATA, |out| {
-                    put_attr(out, NFTA_DATA_VALUE, bytes)
-                });
-            }
+    if matches!(key, Key::Slot { .. }) && data.is_none() && !delete {
+        return Err("an endpoint-map interval without its endpoint".to_string());
+    }
+    let key_value = key_bytes(family, key)?;
+    put_nested(out, NFTA_LIST_ELEM, |out| {
+        put_nested(out, NFTA_SET_ELEM_KEY, |out| {
+            put_attr(out, NFTA_DATA_VALUE, &key_value)
         });
+        match &data {
+            Some(Ok(bytes)) => put_nested(out, NFTA_SET_ELEM_DATA, |out| {
+                put_attr(out, NFTA_DATA_VALUE, bytes)
+            }),
+            Some(Err(v)) => put_nested(out, NFTA_SET_ELEM_DATA, |out| put_verdict(out, v)),
+            None => {}
+        }
+    });
+    // The interval's end: its own element, flagged.
+    if let Key::Slot { end, .. } = key {
         put_nested(out, NFTA_LIST_ELEM, |out| {
             put_nested(out, NFTA_SET_ELEM_KEY, |out| {
                 put_attr(out, NFTA_DATA_VALUE, &end.to_be_bytes())
@@ -1150,21 +1127,7 @@ fn put_elements(
                 &NFT_SET_ELEM_INTERVAL_END.to_be_bytes(),
             );
         });
-        return Ok(());
     }
-    let key = key_bytes(family, key)?;
-    put_nested(out, NFTA_LIST_ELEM, |out| {
-        put_nested(out, NFTA_SET_ELEM_KEY, |out| {
-            put_attr(out, NFTA_DATA_VALUE, &key)
-        });
-        match &data {
-            Some(Ok(bytes)) => put_nested(out, NFTA_SET_ELEM_DATA, |out| {
-                put_attr(out, NFTA_DATA_VALUE, bytes)
-            }),
-            Some(Err(v)) => put_nested(out, NFTA_SET_ELEM_DATA, |out| put_verdict(out, v)),
-            None => {}
-        }
-    });
     Ok(())
 }
 
