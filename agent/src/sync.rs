@@ -221,19 +221,16 @@ impl Syncer {
             } => {
                 // A table programmed by a previous run is read before the first build, whose
                 // Service chains then keep their endpoint-map regions (and so their rules).
-                let adopt = if desired.contains_key(&family) {
-                    None
-                } else {
-                    Some(nft.read_table(family)?)
-                };
-                let kernel = adopt.as_ref().and_then(Option::as_ref);
+                let fresh = !desired.contains_key(&family);
+                let current = current_state(nft, committed, family, full, fresh)?;
+                let kernel = current.state.as_ref().filter(|_| fresh);
                 let desired = update_desired(desired, cluster, config, family, changed, kernel);
                 let quieter = quieter.as_ref();
                 let pass = Pass {
                     family,
                     full,
                     first,
-                    read: adopt,
+                    current,
                 };
                 sync_nftables(nft, quieter, committed, desired, pass)?
             }
@@ -506,14 +503,49 @@ fn update_desired<'d>(
     (&desired[&family], updated)
 }
 
+/// The kernel's table as one family's sync starts from it.
+struct Current {
+    state: Option<TableState>,
+    /// Read from the kernel just now, rather than what the last sync committed.
+    read: bool,
+    /// A full sync read back something other than what was committed.
+    drifted: bool,
+}
+
+/// Takes `family`'s committed state out (while the sync runs it is unknown, should the sync
+/// fail), or reads the table from the kernel: on a full sync, before a family's first build,
+/// and when nothing was committed.
+fn current_state(
+    nft: &mut Nftables,
+    committed: &mut BTreeMap<Family, Option<TableState>>,
+    family: Family,
+    full: bool,
+    fresh: bool,
+) -> Result<Current, NftError> {
+    match committed.remove(&family) {
+        Some(state) if !full && !fresh => Ok(Current {
+            state,
+            read: false,
+            drifted: false,
+        }),
+        previous => {
+            let state = nft.read_table(family)?;
+            Ok(Current {
+                drifted: full && previous.is_some_and(|p| p != state),
+                state,
+                read: true,
+            })
+        }
+    }
+}
+
 /// What one family's nftables sync is asked to do.
 struct Pass {
     family: Family,
     full: bool,
     /// No sync of this family has succeeded yet.
     first: bool,
-    /// The table as just read from the kernel, if it was.
-    read: Option<Option<TableState>>,
+    current: Current,
 }
 
 /// One family's nftables sync: returns the report and, on the first sync, the UDP frontends
@@ -529,22 +561,13 @@ fn sync_nftables(
         family,
         full,
         first,
-        read: already_read,
+        current:
+            Current {
+                state: current,
+                read,
+                drifted,
+            },
     } = pass;
-    // The committed state is taken out while the sync runs: if it fails, it is unknown.
-    let known = committed.remove(&family);
-    let (current, read, drifted) = match (already_read, known) {
-        (None, Some(state)) if !full => (state, false, false),
-        (already_read, previous) => {
-            let current = match already_read {
-                Some(current) => current,
-                None => nft.read_table(family)?,
-            };
-            // A full sync that reads back something other than what we committed found drift.
-            let drifted = full && previous.is_some_and(|p| p != current);
-            (current, true, drifted)
-        }
-    };
     // At startup, what the previous run programmed tells which UDP frontends existed.
     let read_back = first.then(|| Frontends::from_table_state(current.as_ref()));
     let table = desired.table();

@@ -277,31 +277,24 @@ fn regular(mut rules: Vec<Rule>) -> Chain {
     }
 }
 
-/// An empty map of endpoints (an endpoint map or an endpoint-list map).
-fn endpoint_map(key: KeyType) -> Set {
+fn empty_set(decl: SetDecl) -> Set {
     Set {
-        decl: SetDecl {
-            key,
-            is_vmap: false,
-            comment: None,
-            timeout_secs: None,
-            size: None,
-        },
+        decl,
         elements: BTreeMap::new(),
     }
 }
 
+/// An empty map of endpoints (an endpoint map or an endpoint-list map).
+fn endpoint_map(key: KeyType) -> Set {
+    empty_set(SetDecl::new(key))
+}
+
 fn set(key: KeyType, is_vmap: bool, comment: &str) -> Set {
-    Set {
-        decl: SetDecl {
-            key,
-            is_vmap,
-            comment: Some(comment.into()),
-            timeout_secs: None,
-            size: None,
-        },
-        elements: BTreeMap::new(),
-    }
+    empty_set(SetDecl {
+        is_vmap,
+        comment: Some(comment.into()),
+        ..SetDecl::new(key)
+    })
 }
 
 /// Local-traffic detection resolved for one family: (source is local, source is not local).
@@ -848,7 +841,7 @@ pub struct Part {
 impl Part {
     /// Creates the endpoint maps this part has elements in and `table` lacks: an endpoint map
     /// (see [`crate::ruleset::Action::DnatSlot`]) exists while it has elements.
-    pub fn add_endpoint_maps(&self, table: &mut Table) {
+    fn add_endpoint_maps(&self, table: &mut Table) {
         for (set, key) in self.elements.keys() {
             if key.key_type() == KeyType::Slot && !table.sets.contains_key(*set) {
                 table
@@ -858,9 +851,8 @@ impl Part {
         }
     }
 
-    /// Adds this part to `table`; an element of a map the table lacks is ignored, except that
-    /// endpoint maps are created when their first element arrives.
-    pub fn merge_into(&self, table: &mut Table) {
+    /// Adds this part's chains and sets to `table`, and the endpoint maps its elements need.
+    pub fn merge_structure_into(&self, table: &mut Table) {
         self.add_endpoint_maps(table);
         for (name, chain) in &self.chains {
             table.chains.insert(name.clone(), chain.clone());
@@ -868,6 +860,12 @@ impl Part {
         for (name, set) in &self.sets {
             table.sets.insert(name.clone(), set.clone());
         }
+    }
+
+    /// Adds this part to `table`; an element of a map the table lacks is ignored, except that
+    /// endpoint maps are created when their first element arrives.
+    pub fn merge_into(&self, table: &mut Table) {
+        self.merge_structure_into(table);
         for ((set, key), value) in &self.elements {
             if let Some(s) = table.sets.get_mut(*set) {
                 s.elements.insert(*key, value.clone());
@@ -1096,16 +1094,10 @@ impl PortContext<'_> {
                         part.chains.insert(name.clone(), chain);
                         part.sets.insert(
                             affinity.clone(),
-                            Set {
-                                decl: SetDecl {
-                                    key: KeyType::Addr,
-                                    is_vmap: false,
-                                    comment: None,
-                                    timeout_secs: Some(timeout),
-                                    size: None,
-                                },
-                                elements: BTreeMap::new(),
-                            },
+                            empty_set(SetDecl {
+                                timeout_secs: Some(timeout),
+                                ..SetDecl::new(KeyType::Addr)
+                            }),
                         );
                         ((ep.addr, ep.port), (name, affinity))
                     })

@@ -24,7 +24,7 @@ use ipnet::IpNet;
 use crate::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::plan::TableState;
-use crate::ruleset::{ChainName, Family, Key, KeyType, Set, Table, Value};
+use crate::ruleset::{ChainName, Family, Key, KeyType, Table, Value};
 use crate::slots::{SlotSource, Slots};
 
 /// What an incremental update touched: everything a planner must compare.
@@ -105,7 +105,7 @@ pub struct Desired {
 impl Desired {
     /// Builds the whole table (O(cluster)).
     pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Desired {
-        Desired::build_keeping(cluster, config, family, Slots::new(), &BTreeMap::new())
+        Desired::build_keeping(cluster, config, family, Slots::new(), |_| None)
     }
 
     /// Builds the whole table, giving chains the endpoint-map regions they have in `kernel`
@@ -122,22 +122,19 @@ impl Desired {
                 slots.seed(chain, slot);
             }
         }
-        let sizes = kernel
-            .sets
-            .iter()
-            .filter_map(|(name, s)| Some((name.clone(), s.decl.size?)))
-            .collect();
-        Desired::build_keeping(cluster, config, family, slots, &sizes)
+        Desired::build_keeping(cluster, config, family, slots, |name| {
+            kernel.sets.get(name)?.decl.size
+        })
     }
 
     /// Builds the whole table, keeping the regions `slots` gave chains that still exist and the
-    /// set sizes in `sizes` that still fit.
+    /// set sizes `sizes` gives that still fit.
     fn build_keeping(
         cluster: &Cluster,
         config: &BuildConfig,
         family: Family,
         slots: Slots,
-        sizes: &BTreeMap<String, u32>,
+        sizes: impl Fn(&str) -> Option<u32>,
     ) -> Desired {
         let table = base_table(config, cluster, family);
         let mut desired = Desired {
@@ -173,7 +170,7 @@ impl Desired {
         }
         let chains = &desired.table.chains;
         desired.slots.retain(|chain| chains.contains_key(chain));
-        desired.table.fit_set_sizes(|name| sizes.get(name).copied());
+        desired.table.fit_set_sizes(sizes);
         // Filled in no key order, the chains' B-tree nodes end up about two-thirds full;
         // rebuilt from their sorted contents they are full.
         desired.table.chains = std::mem::take(&mut desired.table.chains)
@@ -306,16 +303,10 @@ impl Desired {
     /// sizes that still fit.
     pub fn rebuild(&mut self, cluster: &Cluster, config: &BuildConfig) {
         let slots = std::mem::take(&mut self.slots);
-        let sizes = self.set_sizes();
-        *self = Desired::build_keeping(cluster, config, self.family(), slots, &sizes);
-    }
-
-    fn set_sizes(&self) -> BTreeMap<String, u32> {
-        self.table
-            .sets
-            .iter()
-            .filter_map(|(name, s)| Some((name.clone(), s.decl.size?)))
-            .collect()
+        let old = std::mem::take(&mut self.table.sets);
+        *self = Desired::build_keeping(cluster, config, self.family(), slots, |name| {
+            old.get(name)?.decl.size
+        });
     }
 
     /// Adds a Service's part; true if another Service already claims one of its elements.
@@ -329,14 +320,9 @@ impl Desired {
             elements,
             ..
         } = self;
-        // The part's elements come sorted by set: each set is looked up once.
-        let mut current: Option<(&str, Option<&mut Set>)> = None;
         for ((name, key), value) in &part.elements {
-            if current.as_ref().is_none_or(|(n, _)| n != name) {
-                current = Some((name, table.sets.get_mut(*name)));
-            }
             // Elements of maps the table lacks are ignored, as by `merge_into`.
-            let Some((_, Some(set))) = current.as_mut() else {
+            let Some(set) = table.sets.get_mut(*name) else {
                 continue;
             };
             match set.elements.entry(*key) {
@@ -358,14 +344,8 @@ impl Desired {
 
     /// Adds a Service's part but for its elements of shared maps.
     fn insert_structure(&mut self, part: &Part) {
-        part.add_endpoint_maps(&mut self.table);
-        for (name, chain) in &part.chains {
-            self.table.chains.insert(name.clone(), chain.clone());
-        }
-        for (name, set) in &part.sets {
-            self.elements += set.elements.len();
-            self.table.sets.insert(name.clone(), set.clone());
-        }
+        part.merge_structure_into(&mut self.table);
+        self.elements += part.sets.values().map(|s| s.elements.len()).sum::<usize>();
         self.rules += rules_of(part);
         self.no_local_endpoints.add(part.no_local_endpoints);
     }
@@ -397,18 +377,14 @@ impl Desired {
                         .is_some_and(|value| value.is_some());
                 }
                 None => {
-                    let set = self.table.sets.get_mut(key.0);
-                    if set.is_some_and(|s| s.elements.remove(&key.1).is_some()) {
+                    let Some(set) = self.table.sets.get_mut(key.0) else {
+                        continue;
+                    };
+                    if set.elements.remove(&key.1).is_some() {
                         self.elements -= 1;
                     }
                     // An endpoint map exists while it has elements, as in a full build.
-                    if key.1.key_type() == KeyType::Slot
-                        && self
-                            .table
-                            .sets
-                            .get(key.0)
-                            .is_some_and(|s| s.elements.is_empty())
-                    {
+                    if key.1.key_type() == KeyType::Slot && set.elements.is_empty() {
                         self.table.sets.remove(key.0);
                     }
                 }

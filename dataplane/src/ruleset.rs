@@ -483,6 +483,17 @@ pub struct SetDecl {
 }
 
 impl SetDecl {
+    /// A plain set of `key`s, without options.
+    pub fn new(key: KeyType) -> SetDecl {
+        SetDecl {
+            key,
+            is_vmap: false,
+            comment: None,
+            timeout_secs: None,
+            size: None,
+        }
+    }
+
     /// Whether the kernel keeps the set in a hash table, which it sizes by `size`: every set
     /// but interval maps and sets with timeouts.
     pub fn hashed(&self) -> bool {

@@ -164,39 +164,21 @@ impl Tracer<'_> {
     fn matches(&self, m: &Match, state: &State) -> bool {
         let dst = state.dnat.map(|d| d.ip()).unwrap_or(self.pkt.dst.ip());
         let src = self.pkt.src;
-        let set_has = |set: &str, ip: IpAddr| {
-            self.table
-                .sets
-                .get(set)
-                .is_some_and(|s| s.elements.contains_key(&Key::Addr(ip)))
-        };
+        let set_has = |set: &str, key: Key| self.element(set, &key).is_some();
         match m {
             Match::CtStateNew => true,
             Match::Daddr { net, negate } => net.contains(&dst) != *negate,
             Match::Saddr { net, negate } => net.contains(&src) != *negate,
-            Match::DaddrInSet { set } => set_has(set, dst),
+            Match::DaddrInSet { set } => set_has(set, Key::Addr(dst)),
             // Affinity sets are filled at run time; a first connection has no entry.
             Match::SaddrInSet { .. } => false,
-            Match::SaddrDaddrInSet { set } => {
-                src == dst
-                    && self
-                        .table
-                        .sets
-                        .get(set)
-                        .is_some_and(|s| s.elements.contains_key(&Key::AddrPair(src)))
-            }
+            Match::SaddrDaddrInSet { set } => src == dst && set_has(set, Key::AddrPair(src)),
             Match::CtStatusDnat => state.dnat.is_some(),
             Match::FibSaddrLocal => self.host.is_local(&src),
             Match::FibDaddrLocal => self.host.is_local(&dst),
             Match::L4Proto(p) => *p == self.pkt.proto,
-            Match::AddrProtoPortInSet { set } => self.table.sets.get(set).is_some_and(|s| {
-                let key = Key::AddrProtoPort(dst, self.pkt.proto, self.pkt.dst.port());
-                s.elements.contains_key(&key)
-            }),
-            Match::ProtoPortInSet { set } => self.table.sets.get(set).is_some_and(|s| {
-                let key = Key::ProtoPort(self.pkt.proto, self.pkt.dst.port());
-                s.elements.contains_key(&key)
-            }),
+            Match::AddrProtoPortInSet { set } => set_has(set, self.frontend(dst, false)),
+            Match::ProtoPortInSet { set } => set_has(set, self.frontend(dst, true)),
             Match::Numgen { .. } => unreachable!("numgen is handled by forking"),
             Match::MarkUnset { mask } => state.mark & mask == 0,
             Match::IifName {
@@ -216,12 +198,24 @@ impl Tracer<'_> {
         }
     }
 
+    /// The value of element `key` of `set`, if the set has it.
+    fn element(&self, set: &str, key: &Key) -> Option<&Option<Value>> {
+        self.table.sets.get(set)?.elements.get(key)
+    }
+
     fn lookup(&self, map: &str, key: Key) -> Option<Verdict> {
-        self.table
-            .sets
-            .get(map)
-            .and_then(|s| s.elements.get(&key))
-            .and_then(|v| v.as_ref()?.verdict().cloned())
+        self.element(map, &key)?.as_ref()?.verdict().cloned()
+    }
+
+    /// The packet's frontend key with destination `dst`: `dst . proto . port`, or
+    /// `proto . port` for a node port.
+    fn frontend(&self, dst: IpAddr, nodeport: bool) -> Key {
+        let (proto, port) = (self.pkt.proto, self.pkt.dst.port());
+        if nodeport {
+            Key::ProtoPort(proto, port)
+        } else {
+            Key::AddrProtoPort(dst, proto, port)
+        }
     }
 
     /// The endpoints of the endpoint-map region that starts at `offset`.
@@ -315,21 +309,16 @@ impl Tracer<'_> {
         depth: usize,
     ) -> Vec<End> {
         let dst = state.dnat.map(|d| d.ip()).unwrap_or(self.pkt.dst.ip());
-        let port = self.pkt.dst.port();
-        let proto = self.pkt.proto;
         let continue_here = |me: &mut Self, s: State| me.rules(chain, i + 1, s, depth);
         match action {
             Action::Verdict(v) => self.verdict(chain, i, v, state, depth),
-            Action::VmapAddrProtoPort { map } => {
-                match self.lookup(map, Key::AddrProtoPort(dst, proto, port)) {
+            Action::VmapAddrProtoPort { map } | Action::VmapProtoPort { map } => {
+                let nodeport = matches!(action, Action::VmapProtoPort { .. });
+                match self.lookup(map, self.frontend(dst, nodeport)) {
                     Some(v) => self.verdict(chain, i, &v, state, depth),
                     None => continue_here(self, state),
                 }
             }
-            Action::VmapProtoPort { map } => match self.lookup(map, Key::ProtoPort(proto, port)) {
-                Some(v) => self.verdict(chain, i, &v, state, depth),
-                None => continue_here(self, state),
-            },
             Action::Reject => vec![End::Reject],
             Action::Dnat { addr, port } => {
                 state.dnat = Some(SocketAddr::new(*addr, *port));
@@ -349,15 +338,11 @@ impl Tracer<'_> {
                 modulus,
             } => {
                 // Entry `numgen random mod modulus` of the destination's list: any of them.
-                let frontend = if *nodeport {
-                    Key::ProtoPort(proto, port)
-                } else {
-                    Key::AddrProtoPort(dst, proto, port)
-                };
+                let frontend = self.frontend(dst, *nodeport);
                 let targets: Vec<SocketAddr> = (0..*modulus)
                     .filter_map(|i| {
                         let key = frontend.list_entry(u8::try_from(i).ok()?)?;
-                        match self.table.sets.get(map)?.elements.get(&key)? {
+                        match self.element(map, &key)? {
                             Some(Value::Endpoint(addr, port)) => {
                                 Some(SocketAddr::new(*addr, *port))
                             }

@@ -512,15 +512,14 @@ impl RawSet {
     /// The declaration, if nftproxy could have written it.
     fn decl(&self, family: Family) -> Option<SetDecl> {
         if self.flags.contains(SetFlags::Interval) {
-            return self.slot_decl(family);
+            return self.endpoint_decl(family);
         }
         let known = SetFlags::Map | SetFlags::Timeout | SetFlags::Eval;
         if !(self.flags - known).is_empty() {
             return None;
         }
-        let (endpoint_type, endpoint_len) = endpoint_data_layout(family);
-        if self.flags == SetFlags::Map && self.data_type == Some(endpoint_type) {
-            return self.list_decl(family, endpoint_len);
+        if self.flags == SetFlags::Map && self.data_type == Some(endpoint_data_layout(family).0) {
+            return self.endpoint_decl(family);
         }
         let is_vmap = self.flags.contains(SetFlags::Map);
         if is_vmap != (self.data_type == Some(NFT_DATA_VERDICT)) {
@@ -566,43 +565,29 @@ impl RawSet {
         })
     }
 
-    /// An endpoint-list map: a plain map from `[ADDR .] inet_proto . inet_service . integer`
-    /// to the family's `ADDR . inet_service`.
-    fn list_decl(&self, family: Family, endpoint_len: u32) -> Option<SetDecl> {
-        if self.data_len != Some(endpoint_len) {
-            return None;
-        }
-        let key = self.key_among(
-            family,
-            &[KeyType::AddrProtoPortIndex, KeyType::ProtoPortIndex],
-        )?;
-        Some(SetDecl {
-            key,
-            is_vmap: false,
-            comment: self.comment.clone().ok()?,
-            timeout_secs: None,
-            size: self.size,
-        })
-    }
-
-    /// An endpoint map: an interval map (nothing else) from 4-byte values to the family's
-    /// `ADDR . inet_service`. The key type id is not checked: only nft reads it, and the
-    /// elements mean the same whatever it is.
-    fn slot_decl(&self, family: Family) -> Option<SetDecl> {
+    /// A map of endpoints (to the family's `ADDR . inet_service`): an endpoint-list map, a
+    /// plain map from `[ADDR .] inet_proto . inet_service . integer`, or an endpoint map, an
+    /// interval map (nothing else) from 4-byte values. An endpoint map's key type id is not
+    /// checked: only nft reads it, and the elements mean the same whatever it is.
+    fn endpoint_decl(&self, family: Family) -> Option<SetDecl> {
         let (data_type, data_len) = endpoint_data_layout(family);
-        if self.flags != SetFlags::Interval | SetFlags::Map
-            || self.key_len != Some(4)
-            || self.data_type != Some(data_type)
-            || self.data_len != Some(data_len)
-        {
+        if (self.data_type, self.data_len) != (Some(data_type), Some(data_len)) {
             return None;
         }
+        let key = if self.flags == SetFlags::Interval | SetFlags::Map {
+            (self.key_len == Some(4)).then_some(KeyType::Slot)?
+        } else if self.flags == SetFlags::Map {
+            self.key_among(
+                family,
+                &[KeyType::AddrProtoPortIndex, KeyType::ProtoPortIndex],
+            )?
+        } else {
+            return None;
+        };
         Some(SetDecl {
-            key: KeyType::Slot,
-            is_vmap: false,
             comment: self.comment.clone().ok()?,
-            timeout_secs: None,
             size: self.size,
+            ..SetDecl::new(key)
         })
     }
 }
