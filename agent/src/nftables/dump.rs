@@ -702,38 +702,49 @@ fn decode_element(
     element: &[u8],
     out: &mut BTreeMap<Key, Option<Value>>,
 ) -> bool {
-    let Some(attrs) = attr_map(element) else {
+    let Some((key, value, false)) = raw_element(family, decl.key.holds_endpoints(), element) else {
         return false;
     };
-    let mut key = None;
-    let mut value = None;
-    for (kind, v) in attrs {
-        match kind {
-            NFTA_SET_ELEM_KEY => key = data_value(v).and_then(|b| decode_key(family, decl.key, &b)),
-            NFTA_SET_ELEM_DATA => {
-                value = if decl.key.holds_endpoints() {
-                    data_value(v)
-                        .and_then(|b| decode_endpoint(family, &b))
-                        .map(|(addr, port)| Value::Endpoint(addr, port))
-                } else {
-                    data_verdict(v).map(Value::Verdict)
-                };
-                if value.is_none() {
-                    return false;
-                }
-            }
-            NFTA_SET_ELEM_FLAGS if be_u32(v) == Some(0) => {}
-            // Per-element timeouts, expirations, comments: nothing nftproxy compares.
-            NFTA_SET_ELEM_TIMEOUT | NFTA_SET_ELEM_EXPIRATION | NFTA_SET_ELEM_USERDATA => {}
-            _ => return false,
-        }
-    }
-    let Some(key) = key else { return false };
+    let Some(key) = decode_key(family, decl.key, &key) else {
+        return false;
+    };
     if (decl.is_vmap || decl.key.holds_endpoints()) != value.is_some() {
         return false;
     }
     out.insert(key, value);
     true
+}
+
+/// One element as the kernel lists it: its key's bytes, its data (an endpoint if `endpoints`,
+/// else a verdict) and whether it ends an interval; `None` if it is malformed or has anything
+/// else nftproxy does not write.
+fn raw_element(
+    family: Family,
+    endpoints: bool,
+    element: &[u8],
+) -> Option<(Vec<u8>, Option<Value>, bool)> {
+    let mut key = None;
+    let mut value = None;
+    let mut end = false;
+    for (kind, v) in attr_map(element)? {
+        match kind {
+            NFTA_SET_ELEM_KEY => key = Some(data_value(v)?),
+            NFTA_SET_ELEM_DATA if endpoints => {
+                let (addr, port) = decode_endpoint(family, &data_value(v)?)?;
+                value = Some(Value::Endpoint(addr, port));
+            }
+            NFTA_SET_ELEM_DATA => value = Some(Value::Verdict(data_verdict(v)?)),
+            NFTA_SET_ELEM_FLAGS => match be_u32(v)? {
+                0 => {}
+                NFT_SET_ELEM_INTERVAL_END => end = true,
+                _ => return None,
+            },
+            // Per-element timeouts, expirations, comments: nothing nftproxy compares.
+            NFTA_SET_ELEM_TIMEOUT | NFTA_SET_ELEM_EXPIRATION | NFTA_SET_ELEM_USERDATA => {}
+            _ => return None,
+        }
+    }
+    Some((key?, value, end))
 }
 
 /// An endpoint as map data: the address, then the port padded to 4 bytes.
@@ -751,31 +762,17 @@ fn decode_endpoint(family: Family, b: &[u8]) -> Option<(IpAddr, u16)> {
 /// One element of an endpoint map: a 4-byte big-endian key, and either the interval-end flag
 /// or the endpoint as data (the address, the port padded to 4 bytes).
 fn decode_slot_element(family: Family, element: &[u8], out: &mut Vec<SlotBoundRaw>) -> bool {
-    let Some(attrs) = attr_map(element) else {
+    let Some((key, value, end)) = raw_element(family, true, element) else {
         return false;
     };
-    let mut at = None;
-    let mut end = false;
-    let mut target = None;
-    for (kind, v) in attrs {
-        match kind {
-            NFTA_SET_ELEM_KEY => at = data_value(v).and_then(|b| be_u32(&b)),
-            NFTA_SET_ELEM_DATA => {
-                let Some(endpoint) = data_value(v).and_then(|b| decode_endpoint(family, &b)) else {
-                    return false;
-                };
-                target = Some(endpoint);
-            }
-            NFTA_SET_ELEM_FLAGS => match be_u32(v) {
-                Some(0) => {}
-                Some(NFT_SET_ELEM_INTERVAL_END) => end = true,
-                _ => return false,
-            },
-            NFTA_SET_ELEM_TIMEOUT | NFTA_SET_ELEM_EXPIRATION | NFTA_SET_ELEM_USERDATA => {}
-            _ => return false,
-        }
-    }
-    let Some(at) = at else { return false };
+    let Some(at) = be_u32(&key) else {
+        return false;
+    };
+    let target = match value {
+        Some(Value::Endpoint(addr, port)) => Some((addr, port)),
+        Some(Value::Verdict(_)) => return false,
+        None => None,
+    };
     // A start carries its endpoint, an end nothing.
     if end == target.is_some() {
         return false;
