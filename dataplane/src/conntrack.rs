@@ -64,14 +64,10 @@ impl Frontends {
     /// The UDP frontends of one Service.
     fn of_service(svc: &Service, slices: &[&EndpointSlice], family: Family) -> Frontends {
         let mut out = Frontends::default();
-        let Some(cluster_ip) = svc.cluster_ip(family) else {
+        if svc.cluster_ip(family).is_none() {
             return out;
-        };
-        let addrs: Vec<IpAddr> = std::iter::once(cluster_ip)
-            .chain(svc.external_ips.iter().copied())
-            .chain(svc.load_balancer_ips.iter().copied())
-            .filter(|ip| Family::of(ip) == family)
-            .collect();
+        }
+        let addrs: Vec<IpAddr> = svc.frontend_addrs(family).collect();
         for port in svc.ports.iter().filter(|p| p.protocol == Proto::Udp) {
             // The node name only decides `local`, which does not matter here.
             let serving: BTreeSet<IpAddr> = port_endpoints(slices, port, family, "")

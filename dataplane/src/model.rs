@@ -80,6 +80,18 @@ impl Service {
             .find(|ip| Family::of(ip) == family)
     }
 
+    /// The addresses of `family` the Service's ports are reached at: its ClusterIP, external
+    /// IPs and LoadBalancer IPs. None without a ClusterIP of the family (not proxied in it).
+    pub fn frontend_addrs(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+        self.cluster_ip(family)
+            .into_iter()
+            .flat_map(move |cluster_ip| {
+                let others = self.external_ips.iter().chain(&self.load_balancer_ips);
+                std::iter::once(cluster_ip)
+                    .chain(others.copied().filter(move |ip| Family::of(ip) == family))
+            })
+    }
+
     /// NodePorts, LoadBalancer IPs or external IPs make a Service reachable from outside.
     pub fn externally_accessible(&self, port: &ServicePort) -> bool {
         port.node_port.is_some()

@@ -89,17 +89,15 @@ impl Trace {
     /// [`Trace::frontends`]; the table alone does not name them.
     pub fn name_services(&mut self, cluster: &Cluster, family: Family) {
         for svc in cluster.services.values() {
-            let Some(cluster_ip) = svc.cluster_ip(family) else {
+            if svc.cluster_ip(family).is_none() {
                 continue;
-            };
+            }
             for port in &svc.ports {
                 let owns = |key: &Key| match *key {
                     Key::AddrProtoPort(ip, proto, p) => {
                         proto == port.protocol
                             && p == port.port
-                            && (ip == cluster_ip
-                                || svc.external_ips.contains(&ip)
-                                || svc.load_balancer_ips.contains(&ip))
+                            && svc.frontend_addrs(family).any(|a| a == ip)
                     }
                     Key::ProtoPort(proto, p) => proto == port.protocol && port.node_port == Some(p),
                     _ => false,
