@@ -1,6 +1,7 @@
 //! The nftproxy node agent: configuration, sources, the sync loop and the kernel backends.
 
 pub mod addresses;
+pub mod apiclient;
 pub mod config;
 pub mod conntrack;
 pub mod demo;
@@ -9,6 +10,7 @@ pub mod http;
 pub mod iptables;
 pub mod memory;
 pub mod nftables;
+pub mod node_wait;
 pub mod source;
 pub mod sync;
 pub mod syncloop;

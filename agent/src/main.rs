@@ -14,12 +14,13 @@ use dataplane::render;
 use dataplane::ruleset::{Family, Proto};
 use dataplane::trace::{Host, Packet, trace};
 use dataplane::tracker::Tracker;
-use nftproxy::config::{KubeProxyConfiguration, Overrides, ProxyMode, Settings};
+use nftproxy::config::{KubeProxyConfiguration, LogFormat, Overrides, ProxyMode, Settings};
 use nftproxy::nftables::monitor::Monitor;
 use nftproxy::source;
 use nftproxy::sync::{self, Syncer};
 use nftproxy::syncloop::{self, Shared, Wake};
-use nftproxy::{addresses, iptables, watch};
+use nftproxy::node_wait::{NODE_WAIT, NodeWait};
+use nftproxy::{addresses, apiclient, iptables, watch};
 
 #[derive(Parser)]
 #[command(
@@ -43,6 +44,13 @@ struct Common {
     /// nftables (default) or iptables.
     #[arg(long)]
     proxy_mode: Option<String>,
+    /// Log verbosity, as kube-proxy's klog `-v`: 0-1 info, 2-3 debug, 4 and more trace
+    /// (default: the config's logging.verbosity). RUST_LOG, when set, wins.
+    #[arg(short = 'v', long = "v", value_name = "LEVEL")]
+    verbosity: Option<u32>,
+    /// Log format: text or json (default: the config's logging.format).
+    #[arg(long, alias = "logging-format", value_name = "FORMAT")]
+    log_format: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -56,9 +64,14 @@ enum Command {
         #[arg(long)]
         from_file: Option<PathBuf>,
         /// kubeconfig of the API server (default: the config's clientConnection.kubeconfig,
-        /// $KUBECONFIG, ~/.kube/config, or the in-cluster service account).
+        /// else the in-cluster service account, else $KUBECONFIG or ~/.kube/config).
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
+        /// The API server's address, e.g. https://192.0.2.10:6443 (replaces the kubeconfig's
+        /// server; without a kubeconfig, the in-cluster service account's token and CA are
+        /// used with it).
+        #[arg(long)]
+        master: Option<String>,
         /// Sync once, then exit (rules stay in place).
         #[arg(long)]
         once: bool,
@@ -143,19 +156,34 @@ fn runtime(message: impl ToString) -> Failure {
     }
 }
 
-fn settings(common: &Common) -> Result<Settings, Failure> {
+/// Reads the configuration, starts logging as it says, and logs its warnings.
+fn settings(common: &Common, api: Option<&ApiFlags>) -> Result<Settings, Failure> {
     let file = match &common.config {
         Some(path) => KubeProxyConfiguration::load(path).map_err(usage)?,
         None => KubeProxyConfiguration::default(),
     };
-    for field in file.ignored_fields() {
-        tracing::warn!(field, "configuration field is not used by nftproxy");
-    }
     let overrides = Overrides {
         hostname_override: common.hostname_override.clone(),
         proxy_mode: common.proxy_mode.clone(),
+        kubeconfig: api
+            .and_then(|a| a.kubeconfig.as_ref())
+            .map(|p| p.display().to_string()),
+        master: api.and_then(|a| a.master.clone()),
+        verbosity: common.verbosity,
+        log_format: common.log_format.clone(),
     };
-    Settings::resolve(&file, &overrides).map_err(usage)
+    let settings = Settings::resolve(&file, &overrides).map_err(usage)?;
+    init_logging(settings.logging.format, settings.logging.verbosity);
+    for w in &settings.warnings {
+        tracing::warn!(field = %w.field, "{}", w.message);
+    }
+    Ok(settings)
+}
+
+/// `run`'s API server flags.
+struct ApiFlags {
+    kubeconfig: Option<PathBuf>,
+    master: Option<String>,
 }
 
 fn load(path: &Path, settings: &mut Settings) -> Result<Cluster, Failure> {
@@ -169,33 +197,32 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
+/// The API client, and what to say when its server cannot be reached.
 fn kube_client(
     rt: &tokio::runtime::Runtime,
-    flag: Option<&Path>,
     settings: &Settings,
-) -> Result<kube::Client, Failure> {
-    let path = flag
-        .map(Path::to_path_buf)
-        .or_else(|| settings.kubeconfig.as_ref().map(PathBuf::from));
-    rt.block_on(async {
-        let config = match &path {
-            Some(p) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(p)
-                    .map_err(|e| usage(format!("{}: {e}", p.display())))?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                    .await
-                    .map_err(|e| usage(format!("{}: {e}", p.display())))?
-            }
-            // $KUBECONFIG, ~/.kube/config, or the in-cluster service account.
-            None => kube::Config::infer().await.map_err(|e| {
-                usage(format!(
-                    "no API server configured ({e}); use --kubeconfig, $KUBECONFIG, \
-                     clientConnection.kubeconfig, run in a cluster, or use --from-file"
-                ))
-            })?,
-        };
-        kube::Client::try_from(config).map_err(|e| runtime(format!("API client: {e}")))
-    })
+) -> Result<(kube::Client, watch::Diagnosis), Failure> {
+    let request = apiclient::Request {
+        flag_kubeconfig: None,
+        config_kubeconfig: settings.kubeconfig.as_ref().map(PathBuf::from),
+        master: settings.master.clone(),
+    };
+    let target = rt.block_on(apiclient::resolve(&request)).map_err(usage)?;
+    let kubernetes_ip = apiclient::kubernetes_service_ip(|k| std::env::var(k).ok());
+    if let Some(problem) =
+        apiclient::cluster_ip_problem(&target, kubernetes_ip, &Cluster::default())
+    {
+        tracing::warn!("{problem}; this works only while Service rules are in place (not on a new or rebooted node, nor after `nftproxy cleanup`)");
+    }
+    tracing::info!(server = %target.server(), origin = ?target.origin, "API server");
+    // The client's buffer task is spawned on the runtime.
+    let _runtime = rt.enter();
+    let client = kube::Client::try_from(target.config.clone())
+        .map_err(|e| runtime(format!("API client: {e}")))?;
+    let diagnosis = watch::Diagnosis::new(move |cluster| {
+        apiclient::cluster_ip_problem(&target, kubernetes_ip, cluster)
+    });
+    Ok((client, diagnosis))
 }
 
 /// Follows a YAML file: re-reads it into the tracker whenever its modification time changes.
@@ -313,10 +340,11 @@ fn monitor_canary(shared: Arc<Shared>, variant: iptables::Variant, period: Durat
 fn run(
     common: &Common,
     from_file: Option<&Path>,
-    kubeconfig: Option<&Path>,
+    api: &ApiFlags,
     once: bool,
 ) -> Result<(), Failure> {
-    let settings = settings(common)?;
+    let settings = settings(common, Some(api))?;
+    apply_oom_score_adj(settings.oom_score_adj);
     let (shared, rx) = Shared::new(Tracker::new(&settings.node_name, ""));
     let shared = Arc::new(shared);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -329,22 +357,27 @@ fn run(
             .with_tracker(|t| source::load_into(t, path))
             .map_err(usage)?,
         None => {
-            let client = kube_client(&rt, kubeconfig, &settings)?;
+            let (client, diagnosis) = kube_client(&rt, &settings)?;
             rt.spawn(watch::run(
                 client,
                 settings.node_name.clone(),
                 shared.clone(),
+                Arc::new(diagnosis),
             ));
         }
     }
+    // Files are complete as they are; from the API, the first sync waits for the Node.
+    let mut node_wait = NodeWait::new(
+        &settings.node_name,
+        from_file.is_none().then_some(NODE_WAIT),
+    );
     let mut syncer = Syncer::for_mode(settings.mode, &settings.iptables).map_err(runtime)?;
     // Switching modes: what the other backend programmed goes (kube-proxy does the same).
     syncer.remove_other_backend();
     if once {
-        while !shared.with_tracker(|t| t.ready()) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let cluster = shared.with_tracker(|t| t.cluster().clone());
+        let cluster = shared.wait_first_cluster(&mut node_wait, settings.bind_address, || {
+            syncer.programmed_node_port_ips()
+        });
         let mut config = settings.build.clone();
         config.local_addresses = addresses::local_addresses();
         syncer.sync(&cluster, &config, true).map_err(runtime)?;
@@ -372,7 +405,7 @@ fn run(
         let settings = settings.clone();
         std::thread::spawn(move || {
             let mut observer = telemetry;
-            syncloop::run(&shared, rx, &settings, &mut syncer, &mut observer)
+            syncloop::run(&shared, rx, &settings, &mut syncer, &mut observer, node_wait)
         });
     }
     rt.block_on(async {
@@ -397,7 +430,7 @@ fn print_out(text: &str) -> Result<(), Failure> {
 }
 
 fn render_cmd(common: &Common, from_file: &Path) -> Result<(), Failure> {
-    let mut settings = settings(common)?;
+    let mut settings = settings(common, None)?;
     let cluster = load(from_file, &mut settings)?;
     if settings.mode == ProxyMode::Iptables {
         // The input of a first (full) restore, per family.
@@ -429,7 +462,7 @@ fn trace_cmd(
     pkt: Packet,
     extra_local: &[IpAddr],
 ) -> Result<(), Failure> {
-    let settings = settings(common)?;
+    let settings = settings(common, None)?;
     if settings.mode == ProxyMode::Iptables {
         return Err(usage(
             "trace explains the nftables ruleset; it does not model iptables mode",
@@ -453,25 +486,62 @@ fn trace_cmd(
     print_out(&nftproxy::explain::explain(&pkt, &host, &result))
 }
 
+/// Starts logging to stderr, once: text or JSON lines, at klog-style verbosity (RUST_LOG, when
+/// set, wins).
+fn init_logging(format: LogFormat, verbosity: u32) {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        // kube's client logs every failed request itself; the watchers report failures once
+        // per outage instead (see watch.rs).
+        let default = match verbosity {
+            0..=1 => "info,kube_client=off",
+            2..=3 => "info,nftproxy=debug,kube_client=off",
+            _ => "debug,nftproxy=trace",
+        };
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+        let builder = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(filter);
+        match format {
+            LogFormat::Json => builder.json().flatten_event(true).init(),
+            LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        }
+    });
+}
+
+/// Lowers the chance the kernel's OOM killer picks the agent (kube-proxy's `oomScoreAdj`,
+/// -999 by default): a node without its Service proxy loses every Service.
+fn apply_oom_score_adj(value: i32) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
+        tracing::warn!(value, error = %e, "cannot set oomScoreAdj");
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                // kube's client logs every failed request itself; the watchers report failures
-                // once per outage instead (see watch.rs).
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client=off")),
-        )
-        .init();
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Cleanup { .. } | Command::Demo | Command::DemoEcho { .. }
+    ) {
+        init_logging(LogFormat::Text, 0);
+    }
     let result = match &cli.command {
         Command::Run {
             common,
             from_file,
             kubeconfig,
+            master,
             once,
-        } => run(common, from_file.as_deref(), kubeconfig.as_deref(), *once),
+        } => run(
+            common,
+            from_file.as_deref(),
+            &ApiFlags {
+                kubeconfig: kubeconfig.clone(),
+                master: master.clone(),
+            },
+            *once,
+        ),
         Command::Render { common, from_file } => render_cmd(common, from_file),
         Command::Trace {
             common,

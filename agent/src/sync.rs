@@ -159,6 +159,28 @@ impl Syncer {
         }
     }
 
+    /// The addresses the kernel's tables serve NodePorts on (nftables mode): what an earlier
+    /// run programmed from this node's Node object, for when that object cannot be had. Empty
+    /// in iptables mode, when there is no table, or when it cannot be read.
+    pub fn programmed_node_port_ips(&mut self) -> Vec<std::net::IpAddr> {
+        let Backend::Nftables { nft, .. } = &mut self.backend else {
+            return Vec::new();
+        };
+        let mut ips = Vec::new();
+        for family in Family::ALL {
+            let Ok(Some(table)) = nft.read_table(family) else {
+                continue;
+            };
+            if let Some(set) = table.sets.get(dataplane::build::NODEPORT_IPS) {
+                ips.extend(set.elements.keys().filter_map(|k| match k {
+                    dataplane::ruleset::Key::Addr(ip) => Some(*ip),
+                    _ => None,
+                }));
+            }
+        }
+        ips
+    }
+
     /// Syncs both families, considering every Service. `full` re-reads the kernel state first,
     /// which repairs any drift.
     pub fn sync(

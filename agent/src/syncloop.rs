@@ -3,6 +3,7 @@
 //! state periodically and whenever someone else touches nftproxy's tables.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -14,6 +15,7 @@ use dataplane::tracker::Tracker;
 
 use crate::config::Settings;
 use crate::http::health::{HealthState, node_eligible};
+use crate::node_wait::{Gate, NodeWait};
 use crate::sync::{Changed, FamilyReport, Syncer};
 
 /// How often a full sync (read back, repair drift) runs when nothing asks for one sooner. Like
@@ -37,6 +39,8 @@ pub struct Shared {
     wake: Sender<Wake>,
     /// Queued and completed updates, node eligibility (`/healthz`, `/livez`).
     health: Arc<HealthState>,
+    /// The first sync has started: from then on changes count as queued updates.
+    initialised: AtomicBool,
 }
 
 impl Shared {
@@ -47,6 +51,7 @@ impl Shared {
                 tracker: Mutex::new(tracker),
                 wake,
                 health: Arc::new(HealthState::new()),
+                initialised: AtomicBool::new(false),
             },
             rx,
         )
@@ -62,20 +67,23 @@ impl Shared {
         f(&mut self.lock())
     }
 
-    /// Tells the sync loop the tracker may hold changes. Changes that need a sync count as a
-    /// queued update for the health checks (kube-proxy's `QueuedUpdate`) and the metrics.
+    /// Tells the sync loop the tracker may hold changes. Once the proxy is initialised,
+    /// changes that need a sync count as a queued update for the health checks (kube-proxy's
+    /// `QueuedUpdate`) and the metrics. Before that they do not, as in kube-proxy, whose
+    /// handlers queue nothing until its proxier is initialised: a slow initial list must not
+    /// fail `/livez` and get the agent restarted, which would only start the list again.
     pub fn changed(&self) {
         let (pending, counts, eligible) = self.with_tracker(|t| {
             (
                 t.has_changes(),
                 t.change_counts(),
-                node_eligible(t.cluster().node.as_ref()),
+                node_eligible(t.node()),
             )
         });
         self.health.set_node_eligible(eligible);
         let m = metrics::metrics();
         m.set_changes(counts);
-        if pending {
+        if pending && self.initialised.load(Ordering::Relaxed) {
             for family in Family::ALL {
                 self.health.queued_update(family);
             }
@@ -91,6 +99,37 @@ impl Shared {
 
     pub fn wake(&self, why: Wake) {
         let _ = self.wake.send(why);
+    }
+
+    /// The first sync is starting: the proxy counts as initialised.
+    pub fn set_initialised(&self) {
+        self.initialised.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits (polling) until the first sync may start, then returns the cluster to program:
+    /// `run --once`'s single iteration.
+    pub fn wait_first_cluster(
+        &self,
+        node_wait: &mut NodeWait,
+        bind_address: std::net::IpAddr,
+        kernel_node_ips: impl FnOnce() -> Vec<std::net::IpAddr>,
+    ) -> Cluster {
+        loop {
+            let (gate, needs) = self.with_tracker(|t| {
+                let gate = node_wait.gate(t, Instant::now());
+                (gate, node_wait.needs_stand_in(t))
+            });
+            if gate == Gate::Open {
+                if needs {
+                    node_wait.stand_in(bind_address, kernel_node_ips);
+                }
+                self.set_initialised();
+                let mut cluster = self.with_tracker(|t| t.cluster().clone());
+                node_wait.complete(&mut cluster);
+                return cluster;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -116,13 +155,14 @@ impl Observer for () {
     fn synced(&mut self, _: &SyncRun<'_>) {}
 }
 
-/// Runs until every sender of `rx` is gone.
+/// Runs until every sender of `rx` is gone. The first sync waits as `node_wait` says.
 pub fn run(
     shared: &Shared,
     rx: Receiver<Wake>,
     settings: &Settings,
     syncer: &mut Syncer,
     observer: &mut dyn Observer,
+    mut node_wait: NodeWait,
 ) {
     let mut config = settings.build.clone();
     // The first sync reads the kernel back, adopting the rules a previous run left.
@@ -132,8 +172,12 @@ pub fn run(
     let mut next_full = Instant::now() + FULL_SYNC_PERIOD;
     let mut retry_at = Instant::now();
     let mut addresses_changed = false;
+    let mut gate_until: Option<Instant> = None;
     loop {
-        let deadline = if failed { retry_at } else { next_full };
+        let mut deadline = if failed { retry_at } else { next_full };
+        if let Some(t) = gate_until {
+            deadline = deadline.min(t);
+        }
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(Wake::Changed) => {}
             Ok(Wake::Drift) => need_full = true,
@@ -148,17 +192,30 @@ pub fn run(
             need_full |= w == Wake::Drift;
             addresses_changed |= w == Wake::Addresses;
         }
+        let (gate, needs_stand_in) = shared.with_tracker(|t| {
+            let gate = node_wait.gate(t, Instant::now());
+            (gate, node_wait.needs_stand_in(t))
+        });
+        gate_until = match gate {
+            Gate::Until(t) => Some(t),
+            _ => None,
+        };
+        if gate != Gate::Open {
+            continue;
+        }
+        if needs_stand_in {
+            node_wait.stand_in(settings.bind_address, || syncer.programmed_node_port_ips());
+        }
+        shared.set_initialised();
         let snapshot = shared.with_tracker(|t| {
-            if !t.ready() {
-                return None;
-            }
             let changes = t.take_changes();
             let worth_it = !changes.is_empty() || need_full || failed || addresses_changed;
             worth_it.then(|| (t.cluster().clone(), changes))
         });
-        let Some((cluster, changes)) = snapshot else {
+        let Some((mut cluster, changes)) = snapshot else {
             continue;
         };
+        node_wait.complete(&mut cluster);
         let trigger_times = changes.trigger_times;
         let full = need_full || failed;
         // Addresses are re-read when rtnetlink says they changed, and on full syncs (which

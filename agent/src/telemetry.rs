@@ -49,11 +49,12 @@ impl Telemetry {
                 ProxyMode::Nftables => "nftables",
                 ProxyMode::Iptables => "iptables",
             };
-            spawn_server(rt, addr, http::metrics::handler(mode), "metrics");
+            let handler = http::metrics::handler(mode);
+            spawn_server(rt, addr, handler, "metrics", settings.bind_address_hard_fail)?;
         }
         if let Some(addr) = healthz_addr {
             let handler = http::health::handler(shared.health().clone(), timeout);
-            spawn_server(rt, addr, handler, "healthz");
+            spawn_server(rt, addr, handler, "healthz", settings.bind_address_hard_fail)?;
         }
         // kube-proxy's SyncLoop start: the proxiers count as updated, a sync as queued.
         for family in Family::ALL {

@@ -2,9 +2,10 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use dataplane::convert::Skipped;
-use dataplane::model::ObjectName;
+use dataplane::model::{Cluster, ObjectName};
 use dataplane::tracker::{Kind, Tracker};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -23,35 +24,81 @@ use crate::syncloop::Shared;
 pub const SERVICE_SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 
+/// The reason the API server is out of reach, given the cluster known so far, if its address
+/// has a known problem.
+type Explain = Box<dyn Fn(&Cluster) -> Option<String> + Send + Sync>;
+
+/// Names what keeps the API server out of reach, when that is known, once per outage: in the
+/// log and in `/healthz`.
+pub struct Diagnosis {
+    explain: Explain,
+    reported: AtomicBool,
+}
+
+impl Diagnosis {
+    pub fn new(explain: impl Fn(&Cluster) -> Option<String> + Send + Sync + 'static) -> Diagnosis {
+        Diagnosis {
+            explain: Box::new(explain),
+            reported: AtomicBool::new(false),
+        }
+    }
+
+    fn failed(&self, shared: &Shared, error: &watcher::Error) {
+        // A server that answers, even with an error, is reachable.
+        let unreachable = match error {
+            watcher::Error::InitialListFailed(e)
+            | watcher::Error::WatchStartFailed(e)
+            | watcher::Error::WatchFailed(e) => !matches!(e, kube::Error::Api(_)),
+            watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => false,
+        };
+        if !unreachable {
+            return;
+        }
+        let Some(problem) = shared.with_tracker(|t| (self.explain)(t.cluster())) else {
+            return;
+        };
+        if !self.reported.swap(true, Ordering::Relaxed) {
+            tracing::error!(error = %error, "cannot reach the API server: {problem}");
+        }
+        shared.health().set_api_problem(Some(problem));
+    }
+
+    fn recovered(&self, shared: &Shared) {
+        if self.reported.swap(false, Ordering::Relaxed) {
+            shared.health().set_api_problem(None);
+        }
+    }
+}
+
 /// Runs all watchers until the process ends. Each retries with backoff on its own; a
 /// cluster that does not serve ServiceCIDRs is tolerated.
-pub async fn run(client: Client, node_name: String, shared: Arc<Shared>) {
+pub async fn run(client: Client, node_name: String, shared: Arc<Shared>, diagnosis: Arc<Diagnosis>) {
     let services = watch(
         Api::<Service>::all(client.clone()),
         watcher::Config::default().labels(SERVICE_SELECTOR),
         Kind::Service,
-        shared.clone(),
+        (shared.clone(), diagnosis.clone()),
         |t, o| t.apply_service(o),
     );
     let slices = watch(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(SERVICE_SELECTOR),
         Kind::EndpointSlice,
-        shared.clone(),
+        (shared.clone(), diagnosis.clone()),
         |t, o| t.apply_slice(o),
     );
     let node = watch(
         Api::<Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
         Kind::Node,
-        shared.clone(),
+        (shared.clone(), diagnosis.clone()),
         |t, o| t.apply_node(o),
     );
     let cidrs = watch(
         Api::<ServiceCIDR>::all(client),
         watcher::Config::default(),
         Kind::ServiceCidr,
-        shared,
+        (shared, diagnosis),
         |t, o| t.apply_service_cidr(o),
     );
     futures::join!(services, slices, node, cidrs);
@@ -76,7 +123,7 @@ async fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: Kind,
-    shared: Arc<Shared>,
+    (shared, diagnosis): (Arc<Shared>, Arc<Diagnosis>),
     apply: fn(&mut Tracker, &K) -> Option<Skipped>,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
@@ -91,6 +138,7 @@ async fn watch<K>(
                     tracing::info!(kind = kind.name(), "watch recovered");
                     failing = false;
                 }
+                diagnosis.recovered(&shared);
                 e
             }
             Err(e) if kind == Kind::ServiceCidr && is_not_found(&e) => {
@@ -109,6 +157,7 @@ async fn watch<K>(
                     tracing::warn!(kind = kind.name(), error = %e, "watch failed; retrying with backoff");
                     failing = true;
                 }
+                diagnosis.failed(&shared, &e);
                 continue;
             }
         };

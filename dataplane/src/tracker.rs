@@ -86,6 +86,10 @@ pub struct Tracker {
     node_name: String,
     proxy_name: String,
     cluster: Cluster,
+    /// Whether this node's Node object exists now. `cluster.node` keeps the last one seen
+    /// after it is deleted (kube-proxy resolves the node's IPs once and keeps them): only the
+    /// node's eligibility for load-balancer traffic follows the deletion.
+    node_present: bool,
     node_names: NodeNames,
     changes: Changes,
     /// Kinds whose initial list is complete.
@@ -103,6 +107,7 @@ impl Tracker {
             node_name: node_name.to_string(),
             proxy_name: proxy_name.to_string(),
             cluster: Cluster::default(),
+            node_present: false,
             node_names: NodeNames::default(),
             changes: Changes::default(),
             listed: BTreeSet::new(),
@@ -119,6 +124,18 @@ impl Tracker {
     /// Services and EndpointSlices have both been listed completely once: syncing may start.
     pub fn ready(&self) -> bool {
         self.listed.contains(&Kind::Service) && self.listed.contains(&Kind::EndpointSlice)
+    }
+
+    /// This node's Node object has been seen (it may have been deleted since: the model keeps
+    /// its addresses and labels).
+    pub fn node_known(&self) -> bool {
+        self.cluster.node.is_some()
+    }
+
+    /// This node's Node object as it exists now: `None` before it is seen and after it is
+    /// deleted.
+    pub fn node(&self) -> Option<&crate::model::Node> {
+        self.cluster.node.as_ref().filter(|_| self.node_present)
     }
 
     pub fn has_changes(&self) -> bool {
@@ -295,11 +312,13 @@ impl Tracker {
             return None;
         }
         self.seen(Kind::Node, &name);
+        self.node_present = true;
+        // An invalid update keeps the last valid addresses and labels.
         let (new, skip) = match convert::node(node) {
             Ok(n) => (Some(n), None),
             Err(e) => (None, Some(e)),
         };
-        if self.cluster.node != new {
+        if new.is_some() && self.cluster.node != new {
             self.cluster.node = new;
             self.changes.all = true;
         }
@@ -344,15 +363,11 @@ impl Tracker {
                     self.changes.services.insert(s.service.clone());
                 }
             }
+            // The rules keep the last known addresses and labels: a deleted or re-registered
+            // Node must not empty the NodePort addresses.
             Kind::Node => {
-                if self
-                    .cluster
-                    .node
-                    .as_ref()
-                    .is_some_and(|n| *n.name == *name.name)
-                {
-                    self.cluster.node = None;
-                    self.changes.all = true;
+                if *name.name == *self.node_name {
+                    self.node_present = false;
                 }
             }
             Kind::ServiceCidr => {
@@ -425,6 +440,53 @@ mod tests {
             t.take_changes().services,
             [ObjectName::new("ns", "a")].into()
         );
+    }
+
+    fn node(name: &str, ip: &str) -> core::Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": "z1"}},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_deleted_node_keeps_its_addresses_and_labels() {
+        let mut t = Tracker::new("node", "");
+        assert!(!t.node_known() && t.node().is_none());
+        t.apply_node(&node("other", "192.0.2.9"));
+        assert!(!t.node_known(), "another node's object is ignored");
+        t.apply_node(&node("node", "192.0.2.1"));
+        assert!(t.node_known() && t.node().is_some());
+        assert!(t.take_changes().all);
+        t.delete(Kind::Node, &ObjectName::new("", "node"));
+        assert!(t.node().is_none(), "not eligible once deleted");
+        assert!(t.node_known());
+        let kept = t.cluster().node.as_ref().unwrap();
+        assert_eq!(kept.addresses, ["192.0.2.1".parse::<std::net::IpAddr>().unwrap()]);
+        assert_eq!(kept.zone(), Some("z1"));
+        assert!(!t.has_changes(), "nothing to re-program");
+        // A relist without the Node (a failed or filtered watch) is the same as a deletion.
+        t.apply_node(&node("node", "192.0.2.1"));
+        t.begin_list(Kind::Node);
+        t.end_list(Kind::Node);
+        assert!(t.node().is_none() && t.node_known());
+        // Re-registered with a new address: that is used.
+        t.apply_node(&node("node", "192.0.2.2"));
+        assert!(t.take_changes().all);
+        assert_eq!(t.node().unwrap().addresses.len(), 1);
+        assert_eq!(t.cluster().node.as_ref().unwrap().addresses[0].to_string(), "192.0.2.2");
+    }
+
+    #[test]
+    fn an_invalid_node_update_keeps_the_last_valid_one() {
+        let mut t = Tracker::new("node", "");
+        t.apply_node(&node("node", "192.0.2.1"));
+        let mut bad = node("node", "192.0.2.1");
+        bad.spec = Some(serde_json::from_value(serde_json::json!({"podCIDRs": ["nonsense"]})).unwrap());
+        assert!(t.apply_node(&bad).is_some(), "reported as invalid");
+        assert_eq!(t.cluster().node.as_ref().unwrap().addresses.len(), 1);
+        assert!(t.node().is_some());
     }
 
     #[test]

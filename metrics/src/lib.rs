@@ -3,12 +3,15 @@
 //! kube-proxy's metrics keep kube-proxy's names, types, help texts (with component-base's
 //! `[ALPHA] ` stability prefix), label sets and buckets as kube-proxy's nftables mode registers
 //! them, so dashboards and alerts written for kube-proxy work unchanged. nftproxy's own metrics
-//! are under `nftproxy_`.
+//! are under `nftproxy_`. Like a Go component, the agent also exports client_golang's
+//! `process_*` metrics ([`process`]) and client-go's `rest_client_*` metrics for its Kubernetes
+//! client, so kube-prometheus's kube-proxy dashboard and alerts work unchanged.
 //!
 //! One process-wide registry ([`metrics`]), like Go's `legacyregistry`: any part of the agent
 //! records through it, and [`encode`] writes the exposition (text format 0.0.4, byte for byte in
 //! client_golang's form, see [`text`]).
 
+pub mod process;
 pub mod text;
 
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -26,6 +29,18 @@ pub use text::CONTENT_TYPE;
 pub fn sync_buckets() -> Vec<f64> {
     exponential(0.001, 2.0, 15)
 }
+
+/// client-go's `rest_client_request_duration_seconds` buckets (component-base's
+/// `restclient` metrics): 5 ms to 60 s.
+pub fn rest_client_buckets() -> Vec<f64> {
+    vec![
+        0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+    ]
+}
+
+/// The `code` of `rest_client_requests_total` for a request that failed without a response
+/// (client-go's label for every transport error).
+pub const REST_CLIENT_ERROR_CODE: &str = "<error>";
 
 /// kube-proxy's `network_programming_duration_seconds` buckets: 0.25 s, 0.5 s, 1..59 s by 1,
 /// 60..115 s by 5, 120..300 s by 30 (80 buckets).
@@ -115,6 +130,9 @@ pub struct Metrics {
     owned_objects: GaugeVec,
     drift_repairs: CounterVec,
     build_info: GaugeVec,
+    // client-go's request metrics for the agent's Kubernetes client.
+    rest_client_requests: CounterVec,
+    rest_client_duration: HistogramVec,
     /// Serialises [`Metrics::set_changes`] (read-then-add on the change counters).
     changes: Mutex<()>,
 }
@@ -371,9 +389,25 @@ impl Metrics {
                 "A metric with a constant '1' value labeled by the nftproxy version",
                 &["version"],
             ),
+            rest_client_requests: counter_vec(
+                &r,
+                "rest_client_requests_total",
+                &alpha("Number of HTTP requests, partitioned by status code, method, and host."),
+                &["code", "method", "host"],
+            ),
+            rest_client_duration: histogram(
+                &r,
+                "rest_client_request_duration_seconds",
+                &alpha("Request latency in seconds. Broken down by verb, and host."),
+                rest_client_buckets(),
+                &["verb", "host"],
+            ),
             registry: r,
             changes: Mutex::new(()),
         };
+        m.registry
+            .register(Box::new(process::ProcessCollector::new()))
+            .expect("process metrics registered once");
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1.0);
@@ -383,7 +417,8 @@ impl Metrics {
     /// The names of every metric family this set defines, whether or not it has samples yet
     /// (for checking dashboards and alerts against what the agent exports).
     pub fn family_names(&self) -> Vec<String> {
-        let collectors: [&dyn prometheus::core::Collector; 27] = [
+        let process = process::ProcessCollector::new();
+        let collectors: [&dyn prometheus::core::Collector; 30] = [
             &self.sync_duration,
             &self.sync_full_duration,
             &self.sync_partial_duration,
@@ -411,6 +446,9 @@ impl Metrics {
             &self.owned_objects,
             &self.drift_repairs,
             &self.build_info,
+            &self.rest_client_requests,
+            &self.rest_client_duration,
+            &process,
         ];
         let mut names: Vec<String> = collectors
             .iter()
@@ -587,6 +625,23 @@ impl Metrics {
             .with_label_values(&[family.k8s_name()])
             .inc();
     }
+
+    /// One request of the Kubernetes client got its final answer: `code` is the HTTP status
+    /// (`"200"`) or [`REST_CLIENT_ERROR_CODE`] when it failed without a response; `method` the
+    /// HTTP method (`"GET"`); `host` the API server's `host:port` as in the client's URL.
+    pub fn rest_client_request(&self, code: &str, method: &str, host: &str) {
+        self.rest_client_requests
+            .with_label_values(&[code, method, host])
+            .inc();
+    }
+
+    /// One request of the Kubernetes client took `elapsed` (client-go observes every request
+    /// but watches and streams, from the call to the end of the response body).
+    pub fn observe_rest_client_duration(&self, verb: &str, host: &str, elapsed: Duration) {
+        self.rest_client_duration
+            .with_label_values(&[verb, host])
+            .observe(elapsed.as_secs_f64());
+    }
 }
 
 impl Default for Metrics {
@@ -616,6 +671,20 @@ pub fn observe_conntrack(family: Family, elapsed: Duration, deleted: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rest_client_buckets_are_client_gos() {
+        let shown: Vec<String> = rest_client_buckets()
+            .into_iter()
+            .map(text::go_float)
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "0.005", "0.025", "0.1", "0.25", "0.5", "1", "2", "4", "8", "15", "30", "60"
+            ]
+        );
+    }
 
     #[test]
     fn buckets_are_kube_proxys() {
@@ -702,6 +771,94 @@ kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"
         let mut sorted = names.clone();
         sorted.sort();
         assert_eq!(names, sorted);
+    }
+
+    #[test]
+    fn rest_client_metrics_have_client_gos_form() {
+        let m = Metrics::new();
+        let host = "192.168.0.10:6443";
+        m.rest_client_request("200", "GET", host);
+        m.rest_client_request("200", "GET", host);
+        m.rest_client_request(REST_CLIENT_ERROR_CODE, "GET", host);
+        m.observe_rest_client_duration("GET", host, Duration::from_millis(30));
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "# HELP rest_client_requests_total [ALPHA] Number of HTTP requests, partitioned by status code, method, and host.\n\
+                 # TYPE rest_client_requests_total counter\n\
+                 rest_client_requests_total{code=\"200\",host=\"192.168.0.10:6443\",method=\"GET\"} 2\n\
+                 rest_client_requests_total{code=\"<error>\",host=\"192.168.0.10:6443\",method=\"GET\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "# HELP rest_client_request_duration_seconds [ALPHA] Request latency in seconds. Broken down by verb, and host.\n\
+             # TYPE rest_client_request_duration_seconds histogram\n\
+             rest_client_request_duration_seconds_bucket{host=\"192.168.0.10:6443\",verb=\"GET\",le=\"0.005\"} 0\n\
+             rest_client_request_duration_seconds_bucket{host=\"192.168.0.10:6443\",verb=\"GET\",le=\"0.025\"} 0\n\
+             rest_client_request_duration_seconds_bucket{host=\"192.168.0.10:6443\",verb=\"GET\",le=\"0.1\"} 1\n"
+        ));
+        assert!(text.contains(
+            "rest_client_request_duration_seconds_bucket{host=\"192.168.0.10:6443\",verb=\"GET\",le=\"60\"} 1\n\
+             rest_client_request_duration_seconds_bucket{host=\"192.168.0.10:6443\",verb=\"GET\",le=\"+Inf\"} 1\n"
+        ));
+    }
+
+    #[test]
+    fn process_metrics_have_client_golangs_form() {
+        let m = Metrics::new();
+        let text = m.encode();
+        for (name, help, kind) in [
+            (
+                "process_cpu_seconds_total",
+                "Total user and system CPU time spent in seconds.",
+                "counter",
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors.",
+                "gauge",
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                "gauge",
+            ),
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                "gauge",
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes.",
+                "gauge",
+            ),
+            (
+                "process_virtual_memory_max_bytes",
+                "Maximum amount of virtual memory available in bytes.",
+                "gauge",
+            ),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.",
+                "gauge",
+            ),
+        ] {
+            let want = format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} ");
+            assert!(text.contains(&want), "{want}\n{text}");
+        }
+        // No stability prefix: client_golang's collector is registered raw, as in kube-proxy.
+        assert!(!text.contains("[ALPHA] Resident"));
+        let names = m.family_names();
+        for name in [
+            "process_cpu_seconds_total",
+            "process_network_receive_bytes_total",
+            "rest_client_requests_total",
+            "rest_client_request_duration_seconds",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name}: {names:?}");
+        }
     }
 
     #[test]

@@ -32,6 +32,7 @@
 
 pub mod cluster;
 pub mod lab;
+pub mod pod;
 pub mod probe;
 pub mod sctp;
 pub mod sock;

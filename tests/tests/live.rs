@@ -50,6 +50,9 @@ fn topology() -> Topology {
         lab.echo(&pod, &[80, 8080]).unwrap();
     }
     let api = ApiServer::start_in(&node).unwrap();
+    // As in every cluster, this node's Node object exists (the first sync waits for it).
+    api.apply(nftproxy_tests::cluster::node("test-node", &["192.168.0.2"], &[]))
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, CONFIG).unwrap();

@@ -27,6 +27,8 @@ struct Inner {
     /// When the oldest update not yet synced was queued.
     oldest_pending: BTreeMap<Family, Instant>,
     node_eligible: bool,
+    /// Why the API server cannot be reached, when the reason is known and has a fix.
+    api_problem: Option<String>,
 }
 
 /// The proxy's health, shared by the sources (queued updates), the sync loop (updates) and the
@@ -91,6 +93,15 @@ impl HealthState {
         self.lock().node_eligible
     }
 
+    /// Sets (or clears) the reason the API server cannot be reached, shown by `/healthz`.
+    pub fn set_api_problem(&self, problem: Option<String>) {
+        self.lock().api_problem = problem;
+    }
+
+    pub fn api_problem(&self) -> Option<String> {
+        self.lock().api_problem.clone()
+    }
+
     /// kube-proxy's `Health()`.
     pub fn health(&self, timeout: Duration) -> ProxyHealth {
         let inner = self.lock();
@@ -124,8 +135,9 @@ fn time(t: Option<SystemTime>) -> String {
 }
 
 /// The JSON kube-proxy writes (`json.Marshal(ProxyHealth)`): keys in struct order, `status`
-/// keyed by family name and left out when empty.
-pub fn health_json(h: &ProxyHealth, node_eligible: Option<bool>) -> String {
+/// keyed by family name and left out when empty. `apiServer` is nftproxy's own: why the API
+/// server cannot be reached, when that is known (left out otherwise).
+pub fn health_json(h: &ProxyHealth, node_eligible: Option<bool>, api_problem: Option<&str>) -> String {
     let mut out = format!(
         "{{\"lastUpdated\":\"{}\",\"currentTime\":\"{}\"",
         time(h.last_updated),
@@ -150,6 +162,10 @@ pub fn health_json(h: &ProxyHealth, node_eligible: Option<bool>) -> String {
             .collect();
         out.push_str(&format!(",\"status\":{{{}}}", parts.join(",")));
     }
+    if let Some(problem) = api_problem {
+        out.push_str(",\"apiServer\":");
+        out.push_str(&serde_json::Value::from(problem).to_string());
+    }
     out.push('}');
     out
 }
@@ -170,7 +186,10 @@ pub fn handler(state: Arc<HealthState>, timeout: Duration) -> Handler {
 pub fn answer(state: &HealthState, timeout: Duration, healthz: bool) -> Response<Full<Bytes>> {
     let mut h = state.health(timeout);
     let eligible = healthz.then(|| state.node_eligible());
-    let ok = h.healthy && eligible.unwrap_or(true);
+    // An unreachable API server is reported by /healthz (readiness), not /livez: restarting
+    // the agent does not fix its address.
+    let api_problem = healthz.then(|| state.api_problem()).flatten();
+    let ok = h.healthy && eligible.unwrap_or(true) && api_problem.is_none();
     let m = metrics::metrics();
     let code = if ok { 200 } else { 503 };
     if healthz {
@@ -193,7 +212,7 @@ pub fn answer(state: &HealthState, timeout: Duration, healthz: bool) -> Response
             ("Content-Type", "application/json".into()),
             ("X-Content-Type-Options", "nosniff".into()),
         ],
-        health_json(&h, eligible),
+        health_json(&h, eligible, api_problem.as_deref()),
     )
 }
 
@@ -244,7 +263,7 @@ mod tests {
         };
         let ts = "2025-12-02T15:53:26.000005Z";
         assert_eq!(
-            health_json(&h, Some(true)),
+            health_json(&h, Some(true), None),
             format!(
                 "{{\"lastUpdated\":\"{ts}\",\"currentTime\":\"{ts}\",\"nodeEligible\":true,\
                  \"healthy\":false,\"status\":{{\"IPv4\":{{\"lastUpdated\":\"{ts}\",\"healthy\":false}},\
@@ -258,11 +277,33 @@ mod tests {
             status: vec![],
         };
         assert_eq!(
-            health_json(&empty, None),
+            health_json(&empty, None, None),
             format!(
                 "{{\"lastUpdated\":\"0001-01-01T00:00:00Z\",\"currentTime\":\"{ts}\",\"healthy\":true}}"
             )
         );
+    }
+
+    #[test]
+    fn an_api_problem_fails_healthz_with_its_reason() {
+        let t = SystemTime::UNIX_EPOCH;
+        let h = ProxyHealth {
+            last_updated: None,
+            current_time: t,
+            healthy: true,
+            status: vec![],
+        };
+        let json = health_json(&h, Some(false), Some("the \"address\" is a ClusterIP"));
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["apiServer"], "the \"address\" is a ClusterIP");
+        let s = HealthState::new();
+        s.set_node_eligible(true);
+        assert_eq!(answer(&s, Duration::from_secs(1), true).status(), 200);
+        s.set_api_problem(Some("unreachable".into()));
+        assert_eq!(answer(&s, Duration::from_secs(1), true).status(), 503);
+        assert_eq!(answer(&s, Duration::from_secs(1), false).status(), 200, "/livez stays up");
+        s.set_api_problem(None);
+        assert_eq!(answer(&s, Duration::from_secs(1), true).status(), 200);
     }
 
     #[test]

@@ -173,21 +173,42 @@ pub fn listen(addr: SocketAddr, v6only: bool) -> std::io::Result<std::net::TcpLi
     Ok(socket.into())
 }
 
-/// Binds `addr` and serves it on `rt`, retrying every 5 s while the address cannot be bound
-/// (like kube-proxy's servers, which log and retry).
+/// Binds `addr` the way Go's `net.Listen("tcp", addr)` does: the IPv4 wildcard `0.0.0.0` opens
+/// a dual-stack socket (`[::]` with `IPV6_V6ONLY` off) where the host has IPv6, so kube-proxy's
+/// default `0.0.0.0:10256` also answers on the node's IPv6 addresses; an IPv6 wildcard serves
+/// IPv4 too. Other addresses are bound as they are.
+pub fn listen_like_go(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    if addr.ip() == IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED) {
+        let dual = SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), addr.port());
+        if let Ok(l) = listen(dual, false) {
+            return Ok(l);
+        }
+    }
+    listen(addr, false)
+}
+
+/// Binds `addr` and serves it on `rt`. When the address cannot be bound, kube-proxy's servers
+/// log and retry every 5 s, unless `bindAddressHardFail` asks them to give up: then the error
+/// is returned and the caller exits.
 pub fn spawn_server(
     rt: &tokio::runtime::Handle,
     addr: SocketAddr,
     handler: Handler,
     what: &'static str,
-) {
+    hard_fail: bool,
+) -> Result<(), String> {
+    let first = listen_like_go(addr);
+    if hard_fail && let Err(e) = &first {
+        return Err(format!("{what} server: cannot listen on {addr}: {e}"));
+    }
     rt.spawn(async move {
+        let mut attempt = first;
         let mut logged = false;
         loop {
-            // A wildcard IPv6 address serves IPv4 too, like Go's listeners.
-            match listen(addr, false).and_then(TcpListener::from_std) {
+            match attempt.and_then(TcpListener::from_std) {
                 Ok(l) => {
-                    tracing::info!(server = what, %addr, "serving");
+                    let local = l.local_addr().unwrap_or(addr);
+                    tracing::info!(server = what, addr = %local, "serving");
                     serve(l, handler, Limits::default(), what).await;
                     return;
                 }
@@ -199,8 +220,10 @@ pub fn spawn_server(
                     tokio::time::sleep(Duration::from_secs(5)).await;
                 }
             }
+            attempt = listen_like_go(addr);
         }
     });
+    Ok(())
 }
 
 /// Raises the soft open-files limit to the hard limit (as Go programs do at startup): every

@@ -32,11 +32,31 @@ pub async fn handle(
         .to_string();
     let entry = shared.log_request(req.method().as_str(), &uri);
     let _ = shared.stall.subscribe().wait_for(|stalled| !stalled).await;
-    let resp = route(&shared, req)
-        .await
-        .unwrap_or_else(|e| json_response(e.code, &e.status()));
+    let resp = match authenticate(&shared, &req) {
+        Ok(()) => route(&shared, req).await,
+        Err(e) => Err(e),
+    };
+    let resp = resp.unwrap_or_else(|e| json_response(e.code, &e.status()));
     shared.log_status(entry, resp.status().as_u16());
     Ok(resp)
+}
+
+/// Checks the bearer token, when one is required.
+fn authenticate(shared: &Shared, req: &Request<Incoming>) -> Result<(), ApiError> {
+    let Some(want) = &shared.required_token else {
+        return Ok(());
+    };
+    let got = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if got == Some(want.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::new(401, "Unauthorized", "Unauthorized"))
+    }
 }
 
 async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
@@ -85,10 +105,19 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         .find(|k| served(k) && k.plural == plural && (ns.is_none() || k.namespaced))
         .filter(|k| name.is_none() || ns.is_some() || !k.namespaced)
         .ok_or_else(|| not_found(&path))?;
+    if let Some(code) = shared.failure(kind.plural) {
+        return Err(injected(code, kind, req.method(), name, &query));
+    }
     let ns = ns.map(str::to_string);
     match (req.method().clone(), name) {
         (Method::GET, None) if is_true(query.get("watch")) => watch(shared, kind, ns, &query),
-        (Method::GET, None) => list(shared, kind, ns, &query),
+        (Method::GET, None) => {
+            let delay = shared.list_delay();
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            list(shared, kind, ns, &query)
+        }
         (Method::GET, Some(name)) => {
             let store = shared.store();
             let obj = store.get(kind, ns.as_deref().unwrap_or(""), name);
@@ -416,10 +445,63 @@ fn resource_list(group: &str, version: &str, served: impl Fn(&&Kind) -> bool) ->
 fn json_response(code: u16, body: &Value) -> Response<Body> {
     let bytes = Bytes::from(serde_json::to_vec(body).unwrap());
     let mut resp = Response::new(BodyExt::boxed_unsync(Full::new(bytes)));
-    *resp.status_mut() = hyper::StatusCode::from_u16(code).unwrap();
+    *resp.status_mut() =
+        hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut()
         .insert("content-type", "application/json".parse().unwrap());
     resp
+}
+
+/// The error [`super::ApiServer::set_fail`] injects, worded like the apiserver's.
+fn injected(
+    code: u16,
+    kind: &Kind,
+    method: &Method,
+    name: Option<&str>,
+    q: &HashMap<String, String>,
+) -> ApiError {
+    let verb = match (method.as_str(), name) {
+        ("GET", None) if is_true(q.get("watch")) => "watch",
+        ("GET", None) => "list",
+        ("GET", Some(_)) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("DELETE", _) => "delete",
+        (other, _) => other,
+    };
+    let resource = match kind.group {
+        "" => kind.plural.to_string(),
+        group => format!("{}.{group}", kind.plural),
+    };
+    let message = match code {
+        403 => format!(
+            "{resource} is forbidden: User \"system:serviceaccount:kube-system:kube-proxy\" \
+             cannot {verb} resource \"{}\" in API group \"{}\" at the cluster scope",
+            kind.plural, kind.group
+        ),
+        500 => format!("Internal error occurred: injected failure for {verb} {resource}"),
+        _ => format!("injected {code} for {verb} {resource}"),
+    };
+    ApiError::new(code, reason_for(code), message)
+}
+
+/// The `Status` reason the apiserver gives with an HTTP status ("" when it has none).
+fn reason_for(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        409 => "Conflict",
+        410 => "Expired",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "",
+    }
 }
 
 fn not_found(path: &str) -> ApiError {

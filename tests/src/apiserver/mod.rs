@@ -1,6 +1,6 @@
 //! An in-memory Kubernetes API server for end-to-end tests, speaking real list/watch (with
-//! resourceVersions, `limit`/`continue` pages, selectors, bookmarks and `410 Gone`) over
-//! plain HTTP to the real kube-rs client, with switches for faults.
+//! resourceVersions, `limit`/`continue` pages, selectors, bookmarks and `410 Gone`) to the
+//! real kube-rs client, with switches for faults.
 //!
 //! It serves v1 Services and Nodes, discovery.k8s.io/v1 EndpointSlices and
 //! networking.k8s.io/v1 ServiceCIDRs, stored as JSON. [`ApiServer::start_in`] runs it on a
@@ -23,13 +23,44 @@
 //! api.drop_connections();
 //! # Ok(()) }
 //! ```
+//!
+//! [`ApiServer::builder`] makes it look like a real cluster's instead:
+//! - `.tls(true)`: HTTPS (HTTP/1.1) with a CA and a serving certificate made at start, and
+//!   a required bearer token (requests without it get a 401 `Status`). Its temp dir holds
+//!   a ServiceAccount dir ([`ApiServer::service_account_dir`]: `token`, `ca.crt`,
+//!   `namespace`) and a kubeadm-style kubeconfig reading those files;
+//!   [`ApiServer::write_kubeconfig`] writes one for other paths, e.g. under
+//!   [`SERVICE_ACCOUNT_DIR`] where a test mounts them.
+//! - `.netns(name)`, `.bind(ip)`, `.port(6443)`: listen on a chosen IPv4 or IPv6 address
+//!   and port in a (control-plane) namespace, reached over a veth or a ClusterIP DNAT
+//!   (`.san(ip)` adds that ClusterIP to the certificate).
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use nftproxy_tests::{ApiServer, Lab, ip};
+//! let lab = Lab::new()?;
+//! let node = lab.node("node")?;
+//! let cp = lab.external(&node, "cp", &[ip("192.0.2.1")], &[ip("192.0.2.254")])?;
+//! let api = ApiServer::builder()
+//!     .netns(cp.name())
+//!     .bind(ip("192.0.2.1"))
+//!     .port(6443)
+//!     .tls(true)
+//!     .san(ip("10.96.0.1"))
+//!     .start()?;
+//! assert_eq!(api.url(), "https://192.0.2.1:6443");
+//! api.set_list_delay(std::time::Duration::from_secs(2)); // slow LISTs
+//! api.set_fail("nodes", Some(500)); // every nodes request fails
+//! # Ok(()) }
+//! ```
 
 mod http;
 pub mod selector;
 pub mod store;
+mod tls;
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -39,11 +70,21 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 
 use crate::lab::Ns;
 use store::{ApiError, Store, kind_named};
+pub use tls::kubeadm_kubeconfig;
+
+/// Where a pod sees its ServiceAccount's `token`, `ca.crt` and `namespace`.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The namespace written to the ServiceAccount dir's `namespace` file (kube-proxy's).
+pub const SERVICE_ACCOUNT_NAMESPACE: &str = "kube-system";
+/// The token of a server that does not make its own ([`ApiServerBuilder::tls`] off).
+const PLAIN_TOKEN: &str = "nftproxy-test-token";
 
 /// One request the server received.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +95,8 @@ pub struct RequestLog {
     pub at: Instant,
     /// The response status, once answered (a stalled request has none).
     pub status: Option<u16>,
+    /// When the response (for a watch: its head) was sent.
+    pub answered: Option<Instant>,
 }
 
 impl RequestLog {
@@ -88,6 +131,13 @@ pub(crate) struct Shared {
     bookmark_ms: AtomicU64,
     active_watches: AtomicUsize,
     requests: Mutex<Vec<RequestLog>>,
+    /// TLS on every connection, when on.
+    tls: Option<TlsAcceptor>,
+    /// Requests without `Authorization: Bearer <this>` get 401, when set.
+    required_token: Option<String>,
+    list_delay_ms: AtomicU64,
+    /// Injected failures: resource plural → HTTP status.
+    fail: Mutex<HashMap<&'static str, u16>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -124,6 +174,7 @@ impl Shared {
             uri: uri.to_string(),
             at: Instant::now(),
             status: None,
+            answered: None,
         });
         log.len() - 1
     }
@@ -131,7 +182,17 @@ impl Shared {
     fn log_status(&self, entry: usize, status: u16) {
         if let Some(e) = lock(&self.requests).get_mut(entry) {
             e.status = Some(status);
+            e.answered = Some(Instant::now());
         }
+    }
+
+    fn list_delay(&self) -> Duration {
+        Duration::from_millis(self.list_delay_ms.load(Ordering::Relaxed))
+    }
+
+    /// The injected status for requests on `plural`, if any.
+    fn failure(&self, plural: &str) -> Option<u16> {
+        lock(&self.fail).get(plural).copied()
     }
 
     fn set_listening(&self, on: bool) {
@@ -140,11 +201,73 @@ impl Shared {
     }
 }
 
+/// How to start an [`ApiServer`], from [`ApiServer::builder`]. The defaults are those of
+/// [`ApiServer::start`]: plain HTTP on `127.0.0.1:<free port>` in the calling thread's
+/// namespace, no token required.
+#[derive(Debug, Clone)]
+pub struct ApiServerBuilder {
+    netns: Option<String>,
+    ip: IpAddr,
+    port: u16,
+    tls: bool,
+    require_token: Option<bool>,
+    extra_sans: Vec<IpAddr>,
+}
+
+impl ApiServerBuilder {
+    /// Runs the server inside the network namespace `/run/netns/<name>` (e.g. `ns.name()`).
+    pub fn netns(mut self, name: &str) -> Self {
+        self.netns = Some(name.to_string());
+        self
+    }
+
+    /// Listens on this address (IPv4 or IPv6; it must exist in the namespace), not
+    /// 127.0.0.1.
+    pub fn bind(mut self, ip: IpAddr) -> Self {
+        self.ip = ip;
+        self
+    }
+
+    /// Listens on this port (e.g. 6443), not a free one.
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// HTTPS with a CA made at start, and (unless [`ApiServerBuilder::require_token`] says
+    /// otherwise) a required bearer token, like a real cluster.
+    pub fn tls(mut self, on: bool) -> Self {
+        self.tls = on;
+        self
+    }
+
+    /// Whether requests need `Authorization: Bearer <token>` (default: with TLS).
+    pub fn require_token(mut self, on: bool) -> Self {
+        self.require_token = Some(on);
+        self
+    }
+
+    /// One more IP address for the certificate (e.g. the `kubernetes` Service's ClusterIP,
+    /// 10.96.0.1). It always covers the bind address, 127.0.0.1, ::1, `localhost` and the
+    /// `kubernetes.default.svc` names.
+    pub fn san(mut self, ip: IpAddr) -> Self {
+        self.extra_sans.push(ip);
+        self
+    }
+
+    pub fn start(self) -> Result<ApiServer> {
+        ApiServer::spawn(self)
+    }
+}
+
 /// The server; stopped (with its thread) on drop.
 pub struct ApiServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    ca_pem: Option<String>,
+    token: String,
     kubeconfig: PathBuf,
+    sa_dir: PathBuf,
     _dir: tempfile::TempDir,
     thread: Option<JoinHandle<()>>,
 }
@@ -152,20 +275,48 @@ pub struct ApiServer {
 impl ApiServer {
     /// Starts a server inside the lab namespace `ns`, on `127.0.0.1:<free port>` there.
     pub fn start_in(ns: &Ns) -> Result<ApiServer> {
-        ApiServer::spawn(Some(ns.name().to_string()))
+        ApiServer::builder().netns(ns.name()).start()
     }
 
     /// Starts a server inside the network namespace `/run/netns/<name>`.
     pub fn start_in_netns(name: &str) -> Result<ApiServer> {
-        ApiServer::spawn(Some(name.to_string()))
+        ApiServer::builder().netns(name).start()
     }
 
     /// Starts a server in the calling thread's network namespace.
     pub fn start() -> Result<ApiServer> {
-        ApiServer::spawn(None)
+        ApiServer::builder().start()
     }
 
-    fn spawn(netns: Option<String>) -> Result<ApiServer> {
+    /// Options: namespace, address, port, TLS and token.
+    pub fn builder() -> ApiServerBuilder {
+        ApiServerBuilder {
+            netns: None,
+            ip: Ipv4Addr::LOCALHOST.into(),
+            port: 0,
+            tls: false,
+            require_token: None,
+            extra_sans: Vec::new(),
+        }
+    }
+
+    fn spawn(opts: ApiServerBuilder) -> Result<ApiServer> {
+        let pki = if opts.tls {
+            let mut ips = vec![opts.ip];
+            ips.extend(&opts.extra_sans);
+            Some(tls::Pki::new(&ips)?)
+        } else {
+            None
+        };
+        let token = if opts.tls {
+            tls::random_token()?
+        } else {
+            PLAIN_TOKEN.to_string()
+        };
+        let required = opts.require_token.unwrap_or(opts.tls);
+        let dir = tempfile::Builder::new()
+            .prefix("nftpt-apiserver-")
+            .tempdir()?;
         let shared = Arc::new(Shared {
             store: Mutex::default(),
             changed: watch::Sender::new(0),
@@ -180,9 +331,15 @@ impl ApiServer {
             bookmark_ms: AtomicU64::new(1000),
             active_watches: AtomicUsize::new(0),
             requests: Mutex::default(),
+            tls: pki.as_ref().map(|p| p.acceptor.clone()),
+            required_token: required.then(|| token.clone()),
+            list_delay_ms: AtomicU64::new(0),
+            fail: Mutex::default(),
         });
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread_shared = shared.clone();
+        let addr = SocketAddr::new(opts.ip, opts.port);
+        let netns = opts.netns;
         let thread = std::thread::Builder::new()
             .name("apiserver".into())
             .spawn(move || {
@@ -196,7 +353,6 @@ impl ApiServer {
                     Err(e) => return drop(ready_tx.send(Err(e))),
                 };
                 rt.block_on(async move {
-                    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
                     let listener = match bind(addr) {
                         Ok(l) => l,
                         Err(e) => return drop(ready_tx.send(Err(e))),
@@ -209,33 +365,85 @@ impl ApiServer {
         let addr = ready_rx
             .recv()
             .map_err(|_| anyhow!("apiserver thread died"))??;
-        let dir = tempfile::Builder::new()
-            .prefix("nftpt-apiserver-")
-            .tempdir()?;
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_yaml(&format!("http://{addr}")))?;
-        Ok(ApiServer {
+        let server = ApiServer {
             shared,
             addr,
-            kubeconfig,
+            ca_pem: pki.map(|p| p.ca_pem),
+            token,
+            kubeconfig: dir.path().join("kubeconfig"),
+            sa_dir: dir.path().join("serviceaccount"),
             _dir: dir,
             thread: Some(thread),
-        })
+        };
+        server.write_files()?;
+        Ok(server)
     }
 
-    /// `http://127.0.0.1:<port>` (reachable inside the server's namespace).
+    /// Writes the ServiceAccount files and the kubeconfig.
+    fn write_files(&self) -> Result<()> {
+        let sa = &self.sa_dir;
+        std::fs::create_dir(sa)?;
+        std::fs::write(sa.join("token"), &self.token)?;
+        std::fs::write(sa.join("namespace"), SERVICE_ACCOUNT_NAMESPACE)?;
+        match &self.ca_pem {
+            Some(ca) => {
+                std::fs::write(sa.join("ca.crt"), ca)?;
+                let (ca_file, token_file) = (sa.join("ca.crt"), sa.join("token"));
+                self.write_kubeconfig(&self.kubeconfig, &ca_file, &token_file)
+            }
+            None => Ok(std::fs::write(
+                &self.kubeconfig,
+                kubeconfig_yaml(&self.url()),
+            )?),
+        }
+    }
+
+    /// `http://<addr>`, or `https://<addr>` with TLS (reachable inside the server's
+    /// namespace, or over a route to its bind address).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.ca_pem.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    /// A kubeconfig file for [`ApiServer::url`] (dummy token, `default` namespace), removed
-    /// on drop.
+    /// A kubeconfig file for [`ApiServer::url`], removed on drop. Plain HTTP: an inline
+    /// dummy token, `default` namespace. TLS: kubeadm-style, trusting only the server's CA
+    /// and reading the token from [`ApiServer::service_account_dir`].
     pub fn kubeconfig(&self) -> PathBuf {
         self.kubeconfig.clone()
+    }
+
+    /// Writes a kubeadm-style kubeconfig for [`ApiServer::url`] to `dest` that reads the CA
+    /// and the token from these paths (which need not exist here: e.g. under
+    /// [`SERVICE_ACCOUNT_DIR`] where the files are mounted). See [`kubeadm_kubeconfig`] for
+    /// another server address (e.g. a ClusterIP).
+    pub fn write_kubeconfig(&self, dest: &Path, ca_file: &Path, token_file: &Path) -> Result<()> {
+        let text = kubeadm_kubeconfig(&self.url(), ca_file, token_file);
+        std::fs::write(dest, text).with_context(|| dest.display().to_string())
+    }
+
+    /// The cluster CA certificate (PEM), with TLS.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
+    }
+
+    /// The bearer token (required if [`ApiServerBuilder::require_token`], by default with
+    /// TLS).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// A directory like a pod's [`SERVICE_ACCOUNT_DIR`]: `token`, `namespace`
+    /// ([`SERVICE_ACCOUNT_NAMESPACE`]) and, with TLS, `ca.crt`. Removed on drop.
+    pub fn service_account_dir(&self) -> &Path {
+        &self.sa_dir
     }
 
     /// Creates or replaces an object (its `kind`, `metadata.namespace`, `metadata.name`);
@@ -361,6 +569,31 @@ impl ApiServer {
         self.shared.bookmark_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// Every LIST (a GET on a collection without `watch`) is answered only after this
+    /// delay, with the state at that time; zero (the default) turns it off.
+    pub fn set_list_delay(&self, delay: Duration) {
+        let ms = delay.as_millis().min(u64::MAX.into()) as u64;
+        self.shared.list_delay_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Every request for `resource` (a plural like `nodes` or a kind like `Node`; lists,
+    /// watches, gets and writes) gets this HTTP status (400..=599) with a `Status` body,
+    /// e.g. 500 `InternalError` or 403 `Forbidden`, until cleared with `None`.
+    /// Panics on an unknown resource or status.
+    pub fn set_fail(&self, resource: &str, status: Option<u16>) {
+        let kind = kind_named(resource).unwrap_or_else(|| panic!("unknown resource {resource:?}"));
+        let mut fail = lock(&self.shared.fail);
+        match status {
+            Some(code) => {
+                assert!((400..600).contains(&code), "not an error status: {code}");
+                fail.insert(kind.plural, code);
+            }
+            None => {
+                fail.remove(kind.plural);
+            }
+        }
+    }
+
     /// The requests received so far, oldest first.
     pub fn requests(&self) -> Vec<RequestLog> {
         lock(&self.shared.requests).clone()
@@ -462,11 +695,18 @@ fn spawn_connection(shared: &Arc<Shared>, stream: tokio::net::TcpStream) {
     let id = shared.conn_ids.fetch_add(1, Ordering::Relaxed);
     lock(&shared.conns.0).insert(id, *kill.borrow());
     let guard = ConnGuard(shared.clone(), id);
-    let svc_shared = shared.clone();
-    let svc = hyper::service::service_fn(move |req| http::handle(svc_shared.clone(), req));
-    let conn =
-        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+    let shared = shared.clone();
     tokio::spawn(async move {
+        let conn = async {
+            match shared.tls.clone() {
+                None => serve_http(shared, stream).await,
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => serve_http(shared, stream).await,
+                    // E.g. a client that does not trust the CA.
+                    Err(e) => eprintln!("apiserver: TLS handshake: {e}"),
+                },
+            }
+        };
         tokio::select! {
             biased;
             _ = kill.changed() => {}
@@ -476,8 +716,22 @@ fn spawn_connection(shared: &Arc<Shared>, stream: tokio::net::TcpStream) {
     });
 }
 
+/// Serves HTTP/1.1 requests on one connection until it ends.
+async fn serve_http<S>(shared: Arc<Shared>, stream: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| http::handle(shared.clone(), req));
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), svc)
+        .await;
+}
+
 fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    let socket = TcpSocket::new_v4()?;
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
     socket.set_reuseaddr(true)?;
     socket
         .bind(addr)
@@ -526,7 +780,7 @@ clusters:
 users:
 - name: nftproxy-test
   user:
-    token: nftproxy-test-token
+    token: {PLAIN_TOKEN}
 contexts:
 - name: nftproxy-test
   context:

@@ -1,0 +1,885 @@
+//! Every `KubeProxyConfiguration` field is honoured (its value reaches `Settings`), warned
+//! about (a warning names it) or rejected (the error names it), and `FIELDS`, the list the
+//! per-field table must cover, is checked against the model itself so that a new field
+//! cannot go untested or undocumented.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv6Addr};
+use std::time::Duration;
+
+use dataplane::build::{LocalDetector, NodePortAddresses};
+use serde_json::{Value, json};
+
+use super::*;
+
+fn resolve(yaml: &str) -> Result<Settings, ConfigError> {
+    let file = KubeProxyConfiguration::parse(yaml).expect("parses");
+    Settings::resolve(&file, &Overrides::default())
+}
+
+/// A parse or resolve error as text, or the settings.
+fn outcome(yaml: &str) -> Result<Settings, String> {
+    let file = KubeProxyConfiguration::parse(yaml)?;
+    Settings::resolve(&file, &Overrides::default()).map_err(|e| e.to_string())
+}
+
+/// The warnings that name `field`, as their field or in their message.
+fn warnings_naming<'a>(s: &'a Settings, field: &str) -> Vec<&'a ConfigWarning> {
+    s.warnings
+        .iter()
+        .filter(|w| w.field == field || w.message.contains(field))
+        .collect()
+}
+
+/// kubeadm's `config.conf` as it writes it: every field present, most of them zero or null.
+const KUBEADM_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: ""
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+#[test]
+fn kubeadm_stock_config_resolves_to_kube_proxy_defaults() {
+    let file = KubeProxyConfiguration::parse(KUBEADM_CONFIG).expect("parses");
+    // kubeadm's DaemonSet passes --hostname-override=$(NODE_NAME).
+    let overrides = Overrides {
+        hostname_override: Some("Node-1".into()),
+        ..Overrides::default()
+    };
+    let s = Settings::resolve(&file, &overrides).expect("resolves");
+    assert_eq!(s.mode, ProxyMode::Nftables);
+    assert_eq!(s.node_name, "node-1");
+    assert_eq!(s.sync_period, Duration::from_secs(30));
+    assert_eq!(s.min_sync_period, Duration::from_secs(1));
+    assert_eq!(s.healthz_bind_address, "0.0.0.0:10256");
+    assert_eq!(s.metrics_bind_address, "127.0.0.1:10249");
+    assert_eq!(
+        s.kubeconfig.as_deref(),
+        Some("/var/lib/kube-proxy/kubeconfig.conf")
+    );
+    assert_eq!(
+        s.client,
+        ClientSettings {
+            qps: 5.0,
+            burst: 10
+        }
+    );
+    assert_eq!(s.oom_score_adj, -999);
+    assert_eq!(s.build.masquerade_bit, 14);
+    assert!(!s.build.masquerade_all);
+    assert_eq!(s.build.node_port_addresses, NodePortAddresses::Primary);
+    assert!(
+        matches!(&s.build.local_detector, LocalDetector::ClusterCidr(c) if c.len() == 1),
+        "{:?}",
+        s.build.local_detector
+    );
+    assert_eq!(
+        s.logging,
+        LoggingSettings {
+            format: LogFormat::Text,
+            verbosity: 0
+        }
+    );
+    // kube-proxy would write the conntrack sysctls from its defaults; nothing else differs.
+    let fields: Vec<&str> = s.warnings.iter().map(|w| w.field.as_str()).collect();
+    assert_eq!(fields, ["conntrack"], "{:#?}", s.warnings);
+    let conntrack = &s.warnings[0].message;
+    for expected in [
+        "conntrack.maxPerCore=32768",
+        "conntrack.min=131072",
+        "nf_conntrack_max=",
+        "nf_conntrack_tcp_timeout_established=86400",
+        "nf_conntrack_tcp_timeout_close_wait=3600",
+        "set them on the node",
+    ] {
+        assert!(conntrack.contains(expected), "{expected}: {conntrack}");
+    }
+}
+
+#[test]
+fn the_shipped_configmap_resolves_with_only_the_conntrack_warning() {
+    let map: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(include_str!("../../../packaging/configmap.yaml")).unwrap();
+    let text = map["data"]["config.conf"]
+        .as_str()
+        .expect("data.config.conf");
+    let s = resolve(text).unwrap();
+    assert_eq!(s.mode, ProxyMode::Nftables);
+    assert_eq!(s.metrics_bind_address, "0.0.0.0:10249");
+    let fields: Vec<&str> = s.warnings.iter().map(|w| w.field.as_str()).collect();
+    assert_eq!(fields, ["conntrack"], "{:#?}", s.warnings);
+}
+
+#[test]
+fn json_and_comment_only_files_parse() {
+    let s = resolve(r#"{"mode": "iptables", "nftables": {"masqueradeAll": true}}"#).unwrap();
+    assert_eq!(s.mode, ProxyMode::Iptables);
+    assert_eq!(
+        KubeProxyConfiguration::parse(
+            "# nothing set
+"
+        )
+        .unwrap(),
+        KubeProxyConfiguration::default()
+    );
+    let err = KubeProxyConfiguration::parse("- a list").unwrap_err();
+    assert!(err.contains("KubeProxyConfiguration"), "{err}");
+}
+
+#[test]
+fn defaults_follow_kube_proxy_nftables_mode() {
+    let s = resolve("").unwrap();
+    assert_eq!(s.mode, ProxyMode::Nftables);
+    assert_eq!(s.build.masquerade_bit, 14);
+    assert_eq!(s.build.node_port_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.build.local_detector, LocalDetector::None);
+    assert_eq!(s.sync_period, Duration::from_secs(30));
+    assert_eq!(s.min_sync_period, Duration::from_secs(1));
+    assert_eq!(s.metrics_bind_address, "127.0.0.1:10249");
+    assert_eq!(s.healthz_bind_address, "0.0.0.0:10256");
+    assert_eq!(s.bind_address, IpAddr::from([0, 0, 0, 0]));
+    assert!(s.iptables.localhost_node_ports && s.iptables.drop_invalid);
+    assert_eq!(s.kubeconfig, None);
+    let d = Settings::resolve(&KubeProxyConfiguration::default(), &Overrides::default()).unwrap();
+    assert_eq!(d.effective, s.effective);
+    assert_eq!(d.build, s.build);
+}
+
+#[test]
+fn zero_values_mean_the_defaults() {
+    let s = resolve("nftables: {syncPeriod: 0s, minSyncPeriod: 0s, masqueradeBit: null}").unwrap();
+    assert_eq!(s.sync_period, Duration::from_secs(30));
+    assert_eq!(s.min_sync_period, Duration::from_secs(1));
+    assert_eq!(s.build.masquerade_bit, 14);
+    // null reads as the zero value everywhere, not only where Go has a pointer.
+    let s = resolve("clientConnection: null\nmode: null\nconntrack: {udpTimeout: null}").unwrap();
+    assert_eq!(s.mode, ProxyMode::Nftables);
+    assert_eq!(s.client.burst, 10);
+}
+
+#[test]
+fn effective_configuration_reads_like_kube_proxy_configz() {
+    let s = resolve("clusterCIDR: 10.0.0.0/8").unwrap();
+    let e = &s.effective;
+    assert_eq!(e["apiVersion"], "kubeproxy.config.k8s.io/v1alpha1");
+    assert_eq!(e["kind"], "KubeProxyConfiguration");
+    assert_eq!(e["mode"], "nftables");
+    assert_eq!(e["nftables"]["syncPeriod"], "30s");
+    assert_eq!(e["nftables"]["minSyncPeriod"], "1s");
+    assert_eq!(e["nftables"]["masqueradeBit"], 14);
+    assert_eq!(e["iptables"]["localhostNodePorts"], true);
+    assert_eq!(e["ipvs"]["syncPeriod"], "30s");
+    assert_eq!(e["ipvs"]["minSyncPeriod"], "0s");
+    assert_eq!(e["configSyncPeriod"], "15m0s");
+    assert_eq!(e["conntrack"]["maxPerCore"], 32768);
+    assert_eq!(e["conntrack"]["min"], 131072);
+    assert_eq!(e["conntrack"]["tcpEstablishedTimeout"], "24h0m0s");
+    assert_eq!(e["conntrack"]["tcpCloseWaitTimeout"], "1h0m0s");
+    assert_eq!(e["healthzBindAddress"], "0.0.0.0:10256");
+    assert_eq!(e["metricsBindAddress"], "127.0.0.1:10249");
+    assert_eq!(e["bindAddress"], "0.0.0.0");
+    assert_eq!(e["oomScoreAdj"], -999);
+    assert_eq!(e["detectLocalMode"], "ClusterCIDR");
+    assert_eq!(e["clusterCIDR"], "10.0.0.0/8");
+    assert_eq!(
+        e["clientConnection"]["contentType"],
+        "application/vnd.kubernetes.protobuf"
+    );
+    assert_eq!(e["clientConnection"]["qps"], 5.0);
+    assert_eq!(e["clientConnection"]["burst"], 10);
+    assert_eq!(e["logging"]["format"], "text");
+    assert_eq!(e["logging"]["flushFrequency"], "5s");
+    assert_eq!(e["logging"]["options"]["text"]["infoBufferSize"], "0");
+    assert_eq!(e["featureGates"], json!({}));
+    let s = resolve("mode: iptables\nlogging: {flushFrequency: 2000000000}").unwrap();
+    assert_eq!(s.effective["mode"], "iptables");
+    // A number of nanoseconds stays a number, as in Go.
+    assert_eq!(s.effective["logging"]["flushFrequency"], 2_000_000_000);
+}
+
+#[test]
+fn ipv6_bind_address_moves_the_default_listeners_to_ipv6() {
+    let s = resolve("bindAddress: \"::\"").unwrap();
+    assert_eq!(s.bind_address, IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+    assert_eq!(s.healthz_bind_address, "[::]:10256");
+    assert_eq!(s.metrics_bind_address, "[::1]:10249");
+    // An address without a port gets the default port.
+    let s = resolve("healthzBindAddress: \"fd00::1\"\nmetricsBindAddress: 10.0.0.1").unwrap();
+    assert_eq!(s.healthz_bind_address, "[fd00::1]:10256");
+    assert_eq!(s.metrics_bind_address, "10.0.0.1:10249");
+    assert_eq!(s.effective["healthzBindAddress"], "[fd00::1]:10256");
+}
+
+#[test]
+fn fields_are_honoured() {
+    let s = resolve(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         clusterCIDR: 10.0.0.0/8,fd00:10::/64\nhostnameOverride: Node-A\n\
+         nodePortAddresses: [192.168.0.0/24]\nnftables: {masqueradeAll: true, masqueradeBit: 3, minSyncPeriod: 250ms}\n\
+         conntrack: {maxPerCore: 0}\n",
+    )
+    .unwrap();
+    assert_eq!(s.node_name, "node-a");
+    assert!(s.build.masquerade_all);
+    assert_eq!(s.build.masquerade_bit, 3);
+    assert_eq!(s.min_sync_period, Duration::from_millis(250));
+    assert!(matches!(s.build.local_detector, LocalDetector::ClusterCidr(ref c) if c.len() == 2));
+    assert!(matches!(s.build.node_port_addresses, NodePortAddresses::Cidrs(ref c) if c.len() == 1));
+}
+
+#[test]
+fn iptables_mode_defaults_and_fields() {
+    let s = resolve("mode: iptables\niptables: {masqueradeBit: 5, localhostNodePorts: false}\n")
+        .unwrap();
+    assert_eq!(s.mode, ProxyMode::Iptables);
+    assert_eq!(s.build.masquerade_bit, 5);
+    // kube-proxy's iptables mode serves NodePorts on every local address by default.
+    assert_eq!(
+        s.build.node_port_addresses,
+        NodePortAddresses::Cidrs(vec![])
+    );
+    assert!(!s.iptables.localhost_node_ports);
+    let s = Settings::resolve(
+        &KubeProxyConfiguration::parse("nftables: {masqueradeBit: 3}").unwrap(),
+        &Overrides {
+            proxy_mode: Some("iptables".into()),
+            ..Overrides::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(s.mode, ProxyMode::Iptables);
+    assert_eq!(s.build.masquerade_bit, 14);
+    assert!(s.iptables.localhost_node_ports);
+    // The nftables section does nothing in iptables mode: said once.
+    assert_eq!(warnings_naming(&s, "nftables.masqueradeBit").len(), 1);
+}
+
+#[test]
+fn an_empty_mode_keeps_nftables_and_says_so_about_iptables_settings() {
+    let s = resolve("mode: \"\"\niptables: {minSyncPeriod: 10s}").unwrap();
+    assert_eq!(s.mode, ProxyMode::Nftables);
+    let w = warnings_naming(&s, "iptables.minSyncPeriod");
+    assert_eq!(w.len(), 1);
+    assert!(
+        w[0].message
+            .contains("kube-proxy would run in iptables mode"),
+        "{}",
+        w[0]
+    );
+}
+
+#[test]
+fn command_line_overrides_win() {
+    let file = KubeProxyConfiguration::parse(
+        "hostnameOverride: file-node\nmode: iptables\nclientConnection: {kubeconfig: /file}\n\
+         logging: {format: text, verbosity: 1}",
+    )
+    .unwrap();
+    let overrides = Overrides {
+        hostname_override: Some(" Flag-Node ".into()),
+        proxy_mode: Some("nftables".into()),
+        kubeconfig: Some("/flag".into()),
+        master: Some("https://10.0.0.1:6443".into()),
+        verbosity: Some(4),
+        log_format: Some("json".into()),
+    };
+    let s = Settings::resolve(&file, &overrides).unwrap();
+    assert_eq!(s.node_name, "flag-node");
+    assert_eq!(s.mode, ProxyMode::Nftables);
+    assert_eq!(s.kubeconfig.as_deref(), Some("/flag"));
+    assert_eq!(s.master.as_deref(), Some("https://10.0.0.1:6443"));
+    assert_eq!(
+        s.logging,
+        LoggingSettings {
+            format: LogFormat::Json,
+            verbosity: 4
+        }
+    );
+    assert_eq!(s.effective["hostnameOverride"], "flag-node");
+    assert_eq!(s.effective["clientConnection"]["kubeconfig"], "/flag");
+    assert_eq!(s.effective["logging"]["verbosity"], 4);
+    // Empty flags are unset flags.
+    let empty = Overrides {
+        hostname_override: Some(String::new()),
+        proxy_mode: Some(String::new()),
+        kubeconfig: Some(String::new()),
+        master: Some(String::new()),
+        log_format: Some(String::new()),
+        verbosity: None,
+    };
+    let s = Settings::resolve(&file, &empty).unwrap();
+    assert_eq!(
+        (s.node_name.as_str(), s.mode),
+        ("file-node", ProxyMode::Iptables)
+    );
+    assert_eq!((s.kubeconfig.as_deref(), s.master), (Some("/file"), None));
+}
+
+#[test]
+fn bad_command_line_values_name_the_flag() {
+    let file = KubeProxyConfiguration::default();
+    for (overrides, flag) in [
+        (
+            Overrides {
+                proxy_mode: Some("ipvs".into()),
+                ..Overrides::default()
+            },
+            "--proxy-mode",
+        ),
+        (
+            Overrides {
+                log_format: Some("xml".into()),
+                ..Overrides::default()
+            },
+            "--log-format",
+        ),
+        (
+            Overrides {
+                hostname_override: Some("  ".into()),
+                ..Overrides::default()
+            },
+            "--hostname-override",
+        ),
+        (
+            Overrides {
+                verbosity: Some(u32::MAX),
+                ..Overrides::default()
+            },
+            "-v",
+        ),
+    ] {
+        let err = Settings::resolve(&file, &overrides).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { field, .. } if field == flag),
+            "{flag}: {err}"
+        );
+    }
+}
+
+#[test]
+fn unsupported_modes_are_rejected_with_a_reason() {
+    for (mode, reason) in [
+        ("ipvs", "no ipvs mode"),
+        ("kernelspace", "Windows"),
+        ("userspace", "not a proxy mode"),
+        ("NFTABLES", "not a proxy mode"),
+    ] {
+        let err = outcome(&format!("mode: {mode}")).unwrap_err();
+        assert!(
+            err.contains("mode") && err.contains(reason),
+            "{mode}: {err}"
+        );
+    }
+}
+
+#[test]
+fn unknown_keys_are_warned_about_with_their_path() {
+    let s = resolve(
+        "bogus: 1\nnftables: {bogus: 1}\nclientConnection: {foo: x}\nclusterCidr: 10.0.0.0/8\n\
+         logging: {vmodule: [{filePattern: a, verbosity: 1, extra: 2}], options: {text: {nope: 1}}}\n\
+         featureGates: {AnyGate: true}\nconntrack: {max: 0}\n",
+    )
+    .unwrap();
+    let fields: BTreeSet<&str> = s.warnings.iter().map(|w| w.field.as_str()).collect();
+    for path in [
+        "bogus",
+        "nftables.bogus",
+        "clientConnection.foo",
+        "clusterCidr",
+        "logging.vmodule[0].extra",
+        "logging.options.text.nope",
+        "conntrack.max",
+    ] {
+        assert!(fields.contains(path), "{path}: {:#?}", s.warnings);
+    }
+    // Gates are a free-form map, reported as gates, not as unknown keys.
+    assert!(!fields.iter().any(|f| f.starts_with("featureGates.")));
+    let near_miss = s
+        .warnings
+        .iter()
+        .find(|w| w.field == "clusterCidr")
+        .unwrap();
+    assert!(near_miss.message.contains("\"clusterCIDR\""), "{near_miss}");
+}
+
+#[test]
+fn alpha_logging_options_need_their_feature_gate() {
+    let yaml = "logging: {options: {json: {splitStream: true, infoBufferSize: 64Ki}}}";
+    let err = outcome(yaml).unwrap_err();
+    assert!(err.contains("logging.options.json.splitStream"), "{err}");
+    let s = resolve(&format!(
+        "featureGates: {{LoggingAlphaOptions: true}}\n{yaml}"
+    ))
+    .unwrap();
+    assert_eq!(
+        warnings_naming(&s, "logging.options.json.splitStream").len(),
+        1
+    );
+    assert_eq!(
+        warnings_naming(&s, "logging.options.json.infoBufferSize").len(),
+        1
+    );
+    let err =
+        outcome("featureGates: {LoggingBetaOptions: false}\nlogging: {format: json}").unwrap_err();
+    assert!(err.contains("logging.format"), "{err}");
+}
+
+#[test]
+fn parse_errors_name_the_line() {
+    let err = KubeProxyConfiguration::parse("mode: nftables\nnftables:\n  masqueradeBit: [x\n")
+        .unwrap_err();
+    assert!(err.contains("line 3"), "{err}");
+    let err = KubeProxyConfiguration::parse("nftables:\n  syncPeriod: soon\n").unwrap_err();
+    assert!(
+        err.contains("nftables.syncPeriod") && err.contains("line 2"),
+        "{err}"
+    );
+    // kube-proxy reads durations as strings only: a bare number is not one.
+    let err = KubeProxyConfiguration::parse("configSyncPeriod: 30").unwrap_err();
+    assert!(err.contains("configSyncPeriod"), "{err}");
+}
+
+#[test]
+fn go_durations() {
+    assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
+    assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+    assert_eq!(parse_duration("1h0m0s"), Some(Duration::from_secs(3600)));
+    assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+    assert_eq!(parse_duration(".5s"), Some(Duration::from_millis(500)));
+    assert_eq!(parse_duration("0"), Some(Duration::ZERO));
+    assert_eq!(parse_duration("1us"), Some(Duration::from_micros(1)));
+    assert_eq!(parse_duration("1\u{b5}s"), Some(Duration::from_micros(1)));
+    assert_eq!(parse_duration("-1s"), None);
+    assert_eq!(parse_duration("fast"), None);
+    assert_eq!(parse_duration("1"), None);
+    assert_eq!(parse_duration("1d"), None);
+    assert_eq!(parse_duration(""), None);
+    assert_eq!(parse_duration("."), None);
+    assert_eq!(parse_duration("9999999999h"), None);
+    assert_eq!(GoDuration::parse("-1.5s"), Ok(GoDuration(-1_500_000_000)));
+    assert_eq!(GoDuration::parse("+2m"), Ok(GoDuration::from_secs(120)));
+}
+
+#[test]
+fn go_duration_strings() {
+    for (nanos, text) in [
+        (0, "0s"),
+        (1, "1ns"),
+        (1_500, "1.5\u{b5}s"),
+        (1_500_000, "1.5ms"),
+        (500_000_000, "500ms"),
+        (1_000_000_000, "1s"),
+        (1_500_000_000, "1.5s"),
+        (59_000_000_000, "59s"),
+        (60_000_000_000, "1m0s"),
+        (61_500_000_000, "1m1.5s"),
+        (90_000_000_000, "1m30s"),
+        (900_000_000_000, "15m0s"),
+        (3_600_000_000_000, "1h0m0s"),
+        (86_400_000_000_000, "24h0m0s"),
+        (-30_000_000_000, "-30s"),
+    ] {
+        assert_eq!(GoDuration(nanos).to_string(), text);
+        assert_eq!(GoDuration::parse(text), Ok(GoDuration(nanos)), "{text}");
+    }
+}
+
+#[test]
+fn quantities() {
+    for ok in ["0", "512", "64Ki", "1M", "1.5Gi", "1e3", "+1", "0.0"] {
+        assert!(
+            KubeProxyConfiguration::parse(&format!(
+                "logging: {{options: {{text: {{infoBufferSize: \"{ok}\"}}}}}}"
+            ))
+            .is_ok(),
+            "{ok}"
+        );
+    }
+    let err = KubeProxyConfiguration::parse("logging: {options: {text: {infoBufferSize: 1KB}}}")
+        .unwrap_err();
+    assert!(err.contains("logging.options.text.infoBufferSize"), "{err}");
+    assert!(Quantity("0".into()).is_zero() && Quantity("0Ki".into()).is_zero());
+    assert!(!Quantity("1m".into()).is_zero());
+}
+
+// ------------------------------------------------------------------------------------------
+// Every field, one by one.
+
+/// Every field of `KubeProxyConfiguration`, as a path of camelCase keys. `CASES` must cover
+/// each one, the model must have exactly these, and docs/configuration.md must name each.
+const FIELDS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "featureGates",
+    "clientConnection.kubeconfig",
+    "clientConnection.acceptContentTypes",
+    "clientConnection.contentType",
+    "clientConnection.qps",
+    "clientConnection.burst",
+    "logging.format",
+    "logging.flushFrequency",
+    "logging.verbosity",
+    "logging.vmodule",
+    "logging.options.text.splitStream",
+    "logging.options.text.infoBufferSize",
+    "logging.options.json.splitStream",
+    "logging.options.json.infoBufferSize",
+    "hostnameOverride",
+    "bindAddress",
+    "healthzBindAddress",
+    "metricsBindAddress",
+    "bindAddressHardFail",
+    "enableProfiling",
+    "showHiddenMetricsForVersion",
+    "mode",
+    "iptables.masqueradeBit",
+    "iptables.masqueradeAll",
+    "iptables.localhostNodePorts",
+    "iptables.syncPeriod",
+    "iptables.minSyncPeriod",
+    "ipvs.syncPeriod",
+    "ipvs.minSyncPeriod",
+    "ipvs.scheduler",
+    "ipvs.excludeCIDRs",
+    "ipvs.strictARP",
+    "ipvs.tcpTimeout",
+    "ipvs.tcpFinTimeout",
+    "ipvs.udpTimeout",
+    "nftables.masqueradeBit",
+    "nftables.masqueradeAll",
+    "nftables.syncPeriod",
+    "nftables.minSyncPeriod",
+    "winkernel.networkName",
+    "winkernel.sourceVip",
+    "winkernel.enableDSR",
+    "winkernel.rootHnsEndpointName",
+    "winkernel.forwardHealthCheckVip",
+    "detectLocalMode",
+    "detectLocal.bridgeInterface",
+    "detectLocal.interfaceNamePrefix",
+    "clusterCIDR",
+    "nodePortAddresses",
+    "oomScoreAdj",
+    "conntrack.maxPerCore",
+    "conntrack.min",
+    "conntrack.tcpEstablishedTimeout",
+    "conntrack.tcpCloseWaitTimeout",
+    "conntrack.tcpBeLiberal",
+    "conntrack.udpTimeout",
+    "conntrack.udpStreamTimeout",
+    "configSyncPeriod",
+    "portRange",
+    "windowsRunAsService",
+];
+
+enum Expect {
+    /// Resolves, and the value reached the settings.
+    Honoured(fn(&Settings) -> bool),
+    /// Resolves, with a warning that names the field and contains this text.
+    Warned(&'static str),
+    /// Fails, naming the field.
+    Rejected,
+}
+use Expect::{Honoured, Rejected, Warned};
+
+struct Case {
+    field: &'static str,
+    yaml: &'static str,
+    expect: Expect,
+}
+
+const fn case(field: &'static str, yaml: &'static str, expect: Expect) -> Case {
+    Case {
+        field,
+        yaml,
+        expect,
+    }
+}
+
+#[rustfmt::skip]
+const CASES: &[Case] = &[
+    case("apiVersion", "apiVersion: kubeproxy.config.k8s.io/v1alpha1", Honoured(|s| s.effective["apiVersion"] == API_VERSION)),
+    case("apiVersion", "apiVersion: kubeproxy.config.k8s.io/v1beta1", Rejected),
+    case("apiVersion", "apiVersion: componentconfig/v1alpha1", Rejected),
+    case("kind", "kind: KubeProxyConfiguration", Honoured(|s| s.effective["kind"] == KIND)),
+    case("kind", "kind: KubeletConfiguration", Rejected),
+    case("featureGates", "featureGates: {SomeGate: true, Other: false}", Warned("Other=false, SomeGate=true")),
+    case("featureGates", "featureGates: \"\"", Rejected),
+    case("clientConnection.kubeconfig", "clientConnection: {kubeconfig: /k}", Honoured(|s| s.kubeconfig.as_deref() == Some("/k"))),
+    case("clientConnection.acceptContentTypes", "clientConnection: {acceptContentTypes: application/json}", Honoured(|s| s.warnings.iter().all(|w| !w.field.starts_with("clientConnection")))),
+    case("clientConnection.acceptContentTypes", "clientConnection: {acceptContentTypes: application/vnd.kubernetes.protobuf}", Warned("always accepts application/json")),
+    case("clientConnection.contentType", "clientConnection: {contentType: application/cbor}", Warned("always sends application/json")),
+    case("clientConnection.qps", "clientConnection: {qps: 20.5}", Honoured(|s| s.client.qps == 20.5)),
+    case("clientConnection.burst", "clientConnection: {burst: 30}", Honoured(|s| s.client.burst == 30)),
+    case("clientConnection.burst", "clientConnection: {burst: -1}", Rejected),
+    case("logging.format", "logging: {format: json}", Honoured(|s| s.logging.format == LogFormat::Json)),
+    case("logging.format", "logging: {format: xml}", Rejected),
+    case("logging.flushFrequency", "logging: {flushFrequency: 10s}", Warned("10s")),
+    case("logging.flushFrequency", "logging: {flushFrequency: 1000000000}", Warned("1s")),
+    case("logging.flushFrequency", "logging: {flushFrequency: 5s}", Honoured(|s| s.warnings.iter().all(|w| !w.field.starts_with("logging")))),
+    case("logging.flushFrequency", "logging: {flushFrequency: soon}", Rejected),
+    case("logging.verbosity", "logging: {verbosity: 4}", Honoured(|s| s.logging.verbosity == 4)),
+    case("logging.verbosity", "logging: {verbosity: 4294967295}", Rejected),
+    case("logging.verbosity", "logging: {verbosity: -1}", Rejected),
+    case("logging.vmodule", "logging: {vmodule: [{filePattern: proxier, verbosity: 4}]}", Warned("per-file verbosity")),
+    case("logging.vmodule", "logging: {vmodule: [{filePattern: \"\", verbosity: 4}]}", Rejected),
+    case("logging.vmodule", "logging: {vmodule: [{filePattern: \"a=b\", verbosity: 4}]}", Rejected),
+    case("logging.vmodule", "logging: {format: json, vmodule: [{filePattern: a, verbosity: 4}]}", Rejected),
+    case("logging.options.text.splitStream", "logging: {options: {text: {splitStream: true}}}", Rejected),
+    case("logging.options.text.splitStream", "featureGates: {LoggingAlphaOptions: true}\nlogging: {options: {text: {splitStream: true}}}", Warned("standard error")),
+    case("logging.options.text.infoBufferSize", "logging: {options: {text: {infoBufferSize: 1Ki}}}", Rejected),
+    case("logging.options.text.infoBufferSize", "featureGates: {LoggingAlphaOptions: true}\nlogging: {options: {text: {infoBufferSize: 1Ki}}}", Warned("does not buffer")),
+    case("logging.options.json.splitStream", "logging: {options: {json: {splitStream: true}}}", Rejected),
+    case("logging.options.json.splitStream", "featureGates: {LoggingAlphaOptions: true}\nlogging: {options: {json: {splitStream: true}}}", Warned("standard error")),
+    case("logging.options.json.infoBufferSize", "logging: {options: {json: {infoBufferSize: \"1M\"}}}", Rejected),
+    case("logging.options.json.infoBufferSize", "featureGates: {LoggingAlphaOptions: true}\nlogging: {options: {json: {infoBufferSize: 512}}}", Warned("does not buffer")),
+    case("hostnameOverride", "hostnameOverride: \" Node-A \"", Honoured(|s| s.node_name == "node-a" && s.build.node_name == "node-a")),
+    case("hostnameOverride", "hostnameOverride: \"  \"", Rejected),
+    case("bindAddress", "bindAddress: 10.1.2.3", Honoured(|s| s.bind_address == IpAddr::from([10, 1, 2, 3]))),
+    case("bindAddress", "bindAddress: \"::\"", Honoured(|s| { s.healthz_bind_address == "[::]:10256" && s.metrics_bind_address == "[::1]:10249" })),
+    case("bindAddress", "bindAddress: node-1", Rejected),
+    case("healthzBindAddress", "healthzBindAddress: 127.0.0.2", Honoured(|s| s.healthz_bind_address == "127.0.0.2:10256")),
+    case("healthzBindAddress", "healthzBindAddress: \"[::1]:1234\"", Honoured(|s| s.healthz_bind_address == "[::1]:1234")),
+    case("healthzBindAddress", "healthzBindAddress: 0.0.0.0:0", Rejected),
+    case("healthzBindAddress", "healthzBindAddress: localhost:10256", Rejected),
+    case("healthzBindAddress", "healthzBindAddress: 0.0.0.0:65536", Rejected),
+    case("metricsBindAddress", "metricsBindAddress: 0.0.0.0:9999", Honoured(|s| s.metrics_bind_address == "0.0.0.0:9999")),
+    case("metricsBindAddress", "metricsBindAddress: \":10249\"", Rejected),
+    case("metricsBindAddress", "metricsBindAddress: \"[::1]\"", Rejected),
+    case("bindAddressHardFail", "bindAddressHardFail: true", Honoured(|s| s.bind_address_hard_fail)),
+    case("enableProfiling", "enableProfiling: true", Warned("pprof")),
+    case("showHiddenMetricsForVersion", "showHiddenMetricsForVersion: \"1.32\"", Warned("hidden")),
+    case("showHiddenMetricsForVersion", "showHiddenMetricsForVersion: v1.32", Rejected),
+    case("mode", "mode: iptables", Honoured(|s| s.mode == ProxyMode::Iptables && s.effective["mode"] == "iptables")),
+    case("mode", "mode: \"\"", Honoured(|s| s.mode == ProxyMode::Nftables && s.effective["mode"] == "nftables")),
+    case("mode", "mode: ipvs", Rejected),
+    case("mode", "mode: kernelspace", Rejected),
+    case("iptables.masqueradeBit", "mode: iptables\niptables: {masqueradeBit: 5}", Honoured(|s| s.build.masquerade_bit == 5)),
+    case("iptables.masqueradeBit", "iptables: {masqueradeBit: 5}", Warned("unused in nftables mode")),
+    // kube-proxy checks the iptables bit in every mode.
+    case("iptables.masqueradeBit", "mode: nftables\niptables: {masqueradeBit: 32}", Rejected),
+    case("iptables.masqueradeAll", "mode: iptables\niptables: {masqueradeAll: true}", Honoured(|s| s.build.masquerade_all)),
+    case("iptables.masqueradeAll", "mode: nftables\niptables: {masqueradeAll: true}", Warned("unused in nftables mode")),
+    case("iptables.localhostNodePorts", "mode: iptables\niptables: {localhostNodePorts: false}", Honoured(|s| !s.iptables.localhost_node_ports)),
+    case("iptables.localhostNodePorts", "mode: nftables\niptables: {localhostNodePorts: false}", Warned("unused in nftables mode")),
+    case("iptables.syncPeriod", "mode: iptables\niptables: {syncPeriod: 10s}", Honoured(|s| s.sync_period == Duration::from_secs(10))),
+    case("iptables.syncPeriod", "mode: iptables\niptables: {syncPeriod: -10s}", Rejected),
+    case("iptables.syncPeriod", "mode: nftables\niptables: {syncPeriod: 10s}", Warned("unused in nftables mode")),
+    case("iptables.minSyncPeriod", "mode: iptables\niptables: {minSyncPeriod: 2s}", Honoured(|s| s.min_sync_period == Duration::from_secs(2))),
+    case("iptables.minSyncPeriod", "mode: iptables\niptables: {minSyncPeriod: 1m}", Rejected),
+    case("iptables.minSyncPeriod", "mode: iptables\niptables: {minSyncPeriod: -1s}", Rejected),
+    case("ipvs.syncPeriod", "ipvs: {syncPeriod: 10s}", Warned("no ipvs mode")),
+    case("ipvs.syncPeriod", "ipvs: {syncPeriod: 30s}", Honoured(|s| s.warnings.iter().all(|w| w.field != "ipvs"))),
+    case("ipvs.minSyncPeriod", "ipvs: {minSyncPeriod: 10s}", Warned("no ipvs mode")),
+    case("ipvs.scheduler", "ipvs: {scheduler: rr}", Warned("no ipvs mode")),
+    case("ipvs.excludeCIDRs", "ipvs: {excludeCIDRs: [10.0.0.0/8]}", Warned("no ipvs mode")),
+    case("ipvs.strictARP", "ipvs: {strictARP: true}", Warned("no ipvs mode")),
+    case("ipvs.tcpTimeout", "ipvs: {tcpTimeout: 10s}", Warned("no ipvs mode")),
+    case("ipvs.tcpFinTimeout", "ipvs: {tcpFinTimeout: 10s}", Warned("no ipvs mode")),
+    case("ipvs.udpTimeout", "ipvs: {udpTimeout: 10s}", Warned("no ipvs mode")),
+    case("nftables.masqueradeBit", "nftables: {masqueradeBit: 3}", Honoured(|s| s.build.masquerade_bit == 3)),
+    case("nftables.masqueradeBit", "nftables: {masqueradeBit: 32}", Rejected),
+    case("nftables.masqueradeBit", "nftables: {masqueradeBit: -1}", Rejected),
+    case("nftables.masqueradeBit", "mode: iptables\nnftables: {masqueradeBit: 3}", Warned("unused in iptables mode")),
+    case("nftables.masqueradeAll", "nftables: {masqueradeAll: true}", Honoured(|s| s.build.masquerade_all)),
+    case("nftables.syncPeriod", "nftables: {syncPeriod: 10s}", Honoured(|s| s.sync_period == Duration::from_secs(10))),
+    case("nftables.syncPeriod", "nftables: {syncPeriod: -5s}", Rejected),
+    case("nftables.syncPeriod", "nftables: {syncPeriod: soon}", Rejected),
+    case("nftables.syncPeriod", "nftables: {syncPeriod: 500ms}", Rejected),
+    case("nftables.minSyncPeriod", "nftables: {minSyncPeriod: 250ms}", Honoured(|s| s.min_sync_period == Duration::from_millis(250))),
+    case("nftables.minSyncPeriod", "nftables: {minSyncPeriod: 1m}", Rejected),
+    case("winkernel.networkName", "winkernel: {networkName: cbr0}", Warned("Windows only")),
+    case("winkernel.sourceVip", "winkernel: {sourceVip: 10.0.0.1}", Warned("Windows only")),
+    case("winkernel.enableDSR", "winkernel: {enableDSR: true}", Warned("Windows only")),
+    case("winkernel.rootHnsEndpointName", "winkernel: {rootHnsEndpointName: cbr0}", Warned("Windows only")),
+    case("winkernel.forwardHealthCheckVip", "winkernel: {forwardHealthCheckVip: true}", Warned("Windows only")),
+    case("detectLocalMode", "detectLocalMode: NodeCIDR", Honoured(|s| s.build.local_detector == LocalDetector::NodeCidr)),
+    case("detectLocalMode", "detectLocalMode: \"\"\nclusterCIDR: 10.0.0.0/8", Honoured(|s| matches!(s.build.local_detector, LocalDetector::ClusterCidr(_)))),
+    case("detectLocalMode", "detectLocalMode: Magic", Rejected),
+    case("detectLocal.bridgeInterface", "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}", Honoured(|s| s.build.local_detector == LocalDetector::BridgeInterface("cbr0".into()))),
+    case("detectLocal.bridgeInterface", "detectLocalMode: BridgeInterface", Rejected),
+    case("detectLocal.bridgeInterface", "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: a-very-long-bridge}", Rejected),
+    case("detectLocal.interfaceNamePrefix", "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: veth}", Honoured(|s| s.build.local_detector == LocalDetector::InterfaceNamePrefix("veth".into()))),
+    case("detectLocal.interfaceNamePrefix", "detectLocalMode: InterfaceNamePrefix", Rejected),
+    case("detectLocal.interfaceNamePrefix", "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: abcdefghijklmnop}", Rejected),
+    case("clusterCIDR", "clusterCIDR: 10.0.0.0/8,fd00:10::/64", Honoured(|s| matches!(s.build.local_detector, LocalDetector::ClusterCidr(ref c) if c.len() == 2))),
+    case("clusterCIDR", "clusterCIDR: 10.0.0.0/33", Rejected),
+    case("clusterCIDR", "clusterCIDR: 10.0.0.0/8,10.1.0.0/16", Rejected),
+    case("clusterCIDR", "clusterCIDR: 10.0.0.0/8,fd00::/64,10.1.0.0/16", Rejected),
+    case("clusterCIDR", "clusterCIDR: \"10.0.0.0/8,\"", Rejected),
+    case("nodePortAddresses", "nodePortAddresses: [192.168.0.0/24, \"fd00::/64\"]", Honoured(|s| matches!(s.build.node_port_addresses, NodePortAddresses::Cidrs(ref c) if c.len() == 2))),
+    case("nodePortAddresses", "mode: iptables\nnodePortAddresses: [primary]", Honoured(|s| s.build.node_port_addresses == NodePortAddresses::Primary)),
+    case("nodePortAddresses", "nodePortAddresses: [primary, 10.0.0.0/8]", Rejected),
+    case("nodePortAddresses", "nodePortAddresses: [10.0.0.0/8, primary]", Rejected),
+    case("nodePortAddresses", "nodePortAddresses: [nope]", Rejected),
+    case("oomScoreAdj", "oomScoreAdj: 100", Honoured(|s| s.oom_score_adj == 100)),
+    case("oomScoreAdj", "oomScoreAdj: 1001", Rejected),
+    case("oomScoreAdj", "oomScoreAdj: -1001", Rejected),
+    case("conntrack.maxPerCore", "conntrack: {maxPerCore: 1000}", Warned("conntrack.maxPerCore=1000")),
+    case("conntrack.maxPerCore", "conntrack: {maxPerCore: -1}", Rejected),
+    case("conntrack.min", "conntrack: {min: 5}", Warned("conntrack.min=5")),
+    case("conntrack.min", "conntrack: {min: -1}", Rejected),
+    case("conntrack.tcpEstablishedTimeout", "conntrack: {tcpEstablishedTimeout: 2h}", Warned("nf_conntrack_tcp_timeout_established=7200")),
+    case("conntrack.tcpEstablishedTimeout", "conntrack: {tcpEstablishedTimeout: -2h}", Rejected),
+    case("conntrack.tcpCloseWaitTimeout", "conntrack: {tcpCloseWaitTimeout: 30s}", Warned("nf_conntrack_tcp_timeout_close_wait=30")),
+    case("conntrack.tcpCloseWaitTimeout", "conntrack: {tcpCloseWaitTimeout: -30s}", Rejected),
+    case("conntrack.tcpBeLiberal", "conntrack: {tcpBeLiberal: true}", Warned("nf_conntrack_tcp_be_liberal=1")),
+    case("conntrack.tcpBeLiberal", "mode: iptables\nconntrack: {tcpBeLiberal: true}", Honoured(|s| !s.iptables.drop_invalid)),
+    case("conntrack.udpTimeout", "conntrack: {udpTimeout: 30s}", Warned("nf_conntrack_udp_timeout=30")),
+    case("conntrack.udpTimeout", "conntrack: {udpTimeout: -30s}", Rejected),
+    case("conntrack.udpStreamTimeout", "conntrack: {udpStreamTimeout: 2m}", Warned("nf_conntrack_udp_timeout_stream=120")),
+    case("conntrack.udpStreamTimeout", "conntrack: {udpStreamTimeout: -2m}", Rejected),
+    case("configSyncPeriod", "configSyncPeriod: 1m", Warned("not resynced")),
+    case("configSyncPeriod", "configSyncPeriod: 15m", Honoured(|s| s.warnings.iter().all(|w| w.field != "configSyncPeriod"))),
+    case("configSyncPeriod", "configSyncPeriod: -1m", Rejected),
+    case("portRange", "portRange: 30000-32767", Warned("userspace")),
+    case("portRange", "portRange: 2000-300", Rejected),
+    case("portRange", "portRange: abc", Rejected),
+    case("portRange", "portRange: 70000", Rejected),
+    case("windowsRunAsService", "windowsRunAsService: true", Warned("Windows only")),
+];
+
+#[test]
+fn every_field_is_honoured_warned_or_rejected() {
+    for Case {
+        field,
+        yaml,
+        expect,
+    } in CASES
+    {
+        match (expect, outcome(yaml)) {
+            (Honoured(check), Ok(s)) => assert!(check(&s), "{field}: not honoured: {yaml}"),
+            (Warned(text), Ok(s)) => {
+                let named = warnings_naming(&s, field);
+                assert!(
+                    named.iter().any(|w| w.message.contains(text)),
+                    "{field}: no warning with {text:?} for {yaml}: {:#?}",
+                    s.warnings
+                );
+            }
+            (Rejected, Err(e)) => assert!(e.contains(field), "{field}: {yaml}: {e}"),
+            (Rejected, Ok(_)) => panic!("{field}: accepted: {yaml}"),
+            (_, Err(e)) => panic!("{field}: rejected: {yaml}: {e}"),
+        }
+    }
+}
+
+/// The paths of a JSON document's leaves; maps of arbitrary keys count as leaves.
+fn leaf_paths(v: &Value, path: &str, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(map) if !map.is_empty() && path != "featureGates" => {
+            for (k, child) in map {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                leaf_paths(child, &p, out);
+            }
+        }
+        _ => {
+            out.insert(path.to_string());
+        }
+    }
+}
+
+fn paths(v: &Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    leaf_paths(v, "", &mut out);
+    out
+}
+
+#[test]
+fn the_field_list_is_the_model_and_every_field_has_a_case() {
+    let listed: BTreeSet<String> = FIELDS.iter().map(|f| f.to_string()).collect();
+    assert_eq!(listed.len(), FIELDS.len(), "FIELDS has duplicates");
+    let model = serde_json::to_value(KubeProxyConfiguration::default()).unwrap();
+    assert_eq!(paths(&model), listed, "the model's fields vs FIELDS");
+    let effective = resolve(KUBEADM_CONFIG).unwrap().effective;
+    assert_eq!(
+        paths(&effective),
+        listed,
+        "the effective configuration vs FIELDS"
+    );
+    let covered: BTreeSet<String> = CASES.iter().map(|c| c.field.to_string()).collect();
+    let missing: Vec<&String> = listed.difference(&covered).collect();
+    assert!(missing.is_empty(), "fields without a case: {missing:?}");
+    let strays: Vec<&String> = covered.difference(&listed).collect();
+    assert!(strays.is_empty(), "cases for no field: {strays:?}");
+}
+
+#[test]
+fn the_documentation_covers_every_field() {
+    let doc = include_str!("../../../docs/configuration.md");
+    let missing: Vec<&&str> = FIELDS
+        .iter()
+        .filter(|f| !doc.contains(&format!("`{f}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/configuration.md lacks {missing:?}"
+    );
+}
