@@ -2,6 +2,7 @@
 
 pub mod addresses;
 pub mod apiclient;
+pub mod client_metrics;
 pub mod config;
 pub mod conntrack;
 pub mod demo;

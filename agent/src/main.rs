@@ -105,7 +105,8 @@ enum Command {
     /// Remove everything nftproxy created: its nftables tables and its iptables chains (both
     /// the legacy and the nft variant).
     Cleanup {
-        /// Also remove kube-proxy's leftovers: its nftables tables (`ip kube-proxy`,
+        /// Instead remove only kube-proxy's leftovers (nftproxy's rules stay, so this is safe
+        /// on a node nftproxy serves): its nftables tables (`ip kube-proxy`,
         /// `ip6 kube-proxy`) and its iptables chains (`KUBE-SERVICES`, `KUBE-SVC-...`; not
         /// kubelet's), in both variants.
         #[arg(long)]
@@ -217,8 +218,11 @@ fn kube_client(
     tracing::info!(server = %target.server(), origin = ?target.origin, "API server");
     // The client's buffer task is spawned on the runtime.
     let _runtime = rt.enter();
-    let client = kube::Client::try_from(target.config.clone())
-        .map_err(|e| runtime(format!("API client: {e}")))?;
+    let layer = nftproxy::client_metrics::ClientMetricsLayer::new(&target.config.cluster_url);
+    let client = kube::client::ClientBuilder::try_from(target.config.clone())
+        .map_err(|e| runtime(format!("API client: {e}")))?
+        .with_layer(&layer)
+        .build();
     let diagnosis = watch::Diagnosis::new(move |cluster| {
         apiclient::cluster_ip_problem(&target, kubernetes_ip, cluster)
     });

@@ -455,8 +455,8 @@ fn delete_tables(nft: &mut Nftables, name: &str) -> Result<(), NftError> {
 }
 
 /// `nftproxy cleanup`: removes everything nftproxy created in either mode — its nftables
-/// tables and its iptables chains in both variants — and, with `kube_proxy`, kube-proxy's
-/// leftovers too (tables `ip kube-proxy` / `ip6 kube-proxy`, its `KUBE-` iptables chains).
+/// tables and its iptables chains in both variants — or, with `kube_proxy`, only kube-proxy's
+/// leftovers (tables `ip kube-proxy` / `ip6 kube-proxy`, its `KUBE-` iptables chains).
 /// Tries everything; returns the first error.
 pub fn cleanup_all(kube_proxy: bool) -> Result<(), SyncError> {
     let mut first_error: Option<SyncError> = None;
@@ -466,31 +466,23 @@ pub fn cleanup_all(kube_proxy: bool) -> Result<(), SyncError> {
             first_error.get_or_insert(e);
         }
     };
-    let mut tables = vec![TABLE];
-    if kube_proxy {
-        tables.push(KUBE_PROXY_TABLE);
-    }
+    // Either nftproxy's own objects or kube-proxy's, never both: `--kube-proxy` runs on nodes
+    // where nftproxy is already serving, during a migration.
+    let (table, owner) = if kube_proxy {
+        (KUBE_PROXY_TABLE, Owner::KubeProxy)
+    } else {
+        (TABLE, Owner::Nftproxy)
+    };
     note(
         Nftables::open()
             .map_err(SyncError::from)
-            .and_then(|mut nft| {
-                for name in &tables {
-                    delete_tables(&mut nft, name)?;
-                }
-                Ok(())
-            }),
+            .and_then(|mut nft| Ok(delete_tables(&mut nft, table)?)),
     );
-    let mut owners = vec![Owner::Nftproxy];
-    if kube_proxy {
-        owners.push(Owner::KubeProxy);
-    }
-    for owner in owners {
-        note(
-            iptables::remove_chains(owner)
-                .map(|removed| log_removed(&removed, "deleted iptables chains"))
-                .map_err(SyncError::from),
-        );
-    }
+    note(
+        iptables::remove_chains(owner)
+            .map(|removed| log_removed(&removed, "deleted iptables chains"))
+            .map_err(SyncError::from),
+    );
     match first_error {
         Some(e) => Err(e),
         None => Ok(()),

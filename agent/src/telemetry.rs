@@ -49,7 +49,7 @@ impl Telemetry {
                 ProxyMode::Nftables => "nftables",
                 ProxyMode::Iptables => "iptables",
             };
-            let handler = http::metrics::handler(mode);
+            let handler = http::metrics::handler(mode, &settings.effective);
             spawn_server(rt, addr, handler, "metrics", settings.bind_address_hard_fail)?;
         }
         if let Some(addr) = healthz_addr {

@@ -596,7 +596,7 @@ fn healthz_answers_on_ipv6_with_the_default_bind_address() {
     for addr in ["[2001:db8::1]:10256", "192.0.2.1:10256", "[::1]:10256"] {
         let mut answer = None;
         for _ in 0..50 {
-            if let Ok(a) = http_get(&ext_or_node(&node, &ext, addr), sa(addr), "/livez") {
+            if let Ok(a) = http_get(ext_or_node(&node, &ext, addr), sa(addr), "/livez") {
                 answer = Some(a);
                 break;
             }

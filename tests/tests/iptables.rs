@@ -423,7 +423,7 @@ COMMIT
             .exec_input(&[&format!("iptables-{variant}-restore"), "--noflush"], kube)
             .unwrap();
     }
-    // nftproxy's own leftovers go too.
+    // nftproxy's own rules stay: the cleanup runs on nodes nftproxy already serves.
     w.run_once("iptables", &cluster());
     let out = nftproxy(&w.node, &["cleanup", "--kube-proxy"]);
     assert!(
@@ -432,6 +432,14 @@ COMMIT
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!w.nft_tables().contains("kube-proxy"), "{}", w.nft_tables());
+    assert!(
+        ["legacy", "nft"]
+            .iter()
+            .any(|v| w.saved(v).contains(":NFTPROXY-SERVICES")),
+        "nftproxy's chains were removed"
+    );
+    let out = nftproxy(&w.node, &["cleanup"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for variant in ["legacy", "nft"] {
         let left = w.saved(variant);
         let chains: BTreeSet<&str> = left

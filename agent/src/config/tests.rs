@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 
 use dataplane::build::{LocalDetector, NodePortAddresses};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::*;
@@ -161,12 +162,12 @@ fn kubeadm_stock_config_resolves_to_kube_proxy_defaults() {
 
 #[test]
 fn the_shipped_configmap_resolves_with_only_the_conntrack_warning() {
-    let map: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(include_str!("../../../packaging/configmap.yaml")).unwrap();
-    let text = map["data"]["config.conf"]
-        .as_str()
-        .expect("data.config.conf");
-    let s = resolve(text).unwrap();
+    let manifests = include_str!("../../../packaging/configmap.yaml");
+    let text = serde_yaml_ng::Deserializer::from_str(manifests)
+        .filter_map(|doc| serde_yaml_ng::Value::deserialize(doc).ok())
+        .find_map(|doc| doc["data"]["config.conf"].as_str().map(str::to_string))
+        .expect("a ConfigMap with data.config.conf");
+    let s = resolve(&text).unwrap();
     assert_eq!(s.mode, ProxyMode::Nftables);
     assert_eq!(s.metrics_bind_address, "0.0.0.0:10249");
     let fields: Vec<&str> = s.warnings.iter().map(|w| w.field.as_str()).collect();
@@ -519,6 +520,10 @@ fn go_durations() {
     assert_eq!(parse_duration(""), None);
     assert_eq!(parse_duration("."), None);
     assert_eq!(parse_duration("9999999999h"), None);
+    assert_eq!(
+        parse_duration("1ns340282366920938463463374607431768211455ns"),
+        None
+    );
     assert_eq!(GoDuration::parse("-1.5s"), Ok(GoDuration(-1_500_000_000)));
     assert_eq!(GoDuration::parse("+2m"), Ok(GoDuration::from_secs(120)));
 }

@@ -94,26 +94,26 @@ fn check_type(c: &KubeProxyConfiguration) -> Result<(), ConfigError> {
 }
 
 /// The section of the mode in use (`nftables` or `iptables`): the other one is not used.
-pub(super) struct ModeSection {
-    pub name: &'static str,
-    pub masquerade_bit: Option<i32>,
-    pub masquerade_all: bool,
-    pub sync_period: GoDuration,
-    pub min_sync_period: GoDuration,
+struct ModeSection {
+    name: &'static str,
+    masquerade_bit: Option<i32>,
+    masquerade_all: bool,
+    sync_period: GoDuration,
+    min_sync_period: GoDuration,
 }
 
 impl ModeSection {
-    pub fn of(c: &KubeProxyConfiguration, mode: ProxyMode) -> ModeSection {
+    fn of(c: &KubeProxyConfiguration, mode: ProxyMode) -> ModeSection {
         match mode {
             ProxyMode::Nftables => ModeSection {
-                name: "nftables",
+                name: mode.name(),
                 masquerade_bit: c.nftables.masquerade_bit,
                 masquerade_all: c.nftables.masquerade_all,
                 sync_period: c.nftables.sync_period,
                 min_sync_period: c.nftables.min_sync_period,
             },
             ProxyMode::Iptables => ModeSection {
-                name: "iptables",
+                name: mode.name(),
                 masquerade_bit: c.iptables.masquerade_bit,
                 masquerade_all: c.iptables.masquerade_all,
                 sync_period: c.iptables.sync_period,
@@ -305,9 +305,11 @@ fn node_port_addresses(list: &[String], mode: ProxyMode) -> Result<NodePortAddre
 /// kube-proxy accepts only its own previous minor version here; nftproxy has no Kubernetes
 /// version of its own, so it checks the `<major>.<minor>` form (and warns: no hidden metrics).
 fn check_hidden_metrics_version(s: &str) -> Result<(), ConfigError> {
+    if s.is_empty() {
+        return Ok(());
+    }
     let number = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
     match s.split_once('.') {
-        _ if s.is_empty() => Ok(()),
         Some((major, minor)) if number(major) && number(minor) => Ok(()),
         _ => invalid(
             "showHiddenMetricsForVersion",

@@ -56,7 +56,7 @@ impl GoDuration {
         let mut rest = rest;
         while !rest.is_empty() {
             let (nanos, tail) = parse_component(rest).ok_or_else(invalid)?;
-            total += nanos;
+            total = total.saturating_add(nanos);
             rest = tail;
             if total > 1u128 << 63 {
                 return Err(format!("{s:?} is too long a duration"));
@@ -99,10 +99,10 @@ fn parse_component(s: &str) -> Option<(u128, &str)> {
     } else {
         int_digits.parse().ok()?
     };
-    Some((
-        int.checked_mul(unit)? + fraction_nanos(frac_digits, unit),
-        rest,
-    ))
+    let nanos = int
+        .checked_mul(unit)?
+        .checked_add(fraction_nanos(frac_digits, unit))?;
+    Some((nanos, rest))
 }
 
 /// The nanoseconds of `0.<digits>` units, computed in floating point as Go does.
