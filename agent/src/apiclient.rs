@@ -46,7 +46,11 @@ pub struct Target {
 impl Target {
     /// The server as the client reaches it, e.g. `https://10.96.0.1:443`.
     pub fn server(&self) -> String {
-        self.config.cluster_url.to_string().trim_end_matches('/').to_string()
+        self.config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string()
     }
 
     /// The server's address when it is an IP literal.
@@ -104,9 +108,10 @@ pub async fn resolve(request: &Request) -> Result<Target, String> {
 async fn from_file(path: &Path, master: Option<&str>) -> Result<kube::Config, String> {
     let named = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| named(&e))?;
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| named(&e))?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| named(&e))?;
     if let Some(master) = master {
         config.cluster_url = master
             .parse()
@@ -124,10 +129,13 @@ async fn with_service_account(master: &str) -> Result<kube::Config, String> {
         ca = dir.join("ca.crt").display().to_string(),
         token = dir.join("token").display().to_string(),
     );
-    let kubeconfig = Kubeconfig::from_yaml(&yaml).map_err(|e| format!("--master {master:?}: {e}"))?;
+    let kubeconfig =
+        Kubeconfig::from_yaml(&yaml).map_err(|e| format!("--master {master:?}: {e}"))?;
     kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| format!("--master {master:?} with the service account in {SERVICE_ACCOUNT_DIR}: {e}"))
+        .map_err(|e| {
+            format!("--master {master:?} with the service account in {SERVICE_ACCOUNT_DIR}: {e}")
+        })
 }
 
 /// The `default/kubernetes` Service's ClusterIP as the kubelet announces it to every container
@@ -145,7 +153,10 @@ pub fn kubernetes_service_ip(env: impl Fn(&str) -> Option<String>) -> Option<IpA
         Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
         _ => hostport,
     };
-    host.trim_start_matches('[').trim_end_matches(']').parse().ok()
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()
 }
 
 /// Why `target` may be out of reach until nftproxy's own rules exist, if it is: its server is
@@ -210,7 +221,10 @@ mod tests {
     #[test]
     fn the_kubelets_variables_name_the_cluster_ip() {
         let ip: IpAddr = "10.96.0.1".parse().unwrap();
-        assert_eq!(kubernetes_service_ip(env(&[("KUBERNETES_PORT", "tcp://10.96.0.1:443")])), Some(ip));
+        assert_eq!(
+            kubernetes_service_ip(env(&[("KUBERNETES_PORT", "tcp://10.96.0.1:443")])),
+            Some(ip)
+        );
         assert_eq!(
             kubernetes_service_ip(env(&[("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1")])),
             Some(ip)
@@ -220,22 +234,56 @@ mod tests {
             Some("fd00::1".parse().unwrap())
         );
         assert_eq!(kubernetes_service_ip(env(&[])), None);
-        assert_eq!(kubernetes_service_ip(env(&[("KUBERNETES_PORT", "nonsense")])), None);
+        assert_eq!(
+            kubernetes_service_ip(env(&[("KUBERNETES_PORT", "nonsense")])),
+            None
+        );
     }
 
     #[test]
     fn a_cluster_ip_server_is_named_with_the_fix() {
         let cluster = Cluster::default();
         let kube_ip = Some("10.96.0.1".parse().unwrap());
-        let msg = cluster_ip_problem(&target("https://10.96.0.1:443", Origin::Kubeconfig("k".into())), kube_ip, &cluster)
-            .expect("the kubernetes ClusterIP");
-        assert!(msg.contains("https://10.96.0.1") && msg.contains("default/kubernetes"), "{msg}");
-        assert!(msg.contains("KUBERNETES_SERVICE_HOST") && msg.contains("--master"), "{msg}");
+        let msg = cluster_ip_problem(
+            &target("https://10.96.0.1:443", Origin::Kubeconfig("k".into())),
+            kube_ip,
+            &cluster,
+        )
+        .expect("the kubernetes ClusterIP");
+        assert!(
+            msg.contains("https://10.96.0.1") && msg.contains("default/kubernetes"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("KUBERNETES_SERVICE_HOST") && msg.contains("--master"),
+            "{msg}"
+        );
         // In-cluster configuration always uses the ClusterIP.
-        assert!(cluster_ip_problem(&target("https://10.0.0.1:443", Origin::InCluster), None, &cluster).is_some());
+        assert!(
+            cluster_ip_problem(
+                &target("https://10.0.0.1:443", Origin::InCluster),
+                None,
+                &cluster
+            )
+            .is_some()
+        );
         // The control plane's own address is fine.
-        assert!(cluster_ip_problem(&target("https://192.0.2.10:6443", Origin::Master), kube_ip, &cluster).is_none());
-        assert!(cluster_ip_problem(&target("https://api.example:6443", Origin::Master), kube_ip, &cluster).is_none());
+        assert!(
+            cluster_ip_problem(
+                &target("https://192.0.2.10:6443", Origin::Master),
+                kube_ip,
+                &cluster
+            )
+            .is_none()
+        );
+        assert!(
+            cluster_ip_problem(
+                &target("https://api.example:6443", Origin::Master),
+                kube_ip,
+                &cluster
+            )
+            .is_none()
+        );
     }
 
     #[test]
@@ -244,8 +292,20 @@ mod tests {
         cluster
             .service_cidrs
             .insert("kubernetes".into(), vec!["10.100.0.0/16".parse().unwrap()]);
-        let msg = cluster_ip_problem(&target("https://10.100.3.4", Origin::Master), None, &cluster).unwrap();
+        let msg = cluster_ip_problem(
+            &target("https://10.100.3.4", Origin::Master),
+            None,
+            &cluster,
+        )
+        .unwrap();
         assert!(msg.contains("ServiceCIDR 10.100.0.0/16"), "{msg}");
-        assert!(cluster_ip_problem(&target("https://[fd00::1]:6443", Origin::Master), None, &cluster).is_none());
+        assert!(
+            cluster_ip_problem(
+                &target("https://[fd00::1]:6443", Origin::Master),
+                None,
+                &cluster
+            )
+            .is_none()
+        );
     }
 }

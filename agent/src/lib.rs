@@ -12,6 +12,7 @@ pub mod iptables;
 pub mod memory;
 pub mod nftables;
 pub mod node_wait;
+pub mod ratelimit;
 pub mod source;
 pub mod sync;
 pub mod syncloop;

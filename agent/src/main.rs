@@ -16,10 +16,10 @@ use dataplane::trace::{Host, Packet, trace};
 use dataplane::tracker::Tracker;
 use nftproxy::config::{KubeProxyConfiguration, LogFormat, Overrides, ProxyMode, Settings};
 use nftproxy::nftables::monitor::Monitor;
+use nftproxy::node_wait::{NODE_WAIT, NodeWait};
 use nftproxy::source;
 use nftproxy::sync::{self, Syncer};
 use nftproxy::syncloop::{self, Shared, Wake};
-use nftproxy::node_wait::{NODE_WAIT, NodeWait};
 use nftproxy::{addresses, apiclient, iptables, watch};
 
 #[derive(Parser)]
@@ -175,8 +175,11 @@ fn settings(common: &Common, api: Option<&ApiFlags>) -> Result<Settings, Failure
     };
     let settings = Settings::resolve(&file, &overrides).map_err(usage)?;
     init_logging(settings.logging.format, settings.logging.verbosity);
-    for w in &settings.warnings {
-        tracing::warn!(field = %w.field, "{}", w.message);
+    // Without a file nothing was asked that nftproxy does differently.
+    if common.config.is_some() {
+        for w in &settings.warnings {
+            tracing::warn!(field = %w.field, "{}", w.message);
+        }
     }
     Ok(settings)
 }
@@ -213,7 +216,9 @@ fn kube_client(
     if let Some(problem) =
         apiclient::cluster_ip_problem(&target, kubernetes_ip, &Cluster::default())
     {
-        tracing::warn!("{problem}; this works only while Service rules are in place (not on a new or rebooted node, nor after `nftproxy cleanup`)");
+        tracing::warn!(
+            "{problem}; this works only while Service rules are in place (not on a new or rebooted node, nor after `nftproxy cleanup`)"
+        );
     }
     tracing::info!(server = %target.server(), origin = ?target.origin, "API server");
     // The client's buffer task is spawned on the runtime.
@@ -222,6 +227,10 @@ fn kube_client(
     let client = kube::client::ClientBuilder::try_from(target.config.clone())
         .map_err(|e| runtime(format!("API client: {e}")))?
         .with_layer(&layer)
+        .with_layer(&nftproxy::ratelimit::RateLimitLayer::new(
+            settings.client.qps,
+            settings.client.burst,
+        ))
         .build();
     let diagnosis = watch::Diagnosis::new(move |cluster| {
         apiclient::cluster_ip_problem(&target, kubernetes_ip, cluster)
@@ -374,14 +383,14 @@ fn run(
     let mut node_wait = NodeWait::new(
         &settings.node_name,
         from_file.is_none().then_some(NODE_WAIT),
+        settings.bind_address,
     );
     let mut syncer = Syncer::for_mode(settings.mode, &settings.iptables).map_err(runtime)?;
     // Switching modes: what the other backend programmed goes (kube-proxy does the same).
     syncer.remove_other_backend();
     if once {
-        let cluster = shared.wait_first_cluster(&mut node_wait, settings.bind_address, || {
-            syncer.programmed_node_port_ips()
-        });
+        let cluster =
+            shared.wait_first_cluster(&mut node_wait, || syncer.programmed_node_port_ips());
         let mut config = settings.build.clone();
         config.local_addresses = addresses::local_addresses();
         syncer.sync(&cluster, &config, true).map_err(runtime)?;
@@ -409,7 +418,14 @@ fn run(
         let settings = settings.clone();
         std::thread::spawn(move || {
             let mut observer = telemetry;
-            syncloop::run(&shared, rx, &settings, &mut syncer, &mut observer, node_wait)
+            syncloop::run(
+                &shared,
+                rx,
+                &settings,
+                &mut syncer,
+                &mut observer,
+                node_wait,
+            )
         });
     }
     rt.block_on(async {

@@ -73,13 +73,8 @@ impl Shared {
     /// handlers queue nothing until its proxier is initialised: a slow initial list must not
     /// fail `/livez` and get the agent restarted, which would only start the list again.
     pub fn changed(&self) {
-        let (pending, counts, eligible) = self.with_tracker(|t| {
-            (
-                t.has_changes(),
-                t.change_counts(),
-                node_eligible(t.node()),
-            )
-        });
+        let (pending, counts, eligible) =
+            self.with_tracker(|t| (t.has_changes(), t.change_counts(), node_eligible(t.node())));
         self.health.set_node_eligible(eligible);
         let m = metrics::metrics();
         m.set_changes(counts);
@@ -111,7 +106,6 @@ impl Shared {
     pub fn wait_first_cluster(
         &self,
         node_wait: &mut NodeWait,
-        bind_address: std::net::IpAddr,
         kernel_node_ips: impl FnOnce() -> Vec<std::net::IpAddr>,
     ) -> Cluster {
         loop {
@@ -121,7 +115,7 @@ impl Shared {
             });
             if gate == Gate::Open {
                 if needs {
-                    node_wait.stand_in(bind_address, kernel_node_ips);
+                    node_wait.stand_in(kernel_node_ips);
                 }
                 self.set_initialised();
                 let mut cluster = self.with_tracker(|t| t.cluster().clone());
@@ -204,7 +198,7 @@ pub fn run(
             continue;
         }
         if needs_stand_in {
-            node_wait.stand_in(settings.bind_address, || syncer.programmed_node_port_ips());
+            node_wait.stand_in(|| syncer.programmed_node_port_ips());
         }
         shared.set_initialised();
         let snapshot = shared.with_tracker(|t| {

@@ -50,11 +50,23 @@ impl Telemetry {
                 ProxyMode::Iptables => "iptables",
             };
             let handler = http::metrics::handler(mode, &settings.effective);
-            spawn_server(rt, addr, handler, "metrics", settings.bind_address_hard_fail)?;
+            spawn_server(
+                rt,
+                addr,
+                handler,
+                "metrics",
+                settings.bind_address_hard_fail,
+            )?;
         }
         if let Some(addr) = healthz_addr {
             let handler = http::health::handler(shared.health().clone(), timeout);
-            spawn_server(rt, addr, handler, "healthz", settings.bind_address_hard_fail)?;
+            spawn_server(
+                rt,
+                addr,
+                handler,
+                "healthz",
+                settings.bind_address_hard_fail,
+            )?;
         }
         // kube-proxy's SyncLoop start: the proxiers count as updated, a sync as queued.
         for family in Family::ALL {

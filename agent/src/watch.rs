@@ -72,7 +72,12 @@ impl Diagnosis {
 
 /// Runs all watchers until the process ends. Each retries with backoff on its own; a
 /// cluster that does not serve ServiceCIDRs is tolerated.
-pub async fn run(client: Client, node_name: String, shared: Arc<Shared>, diagnosis: Arc<Diagnosis>) {
+pub async fn run(
+    client: Client,
+    node_name: String,
+    shared: Arc<Shared>,
+    diagnosis: Arc<Diagnosis>,
+) {
     let services = watch(
         Api::<Service>::all(client.clone()),
         watcher::Config::default().labels(SERVICE_SELECTOR),

@@ -463,7 +463,10 @@ mod tests {
         assert!(t.node().is_none(), "not eligible once deleted");
         assert!(t.node_known());
         let kept = t.cluster().node.as_ref().unwrap();
-        assert_eq!(kept.addresses, ["192.0.2.1".parse::<std::net::IpAddr>().unwrap()]);
+        assert_eq!(
+            kept.addresses,
+            ["192.0.2.1".parse::<std::net::IpAddr>().unwrap()]
+        );
         assert_eq!(kept.zone(), Some("z1"));
         assert!(!t.has_changes(), "nothing to re-program");
         // A relist without the Node (a failed or filtered watch) is the same as a deletion.
@@ -475,7 +478,10 @@ mod tests {
         t.apply_node(&node("node", "192.0.2.2"));
         assert!(t.take_changes().all);
         assert_eq!(t.node().unwrap().addresses.len(), 1);
-        assert_eq!(t.cluster().node.as_ref().unwrap().addresses[0].to_string(), "192.0.2.2");
+        assert_eq!(
+            t.cluster().node.as_ref().unwrap().addresses[0].to_string(),
+            "192.0.2.2"
+        );
     }
 
     #[test]
@@ -483,7 +489,8 @@ mod tests {
         let mut t = Tracker::new("node", "");
         t.apply_node(&node("node", "192.0.2.1"));
         let mut bad = node("node", "192.0.2.1");
-        bad.spec = Some(serde_json::from_value(serde_json::json!({"podCIDRs": ["nonsense"]})).unwrap());
+        bad.spec =
+            Some(serde_json::from_value(serde_json::json!({"podCIDRs": ["nonsense"]})).unwrap());
         assert!(t.apply_node(&bad).is_some(), "reported as invalid");
         assert_eq!(t.cluster().node.as_ref().unwrap().addresses.len(), 1);
         assert!(t.node().is_some());

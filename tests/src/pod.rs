@@ -133,17 +133,26 @@ impl Container {
                 &format!("KUBERNETES_PORT_{svc_port}_TCP"),
                 format!("tcp://{host}:{svc_port}"),
             ),
-            (&format!("KUBERNETES_PORT_{svc_port}_TCP_PROTO"), "tcp".into()),
+            (
+                &format!("KUBERNETES_PORT_{svc_port}_TCP_PROTO"),
+                "tcp".into(),
+            ),
             (
                 &format!("KUBERNETES_PORT_{svc_port}_TCP_PORT"),
                 svc_port.to_string(),
             ),
-            (&format!("KUBERNETES_PORT_{svc_port}_TCP_ADDR"), svc_ip.clone()),
+            (
+                &format!("KUBERNETES_PORT_{svc_port}_TCP_ADDR"),
+                svc_ip.clone(),
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-        env.insert("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+        env.insert(
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        );
         for from in c["envFrom"].as_array().into_iter().flatten() {
             let Some(name) = from["configMapRef"]["name"].as_str() else {
                 bail!("envFrom other than configMapRef: {from}");
@@ -155,7 +164,9 @@ impl Container {
             }
         }
         for var in c["env"].as_array().into_iter().flatten() {
-            let name = var["name"].as_str().ok_or_else(|| anyhow!("env without a name"))?;
+            let name = var["name"]
+                .as_str()
+                .ok_or_else(|| anyhow!("env without a name"))?;
             let value = if let Some(v) = var["value"].as_str() {
                 v.to_string()
             } else if var["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName" {
@@ -210,7 +221,15 @@ impl Container {
             stage = stage.display()
         );
         let mut cmd = ns.command("unshare");
-        cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script, "pod"]);
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+            "pod",
+        ]);
         for (k, v) in &self.env {
             cmd.arg(format!("{k}={v}"));
         }
@@ -223,7 +242,10 @@ impl Container {
 /// `/run` can hold files.
 fn container_path(path: &Path) -> Result<PathBuf> {
     let s = path.to_str().ok_or_else(|| anyhow!("non-UTF-8 path"))?;
-    let s = s.strip_prefix("/var/run/").map(|r| format!("/run/{r}")).unwrap_or(s.to_string());
+    let s = s
+        .strip_prefix("/var/run/")
+        .map(|r| format!("/run/{r}"))
+        .unwrap_or(s.to_string());
     if !(s.starts_with("/var/lib/") || s.starts_with("/run/")) {
         bail!("{s}: only files under /var/lib and /run can be mounted");
     }
@@ -262,8 +284,14 @@ mod tests {
     #[test]
     fn arguments_expand_like_the_kubelets() {
         let env: BTreeMap<String, String> = [("NODE_NAME".to_string(), "n1".to_string())].into();
-        assert_eq!(expand("--hostname-override=$(NODE_NAME)", &env), "--hostname-override=n1");
-        assert_eq!(expand("$$(NODE_NAME) $(OTHER)", &env), "$(NODE_NAME) $(OTHER)");
+        assert_eq!(
+            expand("--hostname-override=$(NODE_NAME)", &env),
+            "--hostname-override=n1"
+        );
+        assert_eq!(
+            expand("$$(NODE_NAME) $(OTHER)", &env),
+            "$(NODE_NAME) $(OTHER)"
+        );
     }
 
     #[test]

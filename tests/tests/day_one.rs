@@ -83,7 +83,14 @@ fn cluster_objects() -> Vec<Value> {
     ]
 }
 
-fn service(ns: &str, name: &str, ip: &str, port: u16, port_name: &str, node_port: Option<u16>) -> Value {
+fn service(
+    ns: &str,
+    name: &str,
+    ip: &str,
+    port: u16,
+    port_name: &str,
+    node_port: Option<u16>,
+) -> Value {
     let mut port = json!({"name": port_name, "port": port, "protocol": "TCP"});
     let mut spec = json!({"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP"});
     if let Some(np) = node_port {
@@ -133,11 +140,18 @@ fn web_answers_within(site: &Site, within: Duration) -> Duration {
     loop {
         let probe = Probe::new(Proto::Tcp, sa(&format!("{WEB_IP}:80")), 3)
             .timeout(Duration::from_millis(300));
-        let got = site.lab.probe_for(&site.client, &probe, &want).unwrap().verdict();
+        let got = site
+            .lab
+            .probe_for(&site.client, &probe, &want)
+            .unwrap()
+            .verdict();
         if got == want {
             return start.elapsed();
         }
-        assert!(start.elapsed() < within, "web: still {got:?} after {within:?}");
+        assert!(
+            start.elapsed() < within,
+            "web: still {got:?} after {within:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -156,7 +170,10 @@ fn http_get(ns: &Ns, addr: SocketAddr, path: &str) -> std::io::Result<(u16, Stri
             .nth(1)
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
         Ok((status, body))
     })
     .expect("entering the namespace")
@@ -188,11 +205,16 @@ fn the_packaged_install_boots_on_an_empty_node() {
         .unwrap();
     let took = web_answers_within(&site, Duration::from_secs(10));
     eprintln!("traffic after {took:?}; {:?} since exec", started.elapsed());
-    assert!(started.elapsed() < Duration::from_secs(10), "{:#?}", agent.stderr());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:#?}",
+        agent.stderr()
+    );
     // The kubernetes Service now leads to the API server, from pods too.
     let kubernetes: SocketAddr = format!("{KUBERNETES_IP}:443").parse().unwrap();
     in_netns(site.client.name(), || {
-        TcpStream::connect_timeout(&kubernetes, Duration::from_secs(2)).expect("kubernetes ClusterIP")
+        TcpStream::connect_timeout(&kubernetes, Duration::from_secs(2))
+            .expect("kubernetes ClusterIP")
     })
     .unwrap();
     // Every request carried the ServiceAccount token: none was refused.
@@ -212,7 +234,10 @@ fn set_cluster_cidr(packaging: &mut Packaging) {
     let cm = packaging
         .object_mut("ConfigMap", "nftproxy")
         .expect("packaging/ ships the nftproxy ConfigMap");
-    let conf = cm["data"]["config.conf"].as_str().expect("config.conf").to_string();
+    let conf = cm["data"]["config.conf"]
+        .as_str()
+        .expect("config.conf")
+        .to_string();
     assert!(conf.contains("\nclusterCIDR: "), "{conf}");
     let edited: Vec<String> = conf
         .lines()
@@ -233,7 +258,10 @@ fn without_the_endpoint_edit_the_log_and_healthz_name_the_problem() {
     let mut packaging = Packaging::load().unwrap();
     set_cluster_cidr(&mut packaging);
     let container = Container::from_packaging(&packaging, &pod_env(&site.api)).unwrap();
-    assert_eq!(container.env["KUBERNETES_SERVICE_HOST"], KUBERNETES_IP, "unedited packaging");
+    assert_eq!(
+        container.env["KUBERNETES_SERVICE_HOST"], KUBERNETES_IP,
+        "unedited packaging"
+    );
     let agent = container
         .spawn(&site.node, &nftproxy(), site.dir.path())
         .unwrap();
@@ -243,7 +271,10 @@ fn without_the_endpoint_edit_the_log_and_healthz_name_the_problem() {
             Duration::from_secs(40),
         )
         .unwrap_or_else(|e| panic!("{e:#}: {:#?}", agent.stderr()));
-    assert!(line.contains("KUBERNETES_SERVICE_HOST"), "the fix is named: {line}");
+    assert!(
+        line.contains("KUBERNETES_SERVICE_HOST"),
+        "the fix is named: {line}"
+    );
     let (code, body) = http_get(&site.node, sa("127.0.0.1:10256"), "/healthz").unwrap();
     assert_eq!(code, 503, "{body}");
     let health: Value = serde_json::from_str(&body).unwrap();
@@ -360,8 +391,14 @@ fn kubeadms_own_configmap_works_unchanged() {
     // kubeadm's DaemonSet: the ConfigMap at /var/lib/kube-proxy, the node name from the
     // downward API, and the kubelet's variables for the kubernetes Service.
     let mut files: BTreeMap<_, _> = [
-        ("/var/lib/kube-proxy/config.conf".into(), KUBEADM_CONFIG.to_string()),
-        ("/var/lib/kube-proxy/kubeconfig.conf".into(), kubeadm_kubeconfig()),
+        (
+            "/var/lib/kube-proxy/config.conf".into(),
+            KUBEADM_CONFIG.to_string(),
+        ),
+        (
+            "/var/lib/kube-proxy/kubeconfig.conf".into(),
+            kubeadm_kubeconfig(),
+        ),
     ]
     .into();
     for (k, v) in &pod.service_account {
@@ -395,7 +432,10 @@ fn kubeadms_own_configmap_works_unchanged() {
     }
     let (code, body) = http_get(&site.node, sa("127.0.0.1:10249"), "/metrics").unwrap();
     assert_eq!(code, 200);
-    assert!(body.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds"), "{body}");
+    assert!(
+        body.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds"),
+        "{body}"
+    );
     // Metrics stay on loopback (kube-proxy's default), health answers on the node's address.
     assert!(http_get(&site.node, sa(&format!("{NODE_IP}:10249")), "/metrics").is_err());
     let (code, _) = http_get(&site.node, sa(&format!("{NODE_IP}:10256")), "/healthz").unwrap();
@@ -405,7 +445,10 @@ fn kubeadms_own_configmap_works_unchanged() {
     let configz: Value = serde_json::from_str(&configz).unwrap();
     let effective = &configz["kubeproxy.config.k8s.io"];
     assert_eq!(effective["nftables"]["syncPeriod"], "30s", "{configz}");
-    assert_eq!(effective["healthzBindAddress"], "0.0.0.0:10256", "{configz}");
+    assert_eq!(
+        effective["healthzBindAddress"], "0.0.0.0:10256",
+        "{configz}"
+    );
     // The token was required and sent.
     assert!(site.api.requests().iter().all(|r| r.status != Some(401)));
     drop(agent);
@@ -519,9 +562,15 @@ fn a_late_node_and_a_failing_node_watch_never_break_node_ports() {
     let node_port: SocketAddr = format!("{NODE_IP}:{NODE_PORT}").parse().unwrap();
     let prober = Prober::start(&site.control_plane, node_port);
     std::thread::sleep(Duration::from_secs(5));
-    assert_eq!(prober.answers(), 0, "NodePorts answer only once the node's address is known");
+    assert_eq!(
+        prober.answers(),
+        0,
+        "NodePorts answer only once the node's address is known"
+    );
     site.api.apply(node_object(NODE, &[NODE_IP], &[])).unwrap();
-    wait_until("NodePort answers", Duration::from_secs(10), || prober.answers() > 0);
+    wait_until("NodePort answers", Duration::from_secs(10), || {
+        prober.answers() > 0
+    });
     std::thread::sleep(Duration::from_secs(2));
     // Deleting the Node keeps its address.
     site.api.delete("Node", "", NODE).unwrap();
@@ -533,15 +582,26 @@ fn a_late_node_and_a_failing_node_watch_never_break_node_ports() {
     agent.terminate(Duration::from_secs(5)).unwrap();
     let agent = agent_with(&site, "30s");
     agent
-        .wait_stderr(|l| l.contains("serving NodePorts on"), Duration::from_secs(40))
+        .wait_stderr(
+            |l| l.contains("serving NodePorts on"),
+            Duration::from_secs(40),
+        )
         .unwrap_or_else(|e| panic!("{e:#}: {:#?}", agent.stderr()));
     agent
-        .wait_stderr(|l| l.contains("nftables sync committed"), Duration::from_secs(10))
+        .wait_stderr(
+            |l| l.contains("nftables sync committed"),
+            Duration::from_secs(10),
+        )
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
     let (ok, failed) = prober.finish();
     assert!(ok > 200, "only {ok} answers");
-    assert_eq!(failed, 0, "{failed} of {} probes failed after the first answer", ok + failed);
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {} probes failed after the first answer",
+        ok + failed
+    );
 }
 
 #[test]
@@ -553,12 +613,20 @@ fn a_slow_initial_list_does_not_fail_livez() {
     let started = Instant::now();
     let mut checks = 0;
     while started.elapsed() < Duration::from_millis(3500) {
-        let (code, body) = http_get(&site.node, sa("127.0.0.1:10256"), "/livez").unwrap_or_default();
-        assert!(code == 200 || code == 0, "/livez {code} at {:?}: {body}", started.elapsed());
+        let (code, body) =
+            http_get(&site.node, sa("127.0.0.1:10256"), "/livez").unwrap_or_default();
+        assert!(
+            code == 200 || code == 0,
+            "/livez {code} at {:?}: {body}",
+            started.elapsed()
+        );
         checks += usize::from(code == 200);
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(checks > 10, "the health server answered only {checks} times");
+    assert!(
+        checks > 10,
+        "the health server answered only {checks} times"
+    );
     site.api.set_fail("endpointslices", None);
     web_answers_within(&site, Duration::from_secs(15));
     let (code, body) = http_get(&site.node, sa("127.0.0.1:10256"), "/livez").unwrap();
@@ -570,7 +638,12 @@ fn healthz_answers_on_ipv6_with_the_default_bind_address() {
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let ext = lab
-        .external(&node, "ext", &[ip("203.0.113.2"), ip("2001:db8::2")], &[ip("192.0.2.1"), ip("2001:db8::1")])
+        .external(
+            &node,
+            "ext",
+            &[ip("203.0.113.2"), ip("2001:db8::2")],
+            &[ip("192.0.2.1"), ip("2001:db8::1")],
+        )
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("cluster.yaml");
@@ -591,7 +664,10 @@ fn healthz_answers_on_ipv6_with_the_default_bind_address() {
         ])
         .unwrap();
     agent
-        .wait_stderr(|l| l.contains("serving") && l.contains("healthz"), Duration::from_secs(10))
+        .wait_stderr(
+            |l| l.contains("serving") && l.contains("healthz"),
+            Duration::from_secs(10),
+        )
         .unwrap();
     for addr in ["[2001:db8::1]:10256", "192.0.2.1:10256", "[::1]:10256"] {
         let mut answer = None;
@@ -602,7 +678,8 @@ fn healthz_answers_on_ipv6_with_the_default_bind_address() {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let (code, _) = answer.unwrap_or_else(|| panic!("no answer on {addr}: {:#?}", agent.stderr()));
+        let (code, _) =
+            answer.unwrap_or_else(|| panic!("no answer on {addr}: {:#?}", agent.stderr()));
         assert_eq!(code, 200, "{addr}");
     }
 }

@@ -439,7 +439,11 @@ COMMIT
         "nftproxy's chains were removed"
     );
     let out = nftproxy(&w.node, &["cleanup"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for variant in ["legacy", "nft"] {
         let left = w.saved(variant);
         let chains: BTreeSet<&str> = left

@@ -51,8 +51,12 @@ fn topology() -> Topology {
     }
     let api = ApiServer::start_in(&node).unwrap();
     // As in every cluster, this node's Node object exists (the first sync waits for it).
-    api.apply(nftproxy_tests::cluster::node("test-node", &["192.168.0.2"], &[]))
-        .unwrap();
+    api.apply(nftproxy_tests::cluster::node(
+        "test-node",
+        &["192.168.0.2"],
+        &[],
+    ))
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, CONFIG).unwrap();

@@ -137,7 +137,11 @@ fn time(t: Option<SystemTime>) -> String {
 /// The JSON kube-proxy writes (`json.Marshal(ProxyHealth)`): keys in struct order, `status`
 /// keyed by family name and left out when empty. `apiServer` is nftproxy's own: why the API
 /// server cannot be reached, when that is known (left out otherwise).
-pub fn health_json(h: &ProxyHealth, node_eligible: Option<bool>, api_problem: Option<&str>) -> String {
+pub fn health_json(
+    h: &ProxyHealth,
+    node_eligible: Option<bool>,
+    api_problem: Option<&str>,
+) -> String {
     let mut out = format!(
         "{{\"lastUpdated\":\"{}\",\"currentTime\":\"{}\"",
         time(h.last_updated),
@@ -301,7 +305,11 @@ mod tests {
         assert_eq!(answer(&s, Duration::from_secs(1), true).status(), 200);
         s.set_api_problem(Some("unreachable".into()));
         assert_eq!(answer(&s, Duration::from_secs(1), true).status(), 503);
-        assert_eq!(answer(&s, Duration::from_secs(1), false).status(), 200, "/livez stays up");
+        assert_eq!(
+            answer(&s, Duration::from_secs(1), false).status(),
+            200,
+            "/livez stays up"
+        );
         s.set_api_problem(None);
         assert_eq!(answer(&s, Duration::from_secs(1), true).status(), 200);
     }
