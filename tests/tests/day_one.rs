@@ -436,6 +436,17 @@ fn kubeadms_own_configmap_works_unchanged() {
         body.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds"),
         "{body}"
     );
+    // The client's requests and the process, as kube-prometheus's kube-proxy dashboard reads them.
+    let host = format!("host=\"{API_IP}:6443\"");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("rest_client_requests_total{")
+                && l.contains("code=\"200\"")
+                && l.contains(&host)
+                && l.contains("method=\"GET\"")),
+        "{body}"
+    );
+    assert!(body.contains("\nprocess_resident_memory_bytes "), "{body}");
     // Metrics stay on loopback (kube-proxy's default), health answers on the node's address.
     assert!(http_get(&site.node, sa(&format!("{NODE_IP}:10249")), "/metrics").is_err());
     let (code, _) = http_get(&site.node, sa(&format!("{NODE_IP}:10256")), "/healthz").unwrap();

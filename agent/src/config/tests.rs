@@ -574,7 +574,7 @@ fn quantities() {
 // Every field, one by one.
 
 /// Every field of `KubeProxyConfiguration`, as a path of camelCase keys. `CASES` must cover
-/// each one, the model must have exactly these, and docs/configuration.md must name each.
+/// each one, the model must have exactly these, and README.md must name each.
 const FIELDS: &[&str] = &[
     "apiVersion",
     "kind",
@@ -878,13 +878,10 @@ fn the_field_list_is_the_model_and_every_field_has_a_case() {
 
 #[test]
 fn the_documentation_covers_every_field() {
-    let doc = include_str!("../../../docs/configuration.md");
+    let doc = include_str!("../../../README.md");
     let missing: Vec<&&str> = FIELDS
         .iter()
         .filter(|f| !doc.contains(&format!("`{f}`")))
         .collect();
-    assert!(
-        missing.is_empty(),
-        "docs/configuration.md lacks {missing:?}"
-    );
+    assert!(missing.is_empty(), "README.md lacks {missing:?}");
 }
