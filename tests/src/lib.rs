@@ -31,6 +31,7 @@
 //! ```
 
 pub mod cluster;
+pub mod connect_loop;
 pub mod lab;
 pub mod pod;
 pub mod probe;

@@ -9,12 +9,11 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nftproxy_tests::apiserver::{ApiServer, in_netns};
 use nftproxy_tests::cluster::node as node_object;
+use nftproxy_tests::connect_loop::{ConnectLoop, Counts};
 use nftproxy_tests::pod::{Container, Packaging, PodEnv, SERVICE_ACCOUNT_DIR};
 use nftproxy_tests::{Lab, Ns, Probe, Proc, Proto, Verdict, ip, sa, target_binary};
 use serde_json::{Value, json};
@@ -289,76 +288,9 @@ fn without_the_endpoint_edit_the_log_and_healthz_name_the_problem() {
 }
 
 /// kubeadm's `kube-proxy` ConfigMap: `config.conf` exactly as kubeadm writes it (every field,
-/// zero values) and `kubeconfig.conf` with the control-plane endpoint and the ServiceAccount's
-/// CA and token.
-const KUBEADM_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
-bindAddress: 0.0.0.0
-bindAddressHardFail: false
-clientConnection:
-  acceptContentTypes: ""
-  burst: 0
-  contentType: ""
-  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
-  qps: 0
-clusterCIDR: 10.180.0.0/16
-configSyncPeriod: 0s
-conntrack:
-  maxPerCore: null
-  min: null
-  tcpBeLiberal: false
-  tcpCloseWaitTimeout: null
-  tcpEstablishedTimeout: null
-  udpStreamTimeout: 0s
-  udpTimeout: 0s
-detectLocal:
-  bridgeInterface: ""
-  interfaceNamePrefix: ""
-detectLocalMode: ""
-enableProfiling: false
-healthzBindAddress: ""
-hostnameOverride: ""
-iptables:
-  localhostNodePorts: null
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-ipvs:
-  excludeCIDRs: null
-  minSyncPeriod: 0s
-  scheduler: ""
-  strictARP: false
-  syncPeriod: 0s
-  tcpFinTimeout: 0s
-  tcpTimeout: 0s
-  udpTimeout: 0s
-kind: KubeProxyConfiguration
-logging:
-  flushFrequency: 0
-  options:
-    json:
-      infoBufferSize: "0"
-    text:
-      infoBufferSize: "0"
-  verbosity: 0
-metricsBindAddress: ""
-mode: ""
-nftables:
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-nodePortAddresses: null
-oomScoreAdj: null
-portRange: ""
-showHiddenMetricsForVersion: ""
-winkernel:
-  enableDSR: false
-  forwardHealthCheckVip: false
-  networkName: ""
-  rootHnsEndpointName: ""
-  sourceVip: ""
-"#;
+/// zero values; the pod subnet is the lab's) and `kubeconfig.conf` with the control-plane
+/// endpoint and the ServiceAccount's CA and token.
+const KUBEADM_CONFIG: &str = include_str!("../fixtures/kubeadm-kube-proxy-config.conf");
 
 fn kubeadm_kubeconfig() -> String {
     format!(
@@ -465,65 +397,6 @@ fn kubeadms_own_configmap_works_unchanged() {
     drop(agent);
 }
 
-/// Opens a connection to `dst` from `ns` every 50 ms; counts answers and failures after the
-/// first answer.
-struct Prober {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicUsize>,
-    failed_after_first: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Prober {
-    fn start(ns: &Ns, dst: SocketAddr) -> Prober {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicUsize::new(0));
-        let failed = Arc::new(AtomicUsize::new(0));
-        let name = ns.name().to_string();
-        let (s, o, f) = (stop.clone(), ok.clone(), failed.clone());
-        let thread = std::thread::spawn(move || {
-            in_netns(&name, || {
-                while !s.load(Ordering::SeqCst) {
-                    let answered = TcpStream::connect_timeout(&dst, Duration::from_millis(500))
-                        .and_then(|mut c| {
-                            c.set_read_timeout(Some(Duration::from_millis(500)))?;
-                            let mut buf = String::new();
-                            c.read_to_string(&mut buf)?;
-                            Ok(!buf.is_empty())
-                        })
-                        .unwrap_or(false);
-                    if answered {
-                        o.fetch_add(1, Ordering::SeqCst);
-                    } else if o.load(Ordering::SeqCst) > 0 {
-                        f.fetch_add(1, Ordering::SeqCst);
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            })
-            .unwrap();
-        });
-        Prober {
-            stop,
-            ok,
-            failed_after_first: failed,
-            thread: Some(thread),
-        }
-    }
-
-    fn answers(&self) -> usize {
-        self.ok.load(Ordering::SeqCst)
-    }
-
-    fn finish(mut self) -> (usize, usize) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap();
-        (
-            self.ok.load(Ordering::SeqCst),
-            self.failed_after_first.load(Ordering::SeqCst),
-        )
-    }
-}
-
 fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
@@ -571,16 +444,21 @@ fn a_late_node_and_a_failing_node_watch_never_break_node_ports() {
     site.api.delete("Node", "", NODE).unwrap();
     let mut agent = agent_with(&site, "30s");
     let node_port: SocketAddr = format!("{NODE_IP}:{NODE_PORT}").parse().unwrap();
-    let prober = Prober::start(&site.control_plane, node_port);
+    let prober = ConnectLoop::start(
+        &site.control_plane,
+        node_port,
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+    );
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(
-        prober.answers(),
+        prober.counts().answered,
         0,
         "NodePorts answer only once the node's address is known"
     );
     site.api.apply(node_object(NODE, &[NODE_IP], &[])).unwrap();
     wait_until("NodePort answers", Duration::from_secs(10), || {
-        prober.answers() > 0
+        prober.counts().answered > 0
     });
     std::thread::sleep(Duration::from_secs(2));
     // Deleting the Node keeps its address.
@@ -605,7 +483,11 @@ fn a_late_node_and_a_failing_node_watch_never_break_node_ports() {
         )
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let (ok, failed) = prober.finish();
+    let Counts {
+        answered: ok,
+        failed_after_first: failed,
+        ..
+    } = prober.finish();
     assert!(ok > 200, "only {ok} answers");
     assert_eq!(
         failed,

@@ -3,14 +3,11 @@
 //! and SIGKILL) do not interrupt traffic, tampering with the tables is repaired, incremental
 //! syncs stay small at 10,000 Services, and invalid objects are skipped.
 
-use std::io::Read;
-use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use nftproxy_tests::apiserver::{ApiServer, in_netns};
+use nftproxy_tests::apiserver::ApiServer;
+use nftproxy_tests::connect_loop::{ConnectLoop, Counts};
 use nftproxy_tests::{Lab, Ns, Probe, Proc, Proto, Verdict, ip, sa, target_binary};
 use serde_json::{Value, json};
 
@@ -303,56 +300,6 @@ fn api_outage_and_compacted_history() {
     );
 }
 
-/// Opens a new connection every 20 ms from the client until told to stop; counts failures.
-struct Client {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicUsize>,
-    failed: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Client {
-    fn start(ns: &Ns, dst: SocketAddr) -> Client {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicUsize::new(0));
-        let failed = Arc::new(AtomicUsize::new(0));
-        let name = ns.name().to_string();
-        let (s, o, f) = (stop.clone(), ok.clone(), failed.clone());
-        let thread = std::thread::spawn(move || {
-            in_netns(&name, || {
-                while !s.load(Ordering::SeqCst) {
-                    let answered = TcpStream::connect_timeout(&dst, Duration::from_secs(1))
-                        .and_then(|mut c| {
-                            c.set_read_timeout(Some(Duration::from_secs(1)))?;
-                            let mut buf = String::new();
-                            c.read_to_string(&mut buf)?;
-                            Ok(!buf.is_empty())
-                        })
-                        .unwrap_or(false);
-                    if answered { &o } else { &f }.fetch_add(1, Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            })
-            .unwrap();
-        });
-        Client {
-            stop,
-            ok,
-            failed,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> (usize, usize) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap();
-        (
-            self.ok.load(Ordering::SeqCst),
-            self.failed.load(Ordering::SeqCst),
-        )
-    }
-}
-
 #[test]
 fn restarts_do_not_interrupt_traffic() {
     let t = topology();
@@ -367,7 +314,12 @@ fn restarts_do_not_interrupt_traffic() {
         &endpoints(&["10.180.0.1:80", "10.180.2.1:80"]),
         Duration::from_secs(3),
     );
-    let client = Client::start(&t.client, sa("172.30.0.10:80"));
+    let client = ConnectLoop::start(
+        &t.client,
+        sa("172.30.0.10:80"),
+        Duration::from_millis(20),
+        Duration::from_secs(1),
+    );
     std::thread::sleep(Duration::from_millis(500));
     agent.terminate(Duration::from_secs(5)).unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -377,7 +329,11 @@ fn restarts_do_not_interrupt_traffic() {
     std::thread::sleep(Duration::from_millis(500));
     let agent = start_agent(&t);
     std::thread::sleep(Duration::from_millis(1500));
-    let (ok, failed) = client.finish();
+    let Counts {
+        answered: ok,
+        failed,
+        ..
+    } = client.finish();
     assert!(ok > 100, "only {ok} connections");
     assert_eq!(failed, 0, "{failed} of {} connections failed", ok + failed);
     // A restarted agent adopts the rules it finds: its first sync sends nothing.
