@@ -8,13 +8,36 @@
 //! reachable; on this node, that proxy is nftproxy itself. And when the server the client
 //! uses is such a ClusterIP and nothing answers, the problem and its fix are named in the log
 //! and in `/healthz`.
+//!
+//! The client stack ([`client_builder`]) bounds every request in time, as client-go's does
+//! (see `docs/architecture.md`, "Startup"): TCP keepalive on every connection, an answer must
+//! start within [`RESPONSE_TIMEOUT`], a list's body must keep coming ([`BODY_TIMEOUT`]), and a
+//! watch that sends neither an event nor a bookmark for longer than its server's bookmark
+//! cadence allows ([`Liveness::watch_bound`]) is ended so that kube-runtime's watcher resumes it
+//! from its last resourceVersion. Lists start from the API server's watch cache
+//! (`resourceVersion=0`, pages of 500), as client-go's informers do. [`Liveness`] hands what
+//! the stack sees (answers, `Retry-After`) to the watchers.
 
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
 
+use bytes::Bytes;
 use dataplane::model::Cluster;
+use hyper::Request as HttpRequest;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::{Response, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube::client::{ClientBuilder, ConfigExt};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use tower::util::BoxService;
+use tower::{BoxError, ServiceBuilder};
 
 /// The kubelet's ServiceAccount mount.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -198,6 +221,497 @@ pub fn cluster_ip_problem(
     ))
 }
 
+// ---------------------------------------------------------------------------------------------
+// The client stack.
+
+/// An answer must start within this time, or the request fails (and is retried on a new
+/// connection). The API server's priority and fairness queues a request for at most about 15 s
+/// before it rejects it with 429, and a page of 500 objects from its watch cache takes well under
+/// a second, so a server that has said nothing after 30 s is not about to; the server's own limit
+/// for a request is 60 s. Watches answer their head at once, so the same bound applies.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The body of a list (or any answer but a watch) must not pause longer than this.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// TCP keepalive: probes after 30 s of silence (Go's dialer default, which client-go uses), every
+/// 10 s, 3 unanswered ones end the connection, so a dead peer is noticed within about a minute
+/// even on an idle pooled connection.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const TCP_KEEPALIVE_PROBES: u32 = 3;
+
+/// Idle pooled connections are closed after this (hyper's default, made explicit: the pool
+/// needs a timer to enforce it).
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The shortest a watch may be silent before the watchdog ends it. A watch is never ended for
+/// less than [`BOOKMARK_ALLOWANCE`] bookmark intervals of silence, nor for less than this.
+pub const WATCH_BOUND_MIN: Duration = Duration::from_secs(5);
+
+/// The longest: the bound until the server's bookmark cadence is known, and its cap. Real API
+/// servers send a bookmark about every minute; 150 s is two and a half of those intervals.
+pub const WATCH_BOUND_MAX: Duration = Duration::from_secs(150);
+
+/// How many bookmark intervals of silence end a watch.
+pub const BOOKMARK_ALLOWANCE: u32 = 3;
+
+/// The bookmark intervals remembered per resource (the longest of them counts).
+const BOOKMARK_GAPS: usize = 8;
+
+/// A `Retry-After` is handed to the watcher that made the request within this time.
+const RETRY_AFTER_FRESH: Duration = Duration::from_secs(10);
+
+/// The longest `Retry-After` honoured.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(300);
+
+/// The stack under [`ClientBuilder`]: kube's base URI, authentication and extra headers over a
+/// pooled hyper client, under the [`Guard`].
+pub type Stack = Guard<BoxService<HttpRequest<kube::client::Body>, Response<Incoming>, BoxError>>;
+
+/// kube's client stack with bounded time: TCP keepalive, a connect timeout, and the [`Guard`]
+/// (response and body timeouts, the watch watchdog, lists from the watch cache, `Retry-After`
+/// and answers reported to `liveness`). The layers added on top (metrics, rate limit) see its
+/// timeouts as failed requests. kube's own retry of 429/503/504 inside the stack is left out:
+/// the watchers retry with a backoff that depends on the failure (`watch::Retry`).
+///
+/// kube 5 speaks HTTP/1.1 only (its rustls connector offers no `h2`), so HTTP/2 health-check
+/// pings do not apply; TCP keepalive and the timeouts here do their work.
+pub fn client_builder(
+    config: &kube::Config,
+    liveness: Arc<Liveness>,
+) -> Result<ClientBuilder<Stack>, String> {
+    if let Some(proxy) = &config.proxy_url {
+        return Err(format!(
+            "proxy-url {proxy}: connecting through a proxy is not supported"
+        ));
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
+    http.set_keepalive(Some(TCP_KEEPALIVE));
+    http.set_keepalive_interval(Some(TCP_KEEPALIVE_INTERVAL));
+    http.set_keepalive_retries(Some(TCP_KEEPALIVE_PROBES));
+    let https = config
+        .rustls_https_connector_with_connector(http)
+        .map_err(|e| format!("API client TLS: {e}"))?;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_timer(TokioTimer::new())
+        .build(https);
+    let auth = config
+        .auth_layer()
+        .map_err(|e| format!("API client credentials: {e}"))?;
+    let headers = config
+        .extra_headers_layer()
+        .map_err(|e| format!("API client headers: {e}"))?;
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(auth)
+        .layer(headers)
+        .map_err(BoxError::from)
+        .service(client);
+    Ok(ClientBuilder::new(
+        Guard::new(BoxService::new(service), liveness),
+        config.default_namespace.clone(),
+    ))
+}
+
+/// What the client stack learns about the API server, per resource path (e.g.
+/// `/api/v1/services`), for the watchers: that it answered, when it asked to be retried, and how
+/// often its watches send bookmarks.
+pub struct Liveness {
+    paths: Mutex<HashMap<String, Arc<PathState>>>,
+    /// The watch bound's range: [`WATCH_BOUND_MIN`] and [`WATCH_BOUND_MAX`].
+    bounds: (Duration, Duration),
+}
+
+impl Default for Liveness {
+    fn default() -> Liveness {
+        Liveness::with_watch_bounds(WATCH_BOUND_MIN, WATCH_BOUND_MAX)
+    }
+}
+
+struct PathState {
+    /// Bumped on every successful (2xx) answer.
+    answered: tokio::sync::watch::Sender<u64>,
+    /// The last `Retry-After`: when it came and what it said.
+    retry_after: Mutex<Option<(Instant, Duration)>>,
+    progress: Mutex<Progress>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Liveness {
+    /// Watch bounds other than [`WATCH_BOUND_MIN`] and [`WATCH_BOUND_MAX`] (for tests).
+    pub fn with_watch_bounds(min: Duration, max: Duration) -> Liveness {
+        Liveness {
+            paths: Mutex::default(),
+            bounds: (min, max.max(min)),
+        }
+    }
+
+    fn state(&self, path: &str) -> Arc<PathState> {
+        lock(&self.paths)
+            .entry(path.to_string())
+            .or_insert_with(|| {
+                Arc::new(PathState {
+                    answered: tokio::sync::watch::Sender::new(0),
+                    retry_after: Mutex::new(None),
+                    progress: Mutex::new(Progress::new(self.bounds)),
+                })
+            })
+            .clone()
+    }
+
+    /// Changes whenever a request for `path` gets a successful answer (a list page, a watch
+    /// that starts).
+    pub fn answered(&self, path: &str) -> tokio::sync::watch::Receiver<u64> {
+        self.state(path).answered.subscribe()
+    }
+
+    /// What is left of the `Retry-After` the server sent with its last 429 or 5xx for `path`,
+    /// if that came within the last few seconds; taken, so it counts once.
+    pub fn retry_after(&self, path: &str) -> Option<Duration> {
+        let state = self.state(path);
+        let (at, after) = lock(&state.retry_after).take()?;
+        let age = at.elapsed();
+        (age < RETRY_AFTER_FRESH).then(|| after.saturating_sub(age))
+    }
+
+    /// How long a watch of `path` may send nothing before the watchdog ends it:
+    /// [`BOOKMARK_ALLOWANCE`] times the longest recent interval between the server's bookmarks,
+    /// within [`WATCH_BOUND_MIN`]..=[`WATCH_BOUND_MAX`]; [`WATCH_BOUND_MAX`] until bookmarks have
+    /// been seen, doubled (up to the maximum) each time the watchdog fires.
+    pub fn watch_bound(&self, path: &str) -> Duration {
+        lock(&self.state(path).progress).bound
+    }
+}
+
+/// The bookmark cadence of one resource's watches.
+#[derive(Debug)]
+struct Progress {
+    gaps: VecDeque<Duration>,
+    bound: Duration,
+    /// The bound's range.
+    min: Duration,
+    max: Duration,
+}
+
+impl Progress {
+    fn new((min, max): (Duration, Duration)) -> Progress {
+        Progress {
+            gaps: VecDeque::new(),
+            bound: max,
+            min,
+            max,
+        }
+    }
+
+    fn bookmark(&mut self, gap: Duration) {
+        if self.gaps.len() == BOOKMARK_GAPS {
+            self.gaps.pop_front();
+        }
+        self.gaps.push_back(gap);
+        let longest = self.gaps.iter().max().copied().unwrap_or(self.max);
+        self.bound = longest
+            .saturating_mul(BOOKMARK_ALLOWANCE)
+            .clamp(self.min, self.max);
+    }
+
+    /// The watchdog fired: the cadence may have changed, so allow more until bookmarks are seen
+    /// again (a server that sends them less often is not restarted over and over).
+    fn silent(&mut self) {
+        self.gaps.clear();
+        self.bound = self.bound.saturating_mul(2).min(self.max);
+    }
+}
+
+/// A request that took too long, as the [`Guard`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Timeout {
+    /// No answer started within [`RESPONSE_TIMEOUT`].
+    Response(Duration),
+    /// The answer's body paused longer than [`BODY_TIMEOUT`].
+    Body(Duration),
+    /// A watch sent neither an event nor a bookmark for this long.
+    Watch(Duration),
+}
+
+impl std::fmt::Display for Timeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Timeout::Response(d) => write!(f, "no answer from the API server within {d:?}"),
+            Timeout::Body(d) => write!(f, "the API server's answer stalled for {d:?}"),
+            Timeout::Watch(d) => write!(
+                f,
+                "watch watchdog: no event and no bookmark for {d:?}; restarting the watch"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Timeout {}
+
+/// The layer of [`client_builder`]; see [`Stack`].
+#[derive(Clone)]
+pub struct Guard<S> {
+    inner: S,
+    liveness: Arc<Liveness>,
+    response_timeout: Duration,
+    body_timeout: Duration,
+}
+
+impl<S> Guard<S> {
+    pub fn new(inner: S, liveness: Arc<Liveness>) -> Guard<S> {
+        Guard {
+            inner,
+            liveness,
+            response_timeout: RESPONSE_TIMEOUT,
+            body_timeout: BODY_TIMEOUT,
+        }
+    }
+
+    /// Other timeouts (for tests).
+    pub fn with_timeouts(mut self, response: Duration, body: Duration) -> Guard<S> {
+        self.response_timeout = response;
+        self.body_timeout = body;
+        self
+    }
+}
+
+/// Whether `uri` asks for a watch.
+fn is_watch(uri: &Uri) -> bool {
+    query_has(uri, |kv| kv == "watch=true" || kv == "watch=1")
+}
+
+fn query_has(uri: &Uri, f: impl Fn(&str) -> bool) -> bool {
+    uri.query().is_some_and(|q| q.split('&').any(f))
+}
+
+/// The first page of a list from the API server's watch cache, as client-go's reflector asks
+/// for it: `resourceVersion=0` with `limit=500`. kube-core leaves `resourceVersion=0` out when a
+/// limit is set (kube-rs#1743: the watch cache does not page), which would make every
+/// paginated list a quorum read from etcd; client-go sends both, the watch cache answers the
+/// whole list at once and a server without one pages. Further pages (`continue=`) carry no
+/// resourceVersion, as they must.
+fn list_from_watch_cache<B>(req: &mut HttpRequest<B>) {
+    let uri = req.uri();
+    let first_page = req.method() == hyper::Method::GET
+        && query_has(uri, |kv| kv.starts_with("limit="))
+        && !query_has(uri, |kv| {
+            kv.starts_with("resourceVersion=")
+                || kv.starts_with("continue=")
+                || kv.starts_with("watch=")
+        });
+    if !first_page {
+        return;
+    }
+    let Some(pq) = uri.path_and_query() else {
+        return;
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = format!("{pq}&resourceVersion=0").parse().ok();
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *req.uri_mut() = uri;
+    }
+}
+
+/// `Retry-After`: seconds, or an HTTP date.
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+}
+
+impl<S, ReqBody, ResBody> tower::Service<HttpRequest<ReqBody>> for Guard<S>
+where
+    S: tower::Service<HttpRequest<ReqBody>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<GuardBody<ResBody>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: HttpRequest<ReqBody>) -> Self::Future {
+        list_from_watch_cache(&mut req);
+        let watch = is_watch(req.uri());
+        let state = self.liveness.state(req.uri().path());
+        let (response_timeout, body_timeout) = (self.response_timeout, self.body_timeout);
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let resp = match tokio::time::timeout(response_timeout, answer).await {
+                Err(_) => return Err(Box::new(Timeout::Response(response_timeout)) as BoxError),
+                Ok(Err(e)) => return Err(e.into()),
+                Ok(Ok(resp)) => resp,
+            };
+            let status = resp.status();
+            if status.is_success() {
+                state.answered.send_modify(|n| *n = n.wrapping_add(1));
+            } else if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+                let after = resp
+                    .headers()
+                    .get(hyper::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(parse_retry_after);
+                *lock(&state.retry_after) = after.map(|a| (Instant::now(), a.min(RETRY_AFTER_MAX)));
+            }
+            let watch = (watch && status.is_success()).then(|| WatchProgress {
+                last_bookmark: Instant::now(),
+                line: Vec::new(),
+                long_line: false,
+                state,
+            });
+            let idle = match &watch {
+                Some(w) => lock(&w.state.progress).bound,
+                None => body_timeout,
+            };
+            Ok(resp.map(|inner| GuardBody {
+                inner,
+                timer: Box::pin(tokio::time::sleep(idle)),
+                body_timeout,
+                watch,
+                done: false,
+            }))
+        })
+    }
+}
+
+/// A response body that fails when it pauses too long: [`BODY_TIMEOUT`] for an answer, the
+/// watch bound ([`Liveness::watch_bound`]) for a watch. A watch's bookmarks teach the bound.
+pub struct GuardBody<B> {
+    inner: B,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    body_timeout: Duration,
+    watch: Option<WatchProgress>,
+    done: bool,
+}
+
+struct WatchProgress {
+    state: Arc<PathState>,
+    last_bookmark: Instant,
+    /// The start of the current line (bookmarks are short lines).
+    line: Vec<u8>,
+    long_line: bool,
+}
+
+/// Bookmark lines are a few hundred bytes; longer lines are objects.
+const BOOKMARK_LINE_MAX: usize = 4096;
+
+impl WatchProgress {
+    /// Looks for BOOKMARK events in a chunk of the watch's JSON lines.
+    fn scan(&mut self, data: &[u8]) {
+        let mut rest = data;
+        while let Some(nl) = rest.iter().position(|b| *b == b'\n') {
+            self.push(&rest[..nl]);
+            if !self.long_line && is_bookmark(&self.line) {
+                let now = Instant::now();
+                let gap = now.saturating_duration_since(self.last_bookmark);
+                self.last_bookmark = now;
+                lock(&self.state.progress).bookmark(gap);
+            }
+            self.line.clear();
+            self.long_line = false;
+            rest = &rest[nl + 1..];
+        }
+        self.push(rest);
+    }
+
+    fn push(&mut self, part: &[u8]) {
+        if self.long_line || self.line.len() + part.len() > BOOKMARK_LINE_MAX {
+            self.long_line = true;
+            self.line.clear();
+        } else {
+            self.line.extend_from_slice(part);
+        }
+    }
+}
+
+/// Whether a watch event line is a bookmark (`{"type":"BOOKMARK","object":...}`, keys in
+/// either order, as Go and serde write them).
+fn is_bookmark(line: &[u8]) -> bool {
+    const NEEDLE: &[u8] = br#""type":"BOOKMARK""#;
+    line.windows(NEEDLE.len()).any(|w| w == NEEDLE)
+}
+
+impl<B> Body for GuardBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let idle = match &mut this.watch {
+                    Some(w) => {
+                        if let Some(data) = frame.data_ref() {
+                            w.scan(data);
+                        }
+                        lock(&w.state.progress).bound
+                    }
+                    None => this.body_timeout,
+                };
+                this.timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + idle);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.done = true;
+                let timeout = match &this.watch {
+                    Some(w) => {
+                        let mut progress = lock(&w.state.progress);
+                        let bound = progress.bound;
+                        progress.silent();
+                        Timeout::Watch(bound)
+                    }
+                    None => Timeout::Body(this.body_timeout),
+                };
+                Poll::Ready(Some(Err(Box::new(timeout))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,5 +821,204 @@ mod tests {
             )
             .is_none()
         );
+    }
+
+    mod stack {
+        use std::convert::Infallible;
+
+        use futures::StreamExt;
+        use futures::channel::mpsc;
+        use http_body_util::{BodyExt, StreamBody};
+        use tower::Service;
+
+        use super::super::*;
+
+        fn get(uri: &str) -> HttpRequest<()> {
+            HttpRequest::get(uri).body(()).unwrap()
+        }
+
+        fn uri_after(uri: &str) -> String {
+            let mut req = get(uri);
+            list_from_watch_cache(&mut req);
+            req.uri().to_string()
+        }
+
+        #[test]
+        fn first_pages_of_lists_come_from_the_watch_cache() {
+            assert_eq!(
+                uri_after("/api/v1/services?&labelSelector=a&limit=500"),
+                "/api/v1/services?&labelSelector=a&limit=500&resourceVersion=0"
+            );
+            for unchanged in [
+                "/api/v1/services?&limit=500&continue=abc",
+                "/api/v1/services?&limit=500&resourceVersion=7&resourceVersionMatch=Exact",
+                "/api/v1/services?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&resourceVersion=7",
+                "/api/v1/services?&resourceVersion=0&resourceVersionMatch=NotOlderThan",
+                "/api/v1/namespaces/a/services/b",
+            ] {
+                assert_eq!(uri_after(unchanged), unchanged);
+            }
+        }
+
+        #[test]
+        fn retry_after_and_bookmarks_are_read() {
+            assert_eq!(parse_retry_after(" 7 "), Some(Duration::from_secs(7)));
+            assert_eq!(
+                parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+                Some(Duration::ZERO)
+            );
+            assert_eq!(parse_retry_after("soon"), None);
+            assert!(is_bookmark(
+                br#"{"type":"BOOKMARK","object":{"kind":"Service","metadata":{"resourceVersion":"12"}}}"#
+            ));
+            assert!(is_bookmark(
+                br#"{"object":{"metadata":{}},"type":"BOOKMARK"}"#
+            ));
+            assert!(!is_bookmark(
+                br#"{"type":"ADDED","object":{"metadata":{}}}"#
+            ));
+        }
+
+        type Chunks = mpsc::UnboundedSender<Bytes>;
+        type Streamed = StreamBody<
+            futures::stream::Map<
+                mpsc::UnboundedReceiver<Bytes>,
+                fn(Bytes) -> Result<Frame<Bytes>, Infallible>,
+            >,
+        >;
+
+        fn streamed() -> (Chunks, Streamed) {
+            let (tx, rx) = mpsc::unbounded();
+            let frames: fn(Bytes) -> Result<Frame<Bytes>, Infallible> = |b| Ok(Frame::data(b));
+            (tx, StreamBody::new(rx.map(frames)))
+        }
+
+        /// An API server that answers with `status`, `headers` and a body, or never.
+        #[derive(Clone)]
+        struct Stub(Arc<Mutex<Option<Response<Streamed>>>>);
+
+        impl Stub {
+            fn answering(resp: Response<Streamed>) -> Stub {
+                Stub(Arc::new(Mutex::new(Some(resp))))
+            }
+        }
+
+        impl Service<HttpRequest<()>> for Stub {
+            type Response = Response<Streamed>;
+            type Error = Infallible;
+            type Future =
+                Pin<Box<dyn Future<Output = Result<Response<Streamed>, Infallible>> + Send>>;
+
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, _: HttpRequest<()>) -> Self::Future {
+                match lock(&self.0).take() {
+                    Some(resp) => Box::pin(async move { Ok(resp) }),
+                    None => Box::pin(std::future::pending()),
+                }
+            }
+        }
+
+        fn guard(stub: Stub, liveness: &Arc<Liveness>) -> Guard<Stub> {
+            Guard::new(stub, liveness.clone())
+                .with_timeouts(Duration::from_millis(100), Duration::from_millis(100))
+        }
+
+        #[tokio::test]
+        async fn an_answer_that_never_starts_times_out() {
+            let liveness = Arc::new(Liveness::default());
+            let mut svc = guard(Stub(Arc::default()), &liveness);
+            let err = svc
+                .call(get("/api/v1/services?&limit=500"))
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(
+                err.downcast_ref::<Timeout>(),
+                Some(&Timeout::Response(Duration::from_millis(100)))
+            );
+        }
+
+        #[tokio::test]
+        async fn a_stalled_list_body_times_out() {
+            let liveness = Arc::new(Liveness::default());
+            let (tx, body) = streamed();
+            let mut svc = guard(Stub::answering(Response::new(body)), &liveness);
+            let mut answered = liveness.answered("/api/v1/services");
+            let resp = svc.call(get("/api/v1/services?&limit=500")).await.unwrap();
+            assert!(answered.has_changed().unwrap());
+            answered.mark_unchanged();
+            tx.unbounded_send(Bytes::from_static(b"{\"items\":["))
+                .unwrap();
+            let err = resp.into_body().collect().await.err().unwrap();
+            assert_eq!(
+                err.downcast_ref::<Timeout>(),
+                Some(&Timeout::Body(Duration::from_millis(100)))
+            );
+        }
+
+        #[tokio::test]
+        async fn overload_answers_hand_their_retry_after_to_the_watcher() {
+            let liveness = Arc::new(Liveness::default());
+            let (_tx, body) = streamed();
+            let mut resp = Response::new(body);
+            *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            resp.headers_mut()
+                .insert(hyper::header::RETRY_AFTER, "3".parse().unwrap());
+            let mut svc = guard(Stub::answering(resp), &liveness);
+            let answered = liveness.answered("/api/v1/nodes");
+            svc.call(get("/api/v1/nodes?&limit=500")).await.unwrap();
+            assert!(!answered.has_changed().unwrap());
+            let after = liveness.retry_after("/api/v1/nodes").unwrap();
+            assert!(after > Duration::from_secs(2) && after <= Duration::from_secs(3));
+            assert_eq!(liveness.retry_after("/api/v1/nodes"), None, "counted once");
+            assert_eq!(liveness.retry_after("/api/v1/services"), None);
+        }
+
+        #[tokio::test]
+        async fn a_silent_watch_is_ended_after_a_few_bookmark_intervals() {
+            let (min, max) = (Duration::from_millis(150), Duration::from_secs(2));
+            let liveness = Arc::new(Liveness::with_watch_bounds(min, max));
+            let path = "/api/v1/services";
+            assert_eq!(liveness.watch_bound(path), max, "unknown cadence");
+            let (tx, body) = streamed();
+            let mut svc = guard(Stub::answering(Response::new(body)), &liveness);
+            let resp = svc
+                .call(get("/api/v1/services?&watch=true&resourceVersion=5"))
+                .await
+                .unwrap();
+            let mut body = resp.into_body();
+            // Events and bookmarks every 100 ms, split across chunks.
+            let bookmark = r#"{"object":{"metadata":{"resourceVersion":"9"}},"type":"BOOKMARK"}"#;
+            for _ in 0..4 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let (a, b) = bookmark.split_at(20);
+                tx.unbounded_send(Bytes::from(format!("{{\"type\":\"ADDED\"}}\n{a}")))
+                    .unwrap();
+                tx.unbounded_send(Bytes::from(format!("{b}\n"))).unwrap();
+                body.frame().await.unwrap().unwrap();
+                body.frame().await.unwrap().unwrap();
+            }
+            let bound = liveness.watch_bound(path);
+            assert!(
+                bound >= Duration::from_millis(300) && bound < Duration::from_millis(600),
+                "three bookmark intervals: {bound:?}"
+            );
+            // A long quiet spell, then silence: the watch ends with an error.
+            let start = Instant::now();
+            let err = body.frame().await.unwrap().err().unwrap();
+            let waited = start.elapsed();
+            assert!(waited >= bound && waited < bound * 3, "{waited:?}");
+            assert!(matches!(
+                err.downcast_ref::<Timeout>(),
+                Some(Timeout::Watch(_))
+            ));
+            assert!(body.frame().await.is_none(), "ended");
+            // The next watch gets twice as long, until bookmarks are seen again.
+            assert_eq!(liveness.watch_bound(path), (bound * 2).min(max));
+            drop(tx);
+        }
     }
 }

@@ -22,6 +22,11 @@ pub fn explain(pkt: &Packet, host: &Host, trace: &Trace) -> String {
         let names: Vec<&str> = trace.services.iter().map(String::as_str).collect();
         let _ = writeln!(out, "service:  {}", names.join(", "));
     }
+    // Several Services claim the destination: say who gets it and why (docs: Conflicting
+    // frontends).
+    for c in &trace.conflicts {
+        let _ = writeln!(out, "conflict: {c}");
+    }
     let endpoints: Vec<&Outcome> = trace
         .outcomes
         .iter()

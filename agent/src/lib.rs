@@ -2,6 +2,7 @@
 
 pub mod addresses;
 pub mod apiclient;
+pub mod backoff;
 pub mod client_metrics;
 pub mod config;
 pub mod conntrack;
@@ -12,9 +13,11 @@ pub mod iptables;
 pub mod memory;
 pub mod nftables;
 pub mod node_wait;
+pub mod quarantine;
 pub mod ratelimit;
 pub mod source;
 pub mod sync;
 pub mod syncloop;
 pub mod telemetry;
+pub mod testhooks;
 pub mod watch;

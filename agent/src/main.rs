@@ -223,8 +223,11 @@ fn kube_client(
     tracing::info!(server = %target.server(), origin = ?target.origin, "API server");
     // The client's buffer task is spawned on the runtime.
     let _runtime = rt.enter();
+    // Timeouts, keepalive, the watch watchdog and lists from the watch cache; what the stack
+    // sees of the server (answers, Retry-After) goes to the watchers through the diagnosis.
+    let liveness = Arc::new(apiclient::Liveness::default());
     let layer = nftproxy::client_metrics::ClientMetricsLayer::new(&target.config.cluster_url);
-    let client = kube::client::ClientBuilder::try_from(target.config.clone())
+    let client = apiclient::client_builder(&target.config, liveness.clone())
         .map_err(|e| runtime(format!("API client: {e}")))?
         .with_layer(&layer)
         .with_layer(&nftproxy::ratelimit::RateLimitLayer::new(
@@ -234,7 +237,8 @@ fn kube_client(
         .build();
     let diagnosis = watch::Diagnosis::new(move |cluster| {
         apiclient::cluster_ip_problem(&target, kubernetes_ip, cluster)
-    });
+    })
+    .with_liveness(liveness);
     Ok((client, diagnosis))
 }
 
@@ -538,7 +542,20 @@ fn apply_oom_score_adj(value: i32) {
     }
 }
 
+/// A panic in any thread ends the process, with the panic in the log, so that the kubelet
+/// restarts the agent: a dead sync thread or watcher behind live health endpoints would leave
+/// the rules stale without anyone noticing. The rules stay in place meanwhile.
+fn exit_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        tracing::error!(panic = %info, "panicked; exiting so that nftproxy is restarted (the rules stay in place)");
+        std::process::exit(70);
+    }));
+}
+
 fn main() -> ExitCode {
+    exit_on_panic();
     let cli = Cli::parse();
     if matches!(
         cli.command,

@@ -41,6 +41,19 @@ pub enum SyncError {
     Nftables(#[from] NftError),
     #[error(transparent)]
     Iptables(#[from] IptError),
+    /// `NFTPROXY_TEST_FAIL_FAMILY` (see [`crate::testhooks`]).
+    #[error("{0} sync failed by NFTPROXY_TEST_FAIL_FAMILY (a test hook)")]
+    Injected(&'static str),
+}
+
+impl SyncError {
+    /// The nftables operation the kernel or the encoder refused, if that was the failure.
+    pub fn refused_op(&self) -> Option<&dataplane::plan::Op> {
+        match self {
+            SyncError::Nftables(e) => e.refused_op(),
+            _ => None,
+        }
+    }
 }
 
 /// What one family's sync sent to the kernel.
@@ -99,8 +112,6 @@ pub struct Syncer {
     udp_index: BTreeMap<Family, FrontendIndex>,
     /// Frontends whose conntrack cleanup failed, compared again at the next sync.
     udp_pending: BTreeMap<Family, FrontendKeys>,
-    /// The family whose sync failed last (for per-family failure metrics).
-    failed_family: Option<Family>,
 }
 
 impl Syncer {
@@ -140,7 +151,6 @@ impl Syncer {
             udp_frontends: BTreeMap::new(),
             udp_index: BTreeMap::new(),
             udp_pending: BTreeMap::new(),
-            failed_family: None,
         }
     }
 
@@ -182,46 +192,51 @@ impl Syncer {
     }
 
     /// Syncs both families, considering every Service. `full` re-reads the kernel state first,
-    /// which repairs any drift.
+    /// which repairs any drift. The first failure is returned.
     pub fn sync(
         &mut self,
         cluster: &Cluster,
         config: &BuildConfig,
         full: bool,
     ) -> Result<BTreeMap<Family, FamilyReport>, SyncError> {
-        self.sync_changed(cluster, config, full, Changed::All)
+        let both = Family::ALL.iter().map(|f| (*f, full)).collect();
+        self.sync_families(cluster, config, &both, Changed::All)
+            .into_iter()
+            .map(|(family, r)| r.map(|report| (family, report)))
+            .collect()
     }
 
-    /// Syncs both families after the Services in `changed` changed: in nftables mode the work
-    /// is proportional to the change, not to the cluster, unless `full`.
-    pub fn sync_changed(
+    /// Syncs each family of `families` (with whether to sync it in full) after the Services in
+    /// `changed` changed: in nftables mode the work is proportional to the change, not to the
+    /// cluster, unless full. Each family is synced on its own: one failing does not stop or
+    /// delay the other. A failed family forgets what it knew of the kernel and its desired
+    /// table, so its next sync reads the kernel back and rebuilds.
+    pub fn sync_families(
         &mut self,
         cluster: &Cluster,
         config: &BuildConfig,
-        full: bool,
+        families: &BTreeMap<Family, bool>,
         changed: Changed<'_>,
-    ) -> Result<BTreeMap<Family, FamilyReport>, SyncError> {
-        let mut reports = BTreeMap::new();
-        for family in Family::ALL {
-            let report = self.sync_family(cluster, config, family, full, changed);
-            if report.is_err() {
-                // The other family may not have seen `changed`: rebuild both next time.
-                self.udp_index.clear();
+    ) -> BTreeMap<Family, Result<FamilyReport, SyncError>> {
+        let mut results = BTreeMap::new();
+        for (&family, &full) in families {
+            let result = self.sync_family(cluster, config, family, full, changed);
+            if result.is_err() {
+                self.udp_index.remove(&family);
                 match &mut self.backend {
                     Backend::Nftables {
                         committed, desired, ..
                     } => {
                         committed.remove(&family);
-                        desired.clear();
+                        desired.remove(&family);
                     }
                     // The backend forgets what it wrote itself.
                     Backend::Iptables(_) => {}
                 }
-                self.failed_family = Some(family);
             }
-            reports.insert(family, report?);
+            results.insert(family, result);
         }
-        Ok(reports)
+        results
     }
 
     fn sync_family(
@@ -232,6 +247,9 @@ impl Syncer {
         full: bool,
         changed: Changed<'_>,
     ) -> Result<FamilyReport, SyncError> {
+        if crate::testhooks::fail_family(family) {
+            return Err(SyncError::Injected(family.k8s_name()));
+        }
         let start = Instant::now();
         let first = !self.udp_frontends.contains_key(&family);
         let (mut report, read_back) = match &mut self.backend {
@@ -373,11 +391,6 @@ impl Syncer {
                 }
             }
         }
-    }
-
-    /// The family whose sync failed last, if any failed.
-    pub fn failed_family(&self) -> Option<Family> {
-        self.failed_family
     }
 
     /// nftables mode: leaves the drift monitor's notifications out of transactions of

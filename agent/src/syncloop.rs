@@ -1,21 +1,24 @@
 //! The sync loop: turns tracked changes into kernel syncs, at most one per `minSyncPeriod`,
-//! retrying after `syncPeriod` when a sync fails (with a full sync), and re-reading the kernel
-//! state periodically and whenever someone else touches nftproxy's tables.
+//! syncing each IP family on its own, retrying a failed family in full with exponential
+//! backoff (up to `syncPeriod`), and re-reading the kernel state periodically and whenever
+//! someone else touches nftproxy's tables.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use dataplane::build::BuildConfig;
-use dataplane::model::Cluster;
+use dataplane::model::{Cluster, ObjectName};
 use dataplane::ruleset::Family;
 use dataplane::tracker::Tracker;
 
+use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::http::health::{HealthState, node_eligible};
 use crate::node_wait::{Gate, NodeWait};
+use crate::quarantine::{self, Moves, Quarantine};
 use crate::sync::{Changed, FamilyReport, Syncer};
 
 /// How often a full sync (read back, repair drift) runs when nothing asks for one sooner. Like
@@ -127,17 +130,29 @@ impl Shared {
     }
 }
 
+/// One family's part of a sync attempt.
+pub struct FamilyRun {
+    /// A full sync (the kernel read back first), or a partial one.
+    pub full: bool,
+    pub result: Result<FamilyReport, String>,
+    /// Failures in a row, this one included (0 after a success).
+    pub failures: u32,
+    /// After a failure: when the family is tried again.
+    pub retry_in: Option<Duration>,
+}
+
 /// One sync attempt, as the observers see it.
 pub struct SyncRun<'a> {
-    pub full: bool,
     pub elapsed: Duration,
     /// The cluster and configuration the sync programmed.
     pub cluster: &'a Cluster,
     pub config: &'a BuildConfig,
     /// `endpoints.kubernetes.io/last-change-trigger-time` of the slice changes it carried.
     pub trigger_times: &'a [(Family, String)],
-    /// Per family; on failure the error and the family that failed (if known).
-    pub result: &'a Result<BTreeMap<Family, FamilyReport>, (Option<Family>, String)>,
+    /// The families synced (a family waiting to retry after a failure is left out).
+    pub families: &'a BTreeMap<Family, FamilyRun>,
+    /// Services kept out of the rules because the kernel refused them.
+    pub quarantined: usize,
 }
 
 /// Called after every sync attempt (metrics, health).
@@ -149,7 +164,35 @@ impl Observer for () {
     fn synced(&mut self, _: &SyncRun<'_>) {}
 }
 
-/// Runs until every sender of `rx` is gone. The first sync waits as `node_wait` says.
+/// What the loop knows of one family between syncs.
+struct FamilyState {
+    /// The next sync of this family reads the kernel back first.
+    need_full: bool,
+    backoff: Backoff,
+    /// While failing: not synced again before this time, whatever changes.
+    retry_at: Option<Instant>,
+}
+
+impl FamilyState {
+    fn new(settings: &Settings) -> FamilyState {
+        // The first retry soon (a transient error), then backing off to syncPeriod, which
+        // is when kube-proxy retries.
+        let base = settings.min_sync_period.max(Duration::from_millis(500));
+        FamilyState {
+            need_full: true,
+            backoff: Backoff::new(base, settings.sync_period),
+            retry_at: None,
+        }
+    }
+
+    fn waiting(&self, now: Instant) -> bool {
+        self.retry_at.is_some_and(|t| t > now)
+    }
+}
+
+/// Runs until every sender of `rx` is gone. The first sync waits as `node_wait` says. Each
+/// family syncs on its own: a failing family is retried with backoff (and then in full) while
+/// the other keeps following changes.
 pub fn run(
     shared: &Shared,
     rx: Receiver<Wake>,
@@ -158,36 +201,56 @@ pub fn run(
     observer: &mut dyn Observer,
     mut node_wait: NodeWait,
 ) {
+    if crate::testhooks::panic_in("sync") {
+        panic!("NFTPROXY_TEST_PANIC=sync (a test hook)");
+    }
     let mut config = settings.build.clone();
     // The first sync reads the kernel back, adopting the rules a previous run left.
-    let mut need_full = true;
-    let mut failed = false;
+    let mut families: BTreeMap<Family, FamilyState> = Family::ALL
+        .iter()
+        .map(|f| (*f, FamilyState::new(settings)))
+        .collect();
     let mut last_end: Option<Instant> = None;
     let mut next_full = Instant::now() + FULL_SYNC_PERIOD;
-    let mut retry_at = Instant::now();
     let mut addresses_changed = false;
     let mut gate_until: Option<Instant> = None;
+    let mut quarantine = Quarantine::new(settings.sync_period, 20 * settings.sync_period);
+    // Services put into or out of quarantine, to re-plan in every family at the next sync.
+    let mut moved: BTreeSet<ObjectName> = BTreeSet::new();
     loop {
-        let mut deadline = if failed { retry_at } else { next_full };
-        if let Some(t) = gate_until {
+        let mut deadline = next_full;
+        let soon = (!moved.is_empty()).then(Instant::now);
+        for t in families
+            .values()
+            .filter_map(|f| f.retry_at)
+            .chain(gate_until)
+            .chain(quarantine.next_release())
+            .chain(soon)
+        {
             deadline = deadline.min(t);
         }
+        let mut drift = false;
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(Wake::Changed) => {}
-            Ok(Wake::Drift) => need_full = true,
+            Ok(Wake::Changed) | Err(RecvTimeoutError::Timeout) => {}
+            Ok(Wake::Drift) => drift = true,
             Ok(Wake::Addresses) => addresses_changed = true,
-            Err(RecvTimeoutError::Timeout) => need_full = true,
             Err(RecvTimeoutError::Disconnected) => return,
         }
         if let Some(end) = last_end {
             std::thread::sleep(settings.min_sync_period.saturating_sub(end.elapsed()));
         }
         while let Ok(w) = rx.try_recv() {
-            need_full |= w == Wake::Drift;
+            drift |= w == Wake::Drift;
             addresses_changed |= w == Wake::Addresses;
         }
+        let now = Instant::now();
+        if drift || now >= next_full {
+            for f in families.values_mut() {
+                f.need_full = true;
+            }
+        }
         let (gate, needs_stand_in) = shared.with_tracker(|t| {
-            let gate = node_wait.gate(t, Instant::now());
+            let gate = node_wait.gate(t, now);
             (gate, node_wait.needs_stand_in(t))
         });
         gate_until = match gate {
@@ -201,20 +264,37 @@ pub fn run(
             node_wait.stand_in(|| syncer.programmed_node_port_ips());
         }
         shared.set_initialised();
+        // A family waiting to retry is left alone: its next sync rebuilds it from the cluster
+        // as it is then, so it needs none of the changes taken now.
+        let ready: Vec<Family> = families
+            .iter()
+            .filter(|(_, f)| !f.waiting(now))
+            .map(|(family, _)| *family)
+            .collect();
+        if ready.is_empty() {
+            continue;
+        }
+        let any_full = ready.iter().any(|f| families[f].need_full);
+        for name in quarantine.release_due(now) {
+            tracing::info!(service = %name, "trying a quarantined Service again");
+            moved.insert(name);
+        }
         let snapshot = shared.with_tracker(|t| {
             let changes = t.take_changes();
-            let worth_it = !changes.is_empty() || need_full || failed || addresses_changed;
+            let worth_it =
+                !changes.is_empty() || any_full || addresses_changed || !moved.is_empty();
             worth_it.then(|| (t.cluster().clone(), changes))
         });
-        let Some((mut cluster, changes)) = snapshot else {
+        let Some((mut cluster, mut changes)) = snapshot else {
             continue;
         };
         node_wait.complete(&mut cluster);
+        quarantine.apply(&mut cluster);
+        changes.services.append(&mut moved);
         let trigger_times = changes.trigger_times;
-        let full = need_full || failed;
         // Addresses are re-read when rtnetlink says they changed, and on full syncs (which
         // also covers a host where the address watch could not be opened).
-        if full || addresses_changed {
+        if any_full || addresses_changed {
             config.local_addresses = crate::addresses::local_addresses();
         }
         addresses_changed = false;
@@ -223,42 +303,90 @@ pub fn run(
         } else {
             Changed::Services(&changes.services)
         };
+        let plan: BTreeMap<Family, bool> =
+            ready.iter().map(|f| (*f, families[f].need_full)).collect();
         let start = Instant::now();
-        let result = syncer
-            .sync_changed(&cluster, &config, full, changed)
-            .map_err(|e| (syncer.failed_family(), e.to_string()));
+        let results = syncer.sync_families(&cluster, &config, &plan, changed);
         let elapsed = start.elapsed();
-        match &result {
-            Ok(_) => {
-                failed = false;
-                need_full = false;
-                if full {
-                    next_full = Instant::now() + FULL_SYNC_PERIOD;
+        let mut runs = BTreeMap::new();
+        for (family, result) in results {
+            let state = families.get_mut(&family).expect("every family has a state");
+            let full = plan[&family];
+            if let Err(e) = &result
+                && let Some(op) = e.refused_op()
+            {
+                let suspects = quarantine::suspects(op, &cluster);
+                if !suspects.is_empty() {
+                    let moves = quarantine.refused(&suspects, Instant::now());
+                    report_moves(&moves, &e.to_string());
+                    moved.extend(moves.quarantined);
                 }
             }
-            Err((_, e)) => {
-                tracing::error!(error = %e, retry_in = ?settings.sync_period, "sync failed; the previous rules stay in place");
-                failed = true;
-                retry_at = Instant::now() + settings.sync_period;
-            }
+            let (result, retry_in) = match result {
+                Ok(report) => {
+                    state.backoff.succeeded();
+                    state.need_full = false;
+                    state.retry_at = None;
+                    (Ok(report), None)
+                }
+                Err(e) => {
+                    // With the refused Services set aside, the rest is synced at once.
+                    let delay = if moved.is_empty() {
+                        state.backoff.failed()
+                    } else {
+                        Duration::ZERO
+                    };
+                    state.need_full = true;
+                    state.retry_at = Some(Instant::now() + delay);
+                    tracing::error!(family = family.k8s_name(), error = %e, failures = state.backoff.failures(), retry_in = ?delay, "sync failed; the previous rules stay in place");
+                    (Err(e.to_string()), Some(delay))
+                }
+            };
+            runs.insert(
+                family,
+                FamilyRun {
+                    full,
+                    result,
+                    failures: state.backoff.failures(),
+                    retry_in,
+                },
+            );
+        }
+        let all_ok = runs.values().all(|r| r.result.is_ok());
+        if plan.values().all(|full| *full) && all_ok {
+            next_full = Instant::now() + FULL_SYNC_PERIOD;
+        }
+        if all_ok && !quarantine.is_empty() {
+            let moves = quarantine.synced(Instant::now());
+            report_moves(&moves, "");
+            moved.extend(moves.released);
         }
         observer.synced(&SyncRun {
-            full,
             elapsed,
             cluster: &cluster,
             config: &config,
             trigger_times: &trigger_times,
-            result: &result,
+            families: &runs,
+            quarantined: quarantine.len(),
         });
-        let large = full
-            || result
-                .as_ref()
-                .is_ok_and(|r| r.values().any(|f| f.bytes > LARGE_SYNC_BYTES));
-        drop((cluster, result));
+        let large = runs
+            .values()
+            .any(|r| r.full || r.result.as_ref().is_ok_and(|f| f.bytes > LARGE_SYNC_BYTES));
+        drop((cluster, runs));
         if large {
             crate::memory::release_freed();
         }
         last_end = Some(Instant::now());
+    }
+}
+
+/// Logs Services put into or let out of quarantine.
+fn report_moves(moves: &Moves, error: &str) {
+    for name in &moves.quarantined {
+        tracing::warn!(service = %name, %error, "quarantined Service: the kernel refused its rules; every other Service is synced without it, and it is tried again later");
+    }
+    for name in &moves.released {
+        tracing::info!(service = %name, "Service let out of quarantine");
     }
 }
 

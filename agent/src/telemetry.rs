@@ -2,15 +2,17 @@
 //! and after every sync records kube-proxy's metrics, the proxy health and the per-Service
 //! health-check node ports (kube-proxy's post-sync steps, `syncProxyRules` step 7).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use dataplane::conflicts::{self, Conflict};
 use dataplane::ruleset::Family;
 use metrics::invalid_reason;
 use tokio::runtime::Handle;
 
 use crate::config::{ProxyMode, Settings};
+use crate::http::health::SyncFailure;
 use crate::http::service_health::ServiceHealth;
 use crate::http::{self, parse_bind_address, parse_rfc3339, spawn_server};
 use crate::syncloop::{Observer, Shared, SyncRun};
@@ -28,6 +30,8 @@ pub struct Telemetry {
     /// The mode's failure counter: nftables sync failures here, iptables restore failures
     /// are counted by the iptables backend (it knows whether the restore was partial).
     mode: ProxyMode,
+    /// The frontend conflicts of the last sync, to log each when it appears and when it ends.
+    conflicts: BTreeSet<Conflict>,
 }
 
 impl Telemetry {
@@ -79,6 +83,7 @@ impl Telemetry {
             service_health,
             started: SystemTime::now(),
             mode: settings.mode,
+            conflicts: BTreeSet::new(),
         })
     }
 
@@ -93,10 +98,12 @@ impl Observer for Telemetry {
         let m = metrics::metrics();
         let now = SystemTime::now();
         let health = self.shared.health();
-        match run.result {
-            Ok(reports) => {
-                for (&family, r) in reports {
-                    m.observe_sync(family, run.full, r.elapsed);
+        m.set_quarantined(run.quarantined);
+        for (&family, fr) in run.families {
+            m.set_consecutive_failures(family, fr.failures);
+            match &fr.result {
+                Ok(r) => {
+                    m.observe_sync(family, fr.full, r.elapsed);
                     m.sync_succeeded(family, now);
                     m.set_no_local_endpoints(family, r.no_local_endpoints);
                     m.observe_netlink(family, r.messages, r.bytes);
@@ -117,38 +124,46 @@ impl Observer for Telemetry {
                         m.set_iptables_rules(family, "nat", ipt.nat_rules, ipt.nat_written);
                     }
                     health.updated(family);
+                    health.set_sync_failure(family, None);
                 }
-                for (family, raw) in run.trigger_times {
-                    let Some(t) = parse_rfc3339(raw) else {
-                        continue;
-                    };
-                    if t < self.started {
-                        continue;
-                    }
-                    if let Ok(latency) = now.duration_since(t) {
-                        m.observe_network_programming(*family, latency);
-                    }
-                }
-                self.service_health.sync(run.cluster, run.config);
-            }
-            Err((failed, _)) => {
-                let families: Vec<Family> = match failed {
-                    Some(f) => vec![*f],
-                    None => Family::ALL.to_vec(),
-                };
-                for family in families {
-                    m.observe_sync(family, run.full, run.elapsed);
+                Err(error) => {
+                    m.observe_sync(family, fr.full, run.elapsed);
                     if self.mode == ProxyMode::Nftables {
                         m.sync_failed(family);
                     }
-                }
-                // The kernel does not hold what it should: an update is pending until a sync
-                // succeeds (kube-proxy only counts queued changes; a failing repair or periodic
-                // sync would otherwise stay "healthy" forever).
-                for family in Family::ALL {
+                    // The kernel does not hold what it should: an update is pending until a
+                    // sync succeeds (kube-proxy only counts queued changes; a failing repair or
+                    // periodic sync would otherwise stay "healthy" forever).
                     health.queued_update(family);
+                    health.set_sync_failure(
+                        family,
+                        Some(SyncFailure {
+                            failures: fr.failures,
+                            error: error.clone(),
+                            retry_at: now + fr.retry_in.unwrap_or_default(),
+                        }),
+                    );
                 }
             }
+        }
+        let succeeded =
+            |family: &Family| run.families.get(family).is_some_and(|fr| fr.result.is_ok());
+        for (family, raw) in run.trigger_times {
+            if !succeeded(family) {
+                continue;
+            }
+            let Some(t) = parse_rfc3339(raw) else {
+                continue;
+            };
+            if t < self.started {
+                continue;
+            }
+            if let Ok(latency) = now.duration_since(t) {
+                m.observe_network_programming(*family, latency);
+            }
+        }
+        if run.families.keys().any(succeeded) {
+            self.service_health.sync(run.cluster, run.config);
         }
         let (has_changes, counts, invalid) = self.shared.with_tracker(|t| {
             let mut invalid: BTreeMap<(&'static str, &'static str), usize> = BTreeMap::new();
@@ -160,14 +175,64 @@ impl Observer for Telemetry {
             (t.has_changes(), t.change_counts(), invalid)
         });
         // Changes that arrived during the sync are still pending.
-        if has_changes && run.result.is_ok() {
-            for family in Family::ALL {
-                health.queued_update(family);
+        if has_changes {
+            for family in run.families.keys().filter(|f| succeeded(f)) {
+                health.queued_update(*family);
             }
         }
         m.set_changes(counts);
         m.set_invalid_objects(invalid.into_iter().map(|((k, r), n)| (k, r, n)));
+        self.note_conflicts(run);
     }
+}
+
+impl Telemetry {
+    /// Logs the frontend conflicts (several Services claiming one ClusterIP, or one external or
+    /// load-balancer IP and port) that appeared or ended since the last sync and sets
+    /// `nftproxy_frontend_conflicts`. O(conflicting addresses): the model indexes them.
+    fn note_conflicts(&mut self, run: &SyncRun<'_>) {
+        let now: BTreeSet<Conflict> = conflicts::conflicts(&run.cluster.services)
+            .into_iter()
+            .collect();
+        for c in now.difference(&self.conflicts) {
+            tracing::warn!(
+                kind = c.kind.name(),
+                frontend = %c.frontend,
+                winner = %c.winner,
+                losers = %names(&c.losers),
+                rule = %c.rule,
+                "frontend conflict: {c}; not programmed for {}",
+                names(&c.losers),
+            );
+        }
+        for c in self.conflicts.difference(&now) {
+            tracing::info!(
+                kind = c.kind.name(),
+                frontend = %c.frontend,
+                winner = %c.winner,
+                losers = %names(&c.losers),
+                "frontend conflict ended: {} {} between {} and {}",
+                c.kind,
+                c.frontend,
+                c.winner,
+                names(&c.losers),
+            );
+        }
+        let list: Vec<Conflict> = now.iter().cloned().collect();
+        metrics::metrics().set_frontend_conflicts(
+            conflicts::counts(&list)
+                .into_iter()
+                .map(|(kind, n)| (kind.name(), n)),
+        );
+        self.conflicts = now;
+    }
+}
+
+fn names(list: &[dataplane::model::ObjectName]) -> String {
+    list.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// How long the health checks tolerate a pending update (kube-proxy: `2 × syncPeriod`).

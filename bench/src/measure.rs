@@ -404,7 +404,12 @@ fn syncer_run(
     changed: Changed<'_>,
 ) -> Result<SyncRun> {
     let sw = Stopwatch::start();
-    let reports = syncer.sync_changed(cluster, config, full, changed)?;
+    let both = Family::ALL.iter().map(|f| (*f, full)).collect();
+    let reports = syncer
+        .sync_families(cluster, config, &both, changed)
+        .into_iter()
+        .map(|(family, r)| r.map(|report| (family, report)))
+        .collect::<Result<BTreeMap<_, _>, _>>()?;
     let (wall_ms, user_ms, sys_ms) = sw.stop();
     let v4 = reports.get(&Family::V4).copied().unwrap_or_default();
     Ok(SyncRun {

@@ -35,6 +35,7 @@ use data_encoding::BASE32;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
+use crate::conflicts::{Suppressed, suppressed};
 use crate::convert::slices_by_service;
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
 use crate::ruleset::{
@@ -874,18 +875,45 @@ impl Part {
     }
 }
 
+/// What a Service port needs its endpoints for, with only the frontends it keeps (see
+/// [`crate::conflicts`]): without its ClusterIP (another Service keeps it), only for external
+/// traffic.
+pub fn port_usage(
+    svc: &Service,
+    port: &ServicePort,
+    cluster_ip: Option<IpAddr>,
+    suppressed: &Suppressed,
+) -> Usage {
+    let external = suppressed.externally_accessible(svc, port);
+    match cluster_ip {
+        Some(_) => Usage::new(
+            svc.internal_policy_local,
+            svc.external_policy_local,
+            external,
+        ),
+        None => Usage {
+            uses_cluster: external,
+            uses_local: svc.external_policy_local && external,
+        },
+    }
+}
+
 /// The part of `family`'s table that Service `svc` (with its EndpointSlices) accounts for.
-/// `slots` gives the Service chains their endpoint-map regions.
+/// `slots` gives the Service chains their endpoint-map regions; `suppressed` says which of its
+/// frontends other Services keep ([`crate::conflicts::suppressed`] in the Service's cluster).
 pub fn service_part<'s>(
     svc: &Service,
     slices: impl IntoIterator<Item = &'s EndpointSlice>,
     env: &BuildEnv<'_>,
     slots: &mut SlotSource<'_>,
+    suppressed: &Suppressed,
 ) -> Part {
     let mut part = Part::default();
-    let Some(cluster_ip) = svc.cluster_ip(env.family) else {
+    // Not proxied in a family it has no ClusterIP of.
+    if svc.cluster_ip(env.family).is_none() {
         return part;
-    };
+    }
+    let cluster_ip = suppressed.cluster_ip(svc, env.family);
     let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
     let topo = NodeTopology {
         node_name: &env.config.node_name,
@@ -898,14 +926,11 @@ pub fn service_part<'s>(
             port,
             family: env.family,
             cluster_ip,
+            suppressed,
             det: &env.det,
             node_ip: env.node_ip,
         };
-        let usage = Usage::new(
-            svc.internal_policy_local,
-            svc.external_policy_local,
-            svc.externally_accessible(port),
-        );
+        let usage = port_usage(svc, port, cluster_ip, suppressed);
         let cat = categorize(&endpoints, usage, &topo);
         ctx.add(&mut part, &cat, usage, slots);
     }
@@ -921,7 +946,8 @@ pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Built {
     let mut slots = Slots::new();
     for svc in cluster.services.values() {
         let slices = by_service.get(&svc.name).into_iter().flatten().copied();
-        let part = service_part(svc, slices, &env, &mut SlotSource::Assign(&mut slots));
+        let sup = suppressed(&cluster.services, svc);
+        let part = service_part(svc, slices, &env, &mut SlotSource::Assign(&mut slots), &sup);
         part.merge_into(&mut table);
         counts.add(part.no_local_endpoints);
     }
@@ -936,7 +962,10 @@ struct PortContext<'a> {
     svc: &'a Service,
     port: &'a ServicePort,
     family: Family,
-    cluster_ip: IpAddr,
+    /// The Service's ClusterIP of the family, unless another Service keeps it.
+    cluster_ip: Option<IpAddr>,
+    /// The frontends other Services keep.
+    suppressed: &'a Suppressed,
     det: &'a Detector,
     /// The Node's primary IP of this family (for the load-balancer source-range exception).
     node_ip: Option<IpAddr>,
@@ -1024,13 +1053,6 @@ fn list_elements(
 }
 
 impl PortContext<'_> {
-    fn ips_of_family<'b>(&self, ips: &'b [IpAddr]) -> impl Iterator<Item = IpAddr> + 'b {
-        let family = self.family;
-        ips.iter()
-            .copied()
-            .filter(move |ip| Family::of(ip) == family)
-    }
-
     fn comment(&self) -> String {
         port_label(self.svc, self.port)
     }
@@ -1042,19 +1064,31 @@ impl PortContext<'_> {
         // The names cost a SHA-256, and most Service ports have no chain.
         let names = LazyCell::new(|| ChainNames::of(svc, self.port));
         let reject = Some(Verdict::Goto(REJECT_CHAIN.into()));
-        let lb_ips: Vec<IpAddr> = self.ips_of_family(&svc.load_balancer_ips).collect();
-        // Where external traffic reaches the port.
-        let mut frontends: Vec<Frontend> = self
-            .ips_of_family(&svc.external_ips)
+        let sup = self.suppressed;
+        let lb_ips: Vec<IpAddr> = sup
+            .kept(&svc.load_balancer_ips, self.port, self.family)
+            .collect();
+        // Where external traffic reaches the port (the frontends it keeps).
+        let mut frontends: Vec<Frontend> = sup
+            .kept(&svc.external_ips, self.port, self.family)
             .chain(lb_ips.iter().copied())
             .map(|ip| Frontend::Addr(ip, port))
             .collect();
         frontends.extend(self.port.node_port.map(Frontend::NodePort));
-        let cip_key = Key::AddrProtoPort(self.cluster_ip, proto, port);
-        insert_element(part, CLUSTER_IPS, Key::Addr(self.cluster_ip), None);
+        if self.cluster_ip.is_none() && frontends.is_empty() {
+            return;
+        }
+        let cip_key = self
+            .cluster_ip
+            .map(|ip| Key::AddrProtoPort(ip, proto, port));
+        if let Some(ip) = self.cluster_ip {
+            insert_element(part, CLUSTER_IPS, Key::Addr(ip), None);
+        }
 
         if !cat.has_any {
-            insert_element(part, NO_ENDPOINT_SERVICES, cip_key, reject.clone());
+            if let Some(key) = cip_key {
+                insert_element(part, NO_ENDPOINT_SERVICES, key, reject.clone());
+            }
             for frontend in &frontends {
                 let map = frontend.pick(NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS);
                 insert_element(part, map, frontend.key(proto), reject.clone());
@@ -1187,35 +1221,37 @@ impl PortContext<'_> {
             }
         };
 
-        // Internal (ClusterIP) traffic.
+        // Internal (ClusterIP) traffic, unless another Service keeps the ClusterIP.
         let has_internal = !(svc.internal_policy_local && cat.local.is_empty());
-        if has_internal {
-            if direct {
-                list(
-                    part,
-                    Frontend::Addr(self.cluster_ip, port),
-                    svc.internal_policy_local,
-                );
-            } else {
-                let internal_chain = if svc.internal_policy_local {
-                    &names.local
+        if let (Some(cluster_ip), Some(cip_key)) = (self.cluster_ip, cip_key) {
+            if has_internal {
+                if direct {
+                    list(
+                        part,
+                        Frontend::Addr(cluster_ip, port),
+                        svc.internal_policy_local,
+                    );
                 } else {
-                    &names.cluster
-                };
-                insert_element(
-                    part,
-                    SERVICE_IPS,
-                    cip_key,
-                    Some(Verdict::Goto(internal_chain.clone())),
-                );
+                    let internal_chain = if svc.internal_policy_local {
+                        &names.local
+                    } else {
+                        &names.cluster
+                    };
+                    insert_element(
+                        part,
+                        SERVICE_IPS,
+                        cip_key,
+                        Some(Verdict::Goto(internal_chain.clone())),
+                    );
+                }
+            } else {
+                part.no_local_endpoints.internal += 1;
+                insert_element(part, NO_ENDPOINT_SERVICES, cip_key, Some(Verdict::Drop));
             }
-        } else {
-            part.no_local_endpoints.internal += 1;
-            insert_element(part, NO_ENDPOINT_SERVICES, cip_key, Some(Verdict::Drop));
         }
 
         // External (NodePort, external IP, load balancer IP) traffic.
-        if !svc.externally_accessible(self.port) {
+        if !sup.externally_accessible(svc, self.port) {
             return;
         }
         let has_external = !(svc.external_policy_local && cat.local.is_empty());

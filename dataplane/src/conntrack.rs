@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use crate::build::port_endpoints;
+use crate::conflicts::{Suppressed, suppressed};
 use crate::model::{Cluster, EndpointSlice, ObjectName, Service};
 use crate::plan::TableState;
 use crate::ruleset::{Family, Key, Proto};
@@ -55,20 +56,31 @@ pub struct Frontends {
 
 impl Frontends {
     /// The UDP frontends `cluster` gives `family`. Services without a ClusterIP of the family
-    /// are not proxied in it and have none. Two Services claiming one frontend share it: the
-    /// endpoints of both count.
+    /// are not proxied in it and have none. An address frontend several Services claim is the
+    /// one Service's that [`crate::conflicts`] gives it to (the others' entries to it are
+    /// stale); two Services claiming one NodePort share it: the endpoints of both count.
     pub fn of(cluster: &Cluster, family: Family) -> Frontends {
         FrontendIndex::build(cluster, family).current
     }
 
-    /// The UDP frontends of one Service.
-    fn of_service(svc: &Service, slices: &[&EndpointSlice], family: Family) -> Frontends {
+    /// The UDP frontends of one Service, without those other Services keep (`suppressed`).
+    fn of_service(
+        svc: &Service,
+        slices: &[&EndpointSlice],
+        family: Family,
+        suppressed: &Suppressed,
+    ) -> Frontends {
         let mut out = Frontends::default();
         if svc.cluster_ip(family).is_none() {
             return out;
         }
-        let addrs: Vec<IpAddr> = svc.frontend_addrs(family).collect();
+        let cluster_ip = suppressed.cluster_ip(svc, family);
         for port in svc.ports.iter().filter(|p| p.protocol == Proto::Udp) {
+            let addrs: Vec<IpAddr> = cluster_ip
+                .into_iter()
+                .chain(suppressed.kept(&svc.external_ips, port, family))
+                .chain(suppressed.kept(&svc.load_balancer_ips, port, family))
+                .collect();
             // The node name only decides `local`, which does not matter here.
             let serving: BTreeSet<IpAddr> = port_endpoints(slices, port, family, "")
                 .into_iter()
@@ -220,7 +232,9 @@ impl FrontendIndex {
     }
 
     /// Re-reads the Services in `changed` from `cluster`; returns the frontends that may have
-    /// changed (before or after).
+    /// changed (before or after). `changed` must include the Services whose conflicts a
+    /// change decides differently (the change tracker reports them, see
+    /// [`crate::conflicts::neighbours`]).
     pub fn update<'a>(
         &mut self,
         cluster: &Cluster,
@@ -233,7 +247,8 @@ impl FrontendIndex {
         for name in changed {
             let new = cluster.services.get(name).map(|svc| {
                 let slices: Vec<&EndpointSlice> = cluster.slices_of(name).collect();
-                Frontends::of_service(svc, &slices, family)
+                let sup = suppressed(&cluster.services, svc);
+                Frontends::of_service(svc, &slices, family, &sup)
             });
             let old = match new {
                 Some(f) if !f.is_empty() => self.services.insert(name.clone(), f),
@@ -354,6 +369,7 @@ mod tests {
             internal_policy_local: false,
             health_check_node_port: None,
             affinity_timeout: None,
+            creation_timestamp: None,
             ports: ports
                 .iter()
                 .map(|(n, protocol, port, node_port)| ServicePort {
@@ -642,7 +658,7 @@ mod tests {
     }
 
     #[test]
-    fn shared_frontend_counts_both_services() {
+    fn a_shared_frontend_is_the_winners() {
         let mut a = service("a", &["172.30.0.10"], &[("p", Proto::Udp, 53, None)]);
         a.external_ips = vec![ip("192.0.2.10")];
         let mut b = service("b", &["172.30.0.11"], &[("p", Proto::Udp, 53, None)]);
@@ -664,11 +680,12 @@ mod tests {
                 ),
             ],
         );
+        // ns/a wins the external IP (see crate::conflicts): entries that ns/b's endpoint
+        // answers are stale, as that endpoint no longer gets the frontend's traffic.
         let f = Frontends::of(&c, Family::V4);
-        assert_eq!(
-            f.addrs[&(ip("192.0.2.10"), 53)],
-            set(&["10.0.0.1", "10.0.0.2"])
-        );
+        assert_eq!(f.addrs[&(ip("192.0.2.10"), 53)], set(&["10.0.0.1"]));
+        let to_b = entry(UDP, "10.0.5.5", ("192.0.2.10", 53), ("10.0.0.2", 53));
+        assert!(stale(&to_b, &f, &f));
     }
 
     #[test]

@@ -118,10 +118,34 @@ pub fn handled_by(
     }
 }
 
+/// The longest namespace, Service name or port name Kubernetes allows (a DNS label). Names go
+/// into chain names and comments, which nf_tables limits: a longer name from a file would make
+/// the kernel refuse the whole transaction, so it is refused here, for its object alone.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// Why `value` cannot be a namespace, name or port name, if it cannot.
+fn bad_name(what: &str, value: &str) -> Option<String> {
+    if value.len() > MAX_NAME_LEN {
+        Some(format!(
+            "{what} is {} bytes long; at most {MAX_NAME_LEN} are allowed",
+            value.len()
+        ))
+    } else if value.chars().any(|c| c.is_control() || c == '/' || c.is_whitespace()) {
+        Some(format!("{what} {value:?} contains a control character, a space or '/'"))
+    } else {
+        None
+    }
+}
+
 pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
     let name = object_name(&svc.metadata);
     if name.name.is_empty() {
         return invalid("metadata.name is empty");
+    }
+    if let Some(reason) = bad_name("metadata.namespace", &name.namespace)
+        .or_else(|| bad_name("metadata.name", &name.name))
+    {
+        return invalid(reason);
     }
     if !handled_by(&svc.metadata, proxy_name) {
         return Err(Skip::Ignored("service-proxy-name"));
@@ -213,6 +237,9 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
             (_, Some(np)) => Some(parse_port(&format!("spec.ports[{i}].nodePort"), np)?),
         };
         let name = p.name.clone().unwrap_or_default();
+        if let Some(reason) = bad_name(&format!("spec.ports[{i}].name"), &name) {
+            return invalid(reason);
+        }
         if ports
             .iter()
             .any(|q: &ServicePort| q.name == name && q.protocol == protocol)
@@ -275,6 +302,7 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
         health_check_node_port,
         affinity_timeout,
         ports,
+        creation_timestamp: svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
     })
 }
 
@@ -635,6 +663,30 @@ mod tests {
             parse_cidr_sloppy("10.1.2.3/8"),
             Some("10.0.0.0/8".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn names_the_kernel_would_refuse_are_refused_here() {
+        let svc = |ns: &str, name: &str, port: &str| -> core::Service {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"clusterIP": "172.30.0.1", "ports": [{"name": port, "port": 80}]}
+            }))
+            .unwrap()
+        };
+        let long = "a".repeat(MAX_NAME_LEN + 1);
+        let ok = "a".repeat(MAX_NAME_LEN);
+        assert!(service(&svc(&ok, &ok, &ok), "").is_ok());
+        for (s, field) in [
+            (svc(&long, "web", "http"), "metadata.namespace"),
+            (svc("ns", &long, "http"), "metadata.name"),
+            (svc("ns", "web", &long), "spec.ports[0].name"),
+            (svc("ns", "we/b", "http"), "metadata.name"),
+            (svc("ns", "web", "ht\ntp"), "spec.ports[0].name"),
+        ] {
+            let err = service(&s, "").unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
     }
 
     #[test]

@@ -11,10 +11,16 @@
 //! [`crate::ruleset::Table::fit_set_sizes`]), so after changes both may differ from a fresh
 //! build's (and a build at startup adopts the kernel's). Elements of plain sets may be shared (an
 //! endpoint of several Services is one `hairpin-endpoints` element): they are counted and stay
-//! while any Service claims them. Two Services claiming the same map element (e.g. the
-//! same external IP and port) are resolved by a full build's order (the last Service by name
-//! wins); rather than tracking every claimant, such a rare conflict makes [`Desired::update`]
-//! rebuild everything.
+//! while any Service claims them.
+//!
+//! Services claiming the same frontend (a ClusterIP, or an external or load-balancer IP with a
+//! port) are decided by [`crate::conflicts`] before any element is made, so no two Services
+//! claim one element of a map with values. A Service's part therefore depends on the
+//! Services it shares an address with: when one of them changes, [`Desired::update`] re-plans
+//! those whose conflicts come out differently too (found through the model's address index,
+//! O(claimants)), taking every old part out before putting any new part in, as a frontend may
+//! move from one Service to another. Only two Services with one NodePort still claim one
+//! element; that rare conflict makes [`Desired::update`] rebuild everything.
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -22,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use ipnet::IpNet;
 
 use crate::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
+use crate::conflicts::{Suppressed, claims_differ, neighbours, suppressed};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::plan::TableState;
 use crate::ruleset::{ChainName, Family, Key, KeyType, Table, Value};
@@ -159,6 +166,7 @@ impl Desired {
                 cluster.slices_of(&svc.name),
                 &env,
                 &mut SlotSource::Assign(&mut desired.slots),
+                &suppressed(&cluster.services, svc),
             );
             desired.insert_structure(&part);
             for ((set, key), value) in part.elements {
@@ -237,8 +245,10 @@ impl Desired {
     }
 
     /// Brings the table up to date with `cluster` for the Services in `changed` (created,
-    /// updated or deleted ones alike). Anything node-wide that changed (configuration, Node,
-    /// ServiceCIDRs) rebuilds everything, as does a conflict between two Services.
+    /// updated or deleted ones alike; their EndpointSlices included). The Services sharing a
+    /// frontend address with a changed one are re-planned too where their conflicts come out
+    /// differently. Anything node-wide that changed (configuration, Node, ServiceCIDRs)
+    /// rebuilds everything, as does a NodePort claimed by two Services.
     pub fn update<'a>(
         &mut self,
         cluster: &Cluster,
@@ -253,40 +263,59 @@ impl Desired {
         // The node-wide inputs are unchanged, so the environment is the one the table was
         // built in, and rebuilding a Service's part from `built_from` gives what it added then.
         let env = BuildEnv::new(cluster, config, family);
-        let mut scope = Scope::default();
         let changed: BTreeSet<&ObjectName> = changed.into_iter().collect();
-        for name in changed {
-            let mut contested = false;
-            let mut old_chains = Vec::new();
-            if let Some(svc) = self.built_from.services.get(name) {
-                let old = service_part(
-                    svc,
-                    self.built_from.slices_of(name),
-                    &env,
-                    &mut SlotSource::Lookup(&self.slots),
-                );
-                contested |= self.remove(&old);
-                scope.cover(&old);
-                old_chains.extend(old.chains.into_keys());
-            }
-            if let Some(svc) = cluster.services.get(name) {
+        let affected = self.affected(cluster, &changed);
+        let (before, after) = (&self.built_from, cluster);
+        let mut scope = Scope::default();
+        let mut contested = false;
+        // Every old part goes before any new part comes in: a frontend may move from one
+        // Service to another.
+        let mut released: BTreeSet<ChainName> = BTreeSet::new();
+        let mut old_parts = Vec::new();
+        for (name, (old, _)) in &affected {
+            if let Some(svc) = before.services.get(name) {
                 let part = service_part(
                     svc,
-                    cluster.slices_of(name),
+                    before.slices_of(name),
+                    &env,
+                    &mut SlotSource::Lookup(&self.slots),
+                    old,
+                );
+                old_parts.push(part);
+            }
+        }
+        for old in &old_parts {
+            contested |= self.remove(old);
+            scope.cover(old);
+            released.extend(old.chains.keys().cloned());
+        }
+        drop(old_parts);
+        for (name, (_, new)) in &affected {
+            if let Some(svc) = after.services.get(name) {
+                let part = service_part(
+                    svc,
+                    after.slices_of(name),
                     &env,
                     &mut SlotSource::Assign(&mut self.slots),
+                    new,
                 );
                 scope.cover(&part);
                 contested |= self.insert(&part);
-                old_chains.retain(|c| !part.chains.contains_key(c));
+                for chain in part.chains.keys() {
+                    released.remove(chain);
+                }
             }
-            for chain in &old_chains {
-                self.slots.release(chain);
-            }
-            if contested {
-                self.rebuild(cluster, config);
-                return Updated::All;
-            }
+        }
+        for chain in &released {
+            self.slots.release(chain);
+        }
+        if contested {
+            tracing::debug!(
+                family = family.k8s_name(),
+                "two Services claim one map element (a NodePort?): rebuilding the desired table"
+            );
+            self.rebuild(cluster, config);
+            return Updated::All;
         }
         self.built_from = cluster.clone();
         // A set that outgrew its size (or shrank far below it) is recreated with a new one,
@@ -297,6 +326,50 @@ impl Desired {
             return Updated::All;
         }
         Updated::Scope(scope)
+    }
+
+    /// The Services whose parts an update for `changed` re-plans, with what each may not
+    /// program before (in `built_from`) and now (in `cluster`): the changed ones, and those
+    /// of their neighbours (Services sharing an address with one, before or now) whose
+    /// conflicts come out differently. O(changed × claimants).
+    fn affected(
+        &self,
+        cluster: &Cluster,
+        changed: &BTreeSet<&ObjectName>,
+    ) -> BTreeMap<ObjectName, (Suppressed, Suppressed)> {
+        let (before, after) = (&self.built_from.services, &cluster.services);
+        let resolve = |name: &ObjectName| {
+            let of = |services: &crate::model::Services| {
+                services
+                    .get(name)
+                    .map_or(Suppressed::NONE, |svc| suppressed(services, svc))
+            };
+            (of(before), of(after))
+        };
+        let mut affected: BTreeMap<ObjectName, (Suppressed, Suppressed)> = changed
+            .iter()
+            .map(|name| ((*name).clone(), resolve(name)))
+            .collect();
+        for name in changed {
+            let (old, new) = (before.get(name), after.get(name));
+            if !claims_differ(old.map(|s| &**s), new.map(|s| &**s)) {
+                continue;
+            }
+            let around = old
+                .into_iter()
+                .flat_map(|svc| neighbours(before, svc))
+                .chain(new.into_iter().flat_map(|svc| neighbours(after, svc)));
+            for svc in around {
+                if affected.contains_key(&svc.name) {
+                    continue;
+                }
+                let (old, new) = resolve(&svc.name);
+                if old != new {
+                    affected.insert(svc.name.clone(), (old, new));
+                }
+            }
+        }
+        affected
     }
 
     /// Rebuilds everything (O(cluster)), keeping the chains' endpoint-map regions and the set

@@ -47,7 +47,9 @@ use sha2::{Digest, Sha256};
 
 use crate::build::{
     BuildConfig, LocalDetector, NoLocalEndpoints, NodePortIps, node_port_ips, port_endpoints,
+    port_usage,
 };
+use crate::conflicts::{Suppressed, suppressed};
 use crate::convert::slices_by_service;
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
 use crate::ruleset::{Family, Proto};
@@ -548,23 +550,24 @@ pub fn build(
     };
     let node_ip = cluster.node.as_ref().and_then(|n| n.primary_ip(family));
     for svc in cluster.services.values() {
-        let Some(cluster_ip) = svc.cluster_ip(family) else {
+        // Not proxied in a family it has no ClusterIP of.
+        if svc.cluster_ip(family).is_none() {
             continue;
-        };
+        }
+        // The frontends other Services keep (the same decision as nftables mode's).
+        let sup = suppressed(&cluster.services, svc);
+        let cluster_ip = sup.cluster_ip(svc, family);
         let slices: &[&EndpointSlice] = by_service.get(&svc.name).map(Vec::as_slice).unwrap_or(&[]);
         for port in &svc.ports {
             let endpoints = port_endpoints(slices, port, family, &config.node_name);
-            let usage = Usage::new(
-                svc.internal_policy_local,
-                svc.external_policy_local,
-                svc.externally_accessible(port),
-            );
+            let usage = port_usage(svc, port, cluster_ip, &sup);
             let cat = categorize(&endpoints, usage, &topo);
             let ctx = PortRules {
                 svc,
                 port,
                 family,
                 cluster_ip,
+                suppressed: &sup,
                 config,
                 det: det.as_ref(),
                 node_ip,
@@ -608,7 +611,10 @@ struct PortRules<'a> {
     svc: &'a Service,
     port: &'a ServicePort,
     family: Family,
-    cluster_ip: IpAddr,
+    /// The Service's ClusterIP of the family, unless another Service keeps it.
+    cluster_ip: Option<IpAddr>,
+    /// The frontends other Services keep.
+    suppressed: &'a Suppressed,
     config: &'a BuildConfig,
     /// (is local, is not local), if a detector is configured for this family.
     det: Option<&'a (String, String)>,
@@ -617,11 +623,9 @@ struct PortRules<'a> {
 }
 
 impl PortRules<'_> {
-    fn ips_of_family(&self, ips: &[IpAddr]) -> Vec<IpAddr> {
-        ips.iter()
-            .copied()
-            .filter(|ip| Family::of(ip) == self.family)
-            .collect()
+    /// `ips` of the family that this port keeps (see [`crate::conflicts`]).
+    fn kept(&self, ips: &[IpAddr]) -> Vec<IpAddr> {
+        self.suppressed.kept(ips, self.port, self.family).collect()
     }
 
     /// The rules of one Service port: dispatch rules, filter verdicts and its own chains
@@ -651,10 +655,13 @@ impl PortRules<'_> {
         } else {
             (&cluster_chain, has_endpoints)
         };
-        let externally_accessible = svc.externally_accessible(self.port);
+        let externally_accessible = self.suppressed.externally_accessible(svc, self.port);
+        if self.cluster_ip.is_none() && !externally_accessible {
+            return;
+        }
         let uses_external_chain = has_endpoints && externally_accessible;
-        let external_ips = self.ips_of_family(&svc.external_ips);
-        let lb_ips = self.ips_of_family(&svc.load_balancer_ips);
+        let external_ips = self.kept(&svc.external_ips);
+        let lb_ips = self.kept(&svc.load_balancer_ips);
         let ranges: Vec<IpNet> = svc
             .load_balancer_source_ranges
             .iter()
@@ -676,7 +683,7 @@ impl PortRules<'_> {
                 let c = format!("{name} has no local endpoints");
                 ("DROP", c.clone(), "DROP", c)
             };
-        if has_endpoints && !has_internal {
+        if has_endpoints && !has_internal && self.cluster_ip.is_some() {
             r.no_local_endpoints.internal += 1;
         }
         if has_endpoints && externally_accessible && !has_external {
@@ -684,27 +691,29 @@ impl PortRules<'_> {
         }
         let to = |ip: IpAddr| format!("{} -d {} --dport {port}", proto(p), host(ip));
 
-        // The ClusterIP.
-        if has_internal {
-            r.push(
-                Nat,
-                SERVICES,
-                format!(
-                    "{} {} -j {internal_chain}",
-                    comment(&format!("{name} cluster IP")),
-                    to(self.cluster_ip)
-                ),
-            );
-        } else {
-            r.push(
-                Filter,
-                SERVICES,
-                format!(
-                    "{} {} -j {internal_target}",
-                    comment(&internal_comment),
-                    to(self.cluster_ip)
-                ),
-            );
+        // The ClusterIP, unless another Service keeps it.
+        if let Some(cluster_ip) = self.cluster_ip {
+            if has_internal {
+                r.push(
+                    Nat,
+                    SERVICES,
+                    format!(
+                        "{} {} -j {internal_chain}",
+                        comment(&format!("{name} cluster IP")),
+                        to(cluster_ip)
+                    ),
+                );
+            } else {
+                r.push(
+                    Filter,
+                    SERVICES,
+                    format!(
+                        "{} {} -j {internal_target}",
+                        comment(&internal_comment),
+                        to(cluster_ip)
+                    ),
+                );
+            }
         }
 
         // External IPs.
@@ -812,11 +821,11 @@ impl PortRules<'_> {
         }
 
         // Internal traffic: masquerade what does not come from local pods.
-        if has_internal {
+        if has_internal && let Some(cluster_ip) = self.cluster_ip {
             let head = format!(
                 "{} {}",
                 comment(&format!("{name} cluster IP")),
-                to(self.cluster_ip)
+                to(cluster_ip)
             );
             let masq = if self.config.masquerade_all {
                 Some(format!("{head} -j {MARK_MASQ}"))

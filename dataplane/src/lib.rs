@@ -2,6 +2,7 @@
 //! its planner and its renderer. No I/O, no async runtime, no kernel access.
 
 pub mod build;
+pub mod conflicts;
 pub mod conntrack;
 pub mod convert;
 pub mod desired;

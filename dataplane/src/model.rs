@@ -5,8 +5,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use imbl::OrdMap;
+use imbl::{OrdMap, OrdSet};
 use ipnet::IpNet;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::ruleset::{Family, Proto};
 
@@ -70,6 +71,9 @@ pub struct Service {
     /// ClientIP session affinity timeout in seconds.
     pub affinity_timeout: Option<u32>,
     pub ports: Vec<ServicePort>,
+    /// `metadata.creationTimestamp`: among Services claiming one frontend the oldest wins (see
+    /// [`crate::conflicts`]); a Service without one loses to every Service with one.
+    pub creation_timestamp: Option<Timestamp>,
 }
 
 impl Service {
@@ -90,6 +94,23 @@ impl Service {
                 std::iter::once(cluster_ip)
                     .chain(others.copied().filter(move |ip| Family::of(ip) == family))
             })
+    }
+
+    /// Every address the Service claims a frontend on, in any family: its ClusterIPs, external
+    /// IPs and LoadBalancer IPs, each once.
+    pub fn claimed_addrs(&self) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = Vec::with_capacity(self.cluster_ips.len());
+        let all = self
+            .cluster_ips
+            .iter()
+            .chain(&self.external_ips)
+            .chain(&self.load_balancer_ips);
+        for ip in all {
+            if !out.contains(ip) {
+                out.push(*ip);
+            }
+        }
+        out
     }
 
     /// NodePorts, LoadBalancer IPs or external IPs make a Service reachable from outside.
@@ -315,6 +336,220 @@ impl IntoIterator for Slices {
     }
 }
 
+/// The Services that claim one address (as ClusterIP, external IP or LoadBalancer IP), oldest
+/// first in the order conflicts are decided ([`crate::conflicts::precedence`]). Almost every
+/// address has one claimant, held inline.
+#[derive(Clone, Debug)]
+enum Claimants {
+    One(Arc<Service>),
+    /// A thin pointer: the index holds one entry per address.
+    Many(Arc<Vec<Arc<Service>>>),
+}
+
+impl Claimants {
+    fn as_slice(&self) -> &[Arc<Service>] {
+        match self {
+            Claimants::One(s) => std::slice::from_ref(s),
+            Claimants::Many(v) => v,
+        }
+    }
+
+    fn from_vec(mut v: Vec<Arc<Service>>) -> Option<Claimants> {
+        match v.len() {
+            0 => None,
+            1 => v.pop().map(Claimants::One),
+            _ => Some(Claimants::Many(Arc::new(v))),
+        }
+    }
+}
+
+/// The Services of a [`Cluster`] by name, plus an index from every address a Service claims
+/// a frontend on to the Services claiming it, so that conflicts between Services (see
+/// [`crate::conflicts`]) are found in O(claimants) in any snapshot of the model, never by a
+/// scan. Iterates in name order, like a `BTreeMap`.
+///
+/// There is deliberately no `get_mut`: changing a Service in place would leave the index
+/// stale. Replace a Service with [`Services::insert`] instead.
+#[derive(Clone, Debug, Default)]
+pub struct Services {
+    by_name: OrdMap<ObjectName, Arc<Service>>,
+    by_addr: OrdMap<IpAddr, Claimants>,
+    /// The addresses more than one Service claims (usually none).
+    shared: OrdSet<IpAddr>,
+}
+
+impl PartialEq for Services {
+    fn eq(&self, other: &Services) -> bool {
+        // The index follows from the Services.
+        self.by_name == other.by_name
+    }
+}
+
+impl Eq for Services {}
+
+impl Services {
+    pub fn new() -> Services {
+        Services::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    pub fn get(&self, name: &ObjectName) -> Option<&Arc<Service>> {
+        self.by_name.get(name)
+    }
+
+    pub fn contains_key(&self, name: &ObjectName) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// Adds or replaces the Service `name` (which should be `svc.name`), returning the one it
+    /// replaced.
+    pub fn insert(
+        &mut self,
+        name: ObjectName,
+        svc: impl Into<Arc<Service>>,
+    ) -> Option<Arc<Service>> {
+        let svc: Arc<Service> = svc.into();
+        let old = self.by_name.insert(name, svc.clone());
+        if let Some(o) = &old {
+            self.unindex(o);
+        }
+        self.index(&svc);
+        old
+    }
+
+    pub fn remove(&mut self, name: &ObjectName) -> Option<Arc<Service>> {
+        let old = self.by_name.remove(name)?;
+        self.unindex(&old);
+        Some(old)
+    }
+
+    fn index(&mut self, svc: &Arc<Service>) {
+        let key = crate::conflicts::precedence(svc);
+        for addr in svc.claimed_addrs() {
+            // Almost always the address's only claimant.
+            let Some(claimants) = self.by_addr.get(&addr) else {
+                self.by_addr.insert(addr, Claimants::One(svc.clone()));
+                continue;
+            };
+            let mut list: Vec<Arc<Service>> = claimants.as_slice().to_vec();
+            let at = list.partition_point(|s| crate::conflicts::precedence(s) < key);
+            list.insert(at, svc.clone());
+            if list.len() > 1 {
+                self.shared.insert(addr);
+            }
+            if let Some(c) = Claimants::from_vec(list) {
+                self.by_addr.insert(addr, c);
+            }
+        }
+    }
+
+    fn unindex(&mut self, svc: &Arc<Service>) {
+        for addr in svc.claimed_addrs() {
+            let Some(claimants) = self.by_addr.get(&addr) else {
+                continue;
+            };
+            if let Claimants::One(only) = claimants
+                && Arc::ptr_eq(only, svc)
+            {
+                self.by_addr.remove(&addr);
+                continue;
+            }
+            let list: Vec<Arc<Service>> = claimants
+                .as_slice()
+                .iter()
+                .filter(|s| !Arc::ptr_eq(s, svc))
+                .cloned()
+                .collect();
+            if list.len() < 2 {
+                self.shared.remove(&addr);
+            }
+            match Claimants::from_vec(list) {
+                Some(c) => self.by_addr.insert(addr, c),
+                None => self.by_addr.remove(&addr),
+            };
+        }
+    }
+
+    /// The Services claiming `addr` as ClusterIP, external IP or LoadBalancer IP, in any
+    /// family, oldest first ([`crate::conflicts::precedence`]).
+    pub fn claimants(&self, addr: &IpAddr) -> &[Arc<Service>] {
+        self.by_addr.get(addr).map_or(&[], Claimants::as_slice)
+    }
+
+    /// Whether more than one Service claims `addr`.
+    pub fn is_shared(&self, addr: &IpAddr) -> bool {
+        !self.shared.is_empty() && self.shared.contains(addr)
+    }
+
+    /// The addresses more than one Service claims, in order.
+    pub fn shared_addrs(&self) -> impl Iterator<Item = &IpAddr> {
+        self.shared.iter()
+    }
+
+    /// All Services with their names, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&ObjectName, &Arc<Service>)> {
+        self.by_name.iter()
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &ObjectName> {
+        self.by_name.keys()
+    }
+
+    /// All Services, in name order.
+    pub fn values(&self) -> impl Iterator<Item = &Arc<Service>> {
+        self.by_name.values()
+    }
+}
+
+impl std::ops::Index<&ObjectName> for Services {
+    type Output = Arc<Service>;
+
+    fn index(&self, name: &ObjectName) -> &Arc<Service> {
+        &self.by_name[name]
+    }
+}
+
+impl<V: Into<Arc<Service>>> FromIterator<(ObjectName, V)> for Services {
+    fn from_iter<I: IntoIterator<Item = (ObjectName, V)>>(iter: I) -> Services {
+        let mut out = Services::default();
+        out.extend(iter);
+        out
+    }
+}
+
+impl<V: Into<Arc<Service>>> Extend<(ObjectName, V)> for Services {
+    fn extend<I: IntoIterator<Item = (ObjectName, V)>>(&mut self, iter: I) {
+        for (name, svc) in iter {
+            self.insert(name, svc);
+        }
+    }
+}
+
+impl IntoIterator for Services {
+    type Item = (ObjectName, Arc<Service>);
+    type IntoIter = Box<dyn Iterator<Item = (ObjectName, Arc<Service>)>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.by_name.into_iter())
+    }
+}
+
+impl<'a> IntoIterator for &'a Services {
+    type Item = (&'a ObjectName, &'a Arc<Service>);
+    type IntoIter = Box<dyn Iterator<Item = (&'a ObjectName, &'a Arc<Service>)> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.by_name.iter())
+    }
+}
+
 impl Node {
     /// The Node's primary IP of `family`: its first InternalIP, else its first ExternalIP.
     pub fn primary_ip(&self, family: Family) -> Option<IpAddr> {
@@ -337,8 +572,8 @@ impl Node {
 /// and shares structure with the original. Both iterate in name order, like a `BTreeMap`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cluster {
-    /// Boxed, like the slices in [`Slices`].
-    pub services: OrdMap<ObjectName, Arc<Service>>,
+    /// Boxed, like the slices in [`Slices`]; indexed by the addresses they claim.
+    pub services: Services,
     pub slices: Slices,
     pub node: Option<Node>,
     pub service_cidrs: BTreeMap<String, Vec<IpNet>>,

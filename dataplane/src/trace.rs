@@ -11,6 +11,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::build::port_label;
+use crate::conflicts::{self, Conflict, Frontend, suppressed};
 use crate::model::Cluster;
 use crate::ruleset::{
     Action, Chain, Family, Key, Match, Proto, Table, Value, Verdict, slot_region,
@@ -82,22 +83,34 @@ pub struct Trace {
     /// endpoint list chose the endpoint: Services without a chain of their own. See
     /// [`Trace::name_services`].
     pub frontends: BTreeSet<Key>,
+    /// The packet's destination and protocol.
+    pub destination: Option<(SocketAddr, Proto)>,
+    /// Conflicts over the packet's destination (several Services claim it; see
+    /// [`crate::conflicts`]), filled in by [`Trace::name_services`].
+    pub conflicts: Vec<Conflict>,
 }
 
 impl Trace {
     /// Adds to `services` the Service ports (`ns/name:port`) of `cluster` that own
-    /// [`Trace::frontends`]; the table alone does not name them.
+    /// [`Trace::frontends`]; the table alone does not name them. Where several Services claim
+    /// a frontend, the one [`crate::conflicts`] gives it to owns it, and the conflicts over
+    /// the packet's destination go to [`Trace::conflicts`].
     pub fn name_services(&mut self, cluster: &Cluster, family: Family) {
         for svc in cluster.services.values() {
             if svc.cluster_ip(family).is_none() {
                 continue;
             }
+            let sup = std::cell::LazyCell::new(|| suppressed(&cluster.services, svc));
             for port in &svc.ports {
                 let owns = |key: &Key| match *key {
                     Key::AddrProtoPort(ip, proto, p) => {
                         proto == port.protocol
                             && p == port.port
                             && svc.frontend_addrs(family).any(|a| a == ip)
+                            && (sup.cluster_ip(svc, family) == Some(ip)
+                                || ((svc.external_ips.contains(&ip)
+                                    || svc.load_balancer_ips.contains(&ip))
+                                    && !sup.external(ip, proto, p)))
                     }
                     Key::ProtoPort(proto, p) => proto == port.protocol && port.node_port == Some(p),
                     _ => false,
@@ -106,6 +119,16 @@ impl Trace {
                     self.services.insert(port_label(svc, port));
                 }
             }
+        }
+        if let Some((dst, proto)) = self.destination {
+            let hit = |f: &Frontend| match *f {
+                Frontend::ClusterIp(ip) => ip == dst.ip(),
+                Frontend::Addr(ip, p, port) => ip == dst.ip() && p == proto && port == dst.port(),
+            };
+            self.conflicts = conflicts::conflicts(&cluster.services)
+                .into_iter()
+                .filter(|c| hit(&c.frontend))
+                .collect();
         }
     }
 
@@ -461,5 +484,6 @@ pub fn trace(table: &Table, host: &Host, pkt: &Packet) -> Trace {
         });
     }
     t.trace.outcomes = finals;
+    t.trace.destination = Some((pkt.dst, pkt.proto));
     t.trace
 }

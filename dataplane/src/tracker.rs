@@ -9,8 +9,9 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
 
+use crate::conflicts::{claims_differ, neighbours};
 use crate::convert::{self, Skip, Skipped, object_name};
-use crate::model::{Cluster, NodeNames, ObjectName};
+use crate::model::{Cluster, NodeNames, ObjectName, Service};
 use crate::ruleset::Family;
 
 /// The kinds of object the proxy watches.
@@ -43,7 +44,9 @@ impl Kind {
 /// What changed since the last [`Tracker::take_changes`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
-    /// Services whose rules may differ (their object or one of their slices changed).
+    /// Services whose rules may differ: their object or one of their slices changed, or they
+    /// share a frontend address with a Service whose addresses, ports or age changed (so a
+    /// conflict between them may be decided differently, see [`crate::conflicts`]).
     pub services: BTreeSet<ObjectName>,
     /// Something every Service depends on changed (the Node, ServiceCIDRs): sync everything.
     pub all: bool,
@@ -238,6 +241,27 @@ impl Tracker {
         self.listed.insert(kind);
     }
 
+    /// After Service `name` changed from `old` to what the model holds now: if its claims on
+    /// addresses changed, the Services sharing one of its addresses (before or now) are
+    /// reported as changed too, as a conflict with them may be decided differently. The
+    /// model's address index makes this O(claimants).
+    fn note_neighbours(&mut self, old: Option<&Service>, name: &ObjectName) {
+        let services = &self.cluster.services;
+        let new = services.get(name).map(|s| &**s);
+        if !claims_differ(old, new) {
+            return;
+        }
+        let around = old
+            .into_iter()
+            .chain(new)
+            .flat_map(|svc| neighbours(services, svc));
+        for svc in around {
+            if !self.changes.services.contains(&svc.name) {
+                self.changes.services.insert(svc.name.clone());
+            }
+        }
+    }
+
     /// Records a created or updated Service. Returns the reason if it is invalid (it is then
     /// removed, as it no longer describes anything the proxy can program).
     pub fn apply_service(&mut self, svc: &core::Service) -> Option<Skipped> {
@@ -249,13 +273,15 @@ impl Tracker {
             Ok(s) => (Some(s), None),
             Err(e) => (None, Some(e)),
         };
-        if self.cluster.services.get(&name).map(|s| &**s) != new.as_ref() {
+        let old = self.cluster.services.get(&name).cloned();
+        if old.as_deref() != new.as_ref() {
             match new {
                 Some(s) => self.cluster.services.insert(name.clone(), Arc::new(s)),
                 None => self.cluster.services.remove(&name),
             };
             self.changes.services.insert(name.clone());
             self.events.pending_services.insert(name.clone());
+            self.note_neighbours(old.as_deref(), &name);
         }
         self.note_invalid(Kind::Service, &name, skip)
     }
@@ -351,9 +377,10 @@ impl Tracker {
         match kind {
             Kind::Service => {
                 self.events.service_events += 1;
-                if self.cluster.services.remove(name).is_some() {
+                if let Some(old) = self.cluster.services.remove(name) {
                     self.changes.services.insert(name.clone());
                     self.events.pending_services.insert(name.clone());
+                    self.note_neighbours(Some(&old), name);
                 }
             }
             Kind::EndpointSlice => {
@@ -511,6 +538,53 @@ mod tests {
         let c = t.change_counts();
         assert_eq!((c.service_events, c.slice_events), (2, 3));
         assert_eq!((c.services_pending, c.endpoints_pending), (0, 1));
+    }
+
+    fn svc_with(name: &str, ip: &str, external: &[&str], created: &str) -> core::Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
+            "spec": {"clusterIP": ip, "externalIPs": external,
+                     "ports": [{"name": "p", "port": 53, "protocol": "UDP"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn services_sharing_an_address_with_a_changed_one_are_reported() {
+        let mut t = Tracker::new("node", "");
+        t.apply_service(&svc_with("dns", "172.30.0.10", &[], "2020-01-01T00:00:00Z"));
+        t.apply_service(&svc_with("web", "172.30.0.20", &[], "2020-01-01T00:00:00Z"));
+        t.take_changes();
+        let names =
+            |c: Changes| -> Vec<String> { c.services.iter().map(ToString::to_string).collect() };
+        // A tenant claims kube-dns's ClusterIP: kube-dns is re-planned too, not "web".
+        let evil = svc_with(
+            "evil",
+            "172.30.0.99",
+            &["172.30.0.10"],
+            "2019-01-01T00:00:00Z",
+        );
+        t.apply_service(&evil);
+        assert_eq!(names(t.take_changes()), ["ns/dns", "ns/evil"]);
+        // A change that claims nothing new reports only the Service itself.
+        let mut same = evil.clone();
+        same.spec.as_mut().unwrap().session_affinity = Some("ClientIP".into());
+        t.apply_service(&same);
+        assert_eq!(names(t.take_changes()), ["ns/evil"]);
+        // Dropping the claim (the conflict ends), and deleting: the other side too.
+        t.apply_service(&svc_with(
+            "evil",
+            "172.30.0.99",
+            &[],
+            "2019-01-01T00:00:00Z",
+        ));
+        assert_eq!(names(t.take_changes()), ["ns/dns", "ns/evil"]);
+        t.apply_service(&evil);
+        t.take_changes();
+        t.delete(Kind::Service, &ObjectName::new("ns", "evil"));
+        assert_eq!(names(t.take_changes()), ["ns/dns", "ns/evil"]);
+        // Only the Service's own change counts as pending for the metrics.
+        assert_eq!(t.change_counts().services_pending, 0);
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use k8s_openapi::jiff::Timestamp;
 use nftproxy_dataplane::build::{BuildConfig, LIST_MAX_ENDPOINTS, LocalDetector, build};
+use nftproxy_dataplane::conflicts::{Conflict, conflicts, suppressed};
 use nftproxy_dataplane::desired::{Desired, Updated};
 use nftproxy_dataplane::model::{
     Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
@@ -23,12 +25,24 @@ use proptest::prelude::*;
 /// endpoint lists take).
 const LONG: u8 = LIST_MAX_ENDPOINTS as u8 + 1;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct SvcSpec {
     id: u8,
     endpoints: Vec<u8>,
     node_port: bool,
     udp: bool,
+    /// The last octet of the ClusterIP 172.30.0.N (default: `id`); Services with the same
+    /// one conflict.
+    cluster_ip: Option<u8>,
+    /// External and load-balancer IPs: 172.30.0.N (maybe another Service's ClusterIP) or
+    /// 192.0.2.N.
+    external_ips: Vec<IpAddr>,
+    load_balancer_ips: Vec<IpAddr>,
+    /// The Service port (default 80).
+    port: Option<u16>,
+    /// `creationTimestamp`, in seconds after 2020-01-01.
+    created: Option<u8>,
+    affinity: bool,
 }
 
 fn cluster(specs: &[SvcSpec]) -> Cluster {
@@ -45,20 +59,23 @@ fn cluster(specs: &[SvcSpec]) -> Cluster {
                 } else {
                     ServiceType::ClusterIp
                 },
-                cluster_ips: vec![IpAddr::from([172, 30, 0, s.id])],
-                external_ips: vec![],
-                load_balancer_ips: vec![],
+                cluster_ips: vec![IpAddr::from([172, 30, 0, s.cluster_ip.unwrap_or(s.id)])],
+                external_ips: s.external_ips.clone(),
+                load_balancer_ips: s.load_balancer_ips.clone(),
                 load_balancer_source_ranges: vec![],
                 external_policy_local: false,
                 internal_policy_local: false,
                 health_check_node_port: None,
-                affinity_timeout: None,
+                affinity_timeout: s.affinity.then_some(60),
                 ports: vec![ServicePort {
                     name: "p".into(),
                     protocol,
-                    port: 80,
+                    port: s.port.unwrap_or(80),
                     node_port: s.node_port.then_some(30000 + u16::from(s.id)),
                 }],
+                creation_timestamp: s
+                    .created
+                    .map(|t| Timestamp::from_second(1_577_836_800 + i64::from(t)).unwrap()),
             }),
         );
         let slice = ObjectName::new("ns", &format!("svc{}-x", s.id));
@@ -192,7 +209,57 @@ fn specs() -> impl Strategy<Value = Vec<SvcSpec>> {
                 endpoints: eps.into_iter().collect(),
                 node_port,
                 udp,
+                ..SvcSpec::default()
             })
+            .collect()
+    })
+}
+
+/// An address Services may claim: a ClusterIP of the pool (172.30.0.1-8) or 192.0.2.1-3.
+fn claimable_addr() -> impl Strategy<Value = IpAddr> {
+    prop_oneof![
+        (1u8..9).prop_map(|n| IpAddr::from([172, 30, 0, n])),
+        (1u8..4).prop_map(|n| IpAddr::from([192, 0, 2, n])),
+    ]
+}
+
+/// Small clusters whose Services fight over frontends: ClusterIPs from a pool of 8 (shared
+/// ones), external and load-balancer IPs equal to ClusterIPs or to each other, on port 80 or
+/// 53, with and without creation timestamps (ties too), chains of their own (more endpoints
+/// than the shared lists take, or session affinity) and NodePorts.
+fn overlapping_specs() -> impl Strategy<Value = Vec<SvcSpec>> {
+    let one = (
+        prop::collection::btree_set(1u8..40, 0..LONG as usize + 3),
+        any::<bool>(),
+        any::<bool>(),
+        prop::option::of(1u8..9),
+        prop::collection::vec(claimable_addr(), 0..3),
+        prop::collection::vec(claimable_addr(), 0..2),
+        prop::option::of(Just(53u16)),
+        prop::option::of(0u8..3),
+        prop::bool::weighted(0.2),
+    );
+    prop::collection::btree_map(1u8..10, one, 0..8).prop_map(|m: BTreeMap<u8, _>| {
+        m.into_iter()
+            .map(
+                |(
+                    id,
+                    (eps, node_port, udp, cluster_ip, external_ips, lb, port, created, affinity),
+                )| {
+                    SvcSpec {
+                        id,
+                        endpoints: eps.into_iter().collect(),
+                        node_port,
+                        udp,
+                        cluster_ip,
+                        external_ips,
+                        load_balancer_ips: lb,
+                        port,
+                        created,
+                        affinity,
+                    }
+                },
+            )
             .collect()
     })
 }
@@ -275,7 +342,7 @@ proptest! {
 /// Services whose spec differs between `a` and `b` (as the change tracker would report them),
 /// plus `extra` unchanged ones (a tracker may report Services that turn out unchanged).
 fn changed_names(a: &[SvcSpec], b: &[SvcSpec], extra: &[u8]) -> Vec<ObjectName> {
-    let key = |s: &SvcSpec| (s.endpoints.clone(), s.node_port, s.udp);
+    let key = |s: &SvcSpec| s.clone();
     let ma: BTreeMap<u8, _> = a.iter().map(|s| (s.id, key(s))).collect();
     let mb: BTreeMap<u8, _> = b.iter().map(|s| (s.id, key(s))).collect();
     let mut ids: Vec<u8> = ma
@@ -294,9 +361,9 @@ fn changed_names(a: &[SvcSpec], b: &[SvcSpec], extra: &[u8]) -> Vec<ObjectName> 
 proptest! {
     #[test]
     fn incremental_update_equals_full_build(
-        a in specs(),
-        b in specs(),
-        extra in prop::collection::vec(1u8..40, 0..3),
+        a in overlapping_specs(),
+        b in overlapping_specs(),
+        extra in prop::collection::vec(1u8..10, 0..3),
     ) {
         let (ca, cb) = (cluster(&a), cluster(&b));
         let mut desired = Desired::build(&ca, &config(), Family::V4);
@@ -317,8 +384,8 @@ proptest! {
         prop_assert_eq!(counts.3, full.table.sets.values().map(|s| s.elements.len()).sum::<usize>());
 
         // Planning only the scope takes the kernel to the same state as planning everything.
-        // Without a node-wide change or a conflict, only a set that needs another size makes
-        // the update plan everything.
+        // Without a node-wide change, only a set that needs another size makes the update
+        // plan everything: conflicting frontends are decided per Service.
         match updated {
             Updated::Scope(scope) => {
                 let tx = plan_scope(&state, desired.table(), &scope);
@@ -340,6 +407,67 @@ proptest! {
     }
 }
 
+/// One change: a Service created, updated or deleted (`None`).
+fn change() -> impl Strategy<Value = (u8, Option<SvcSpec>)> {
+    (
+        1u8..10,
+        prop::option::weighted(
+            0.8,
+            overlapping_specs().prop_filter("one", |v| !v.is_empty()),
+        ),
+    )
+        .prop_map(|(id, spec)| {
+            let spec = spec.map(|v| SvcSpec { id, ..v[0].clone() });
+            (id, spec)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    /// A sequence of changes (batches of one to three Services), each applied incrementally:
+    /// after every batch the desired table is a full build's, the scoped plan takes the
+    /// kernel there, and no conflict ever costs more than the Services involved.
+    #[test]
+    fn incremental_updates_through_a_sequence_of_conflicts_equal_full_builds(
+        start in overlapping_specs(),
+        batches in prop::collection::vec(prop::collection::vec(change(), 1..4), 1..6),
+    ) {
+        let mut specs: BTreeMap<u8, SvcSpec> = start.into_iter().map(|s| (s.id, s)).collect();
+        let c = cluster(&specs.values().cloned().collect::<Vec<_>>());
+        let mut desired = Desired::build(&c, &config(), Family::V4);
+        let mut state = fresh_state(desired.table());
+        for batch in batches {
+            let mut names = Vec::new();
+            for (id, spec) in batch {
+                match spec {
+                    Some(s) => specs.insert(id, s),
+                    None => specs.remove(&id),
+                };
+                names.push(ObjectName::new("ns", &format!("svc{id}")));
+            }
+            let c = cluster(&specs.values().cloned().collect::<Vec<_>>());
+            let updated = desired.update(&c, &config(), &names);
+            let full = build(&c, &config(), Family::V4);
+            prop_assert_eq!(without_regions(desired.table()), without_regions(&full.table));
+            prop_assert_eq!(desired.no_local_endpoints(), full.no_local_endpoints);
+            match updated {
+                Updated::Scope(scope) => {
+                    state.apply(&plan_scope(&state, desired.table(), &scope));
+                    state.apply(&plan_cleanup_scope(&state, desired.table(), &scope));
+                }
+                Updated::All => {
+                    let resized = desired.table().sets.iter().any(|(name, s)| {
+                        state.sets.get(name).is_some_and(|k| k.decl.size != s.decl.size)
+                    });
+                    prop_assert!(resized, "a full plan without a resized set");
+                    step_from(&mut state, desired.table());
+                }
+            }
+            prop_assert_eq!(&state, &fresh_state(desired.table()));
+        }
+    }
+}
+
 #[test]
 fn regions_stay_with_their_chains_and_are_reused() {
     let spec = |id, endpoints: Vec<u8>| SvcSpec {
@@ -347,6 +475,7 @@ fn regions_stay_with_their_chains_and_are_reused() {
         endpoints,
         node_port: false,
         udp: false,
+        ..SvcSpec::default()
     };
     let slot_of = |t: &Table, svc: &str| {
         t.chains
@@ -393,6 +522,7 @@ fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
         endpoints: vec![1],
         node_port: false,
         udp: false,
+        ..SvcSpec::default()
     };
     let mut c = cluster(&[spec(1), spec(2), spec(3)]);
     // svc2's endpoint is svc1's pod: one hairpin element, claimed twice.
@@ -425,48 +555,108 @@ fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
 }
 
 #[test]
-fn services_claiming_one_element_resolve_like_a_full_build() {
-    let mut c = cluster(&[
-        SvcSpec {
-            id: 1,
-            endpoints: vec![1],
-            node_port: false,
-            udp: false,
-        },
-        SvcSpec {
-            id: 2,
-            endpoints: vec![1],
-            node_port: false,
-            udp: false,
-        },
-        SvcSpec {
-            id: 3,
-            endpoints: vec![1],
-            node_port: false,
-            udp: false,
-        },
-    ]);
+fn services_claiming_one_frontend_update_in_place_like_a_full_build() {
+    let plain = |id| SvcSpec {
+        id,
+        endpoints: vec![1],
+        ..SvcSpec::default()
+    };
     let shared: IpAddr = "192.0.2.7".parse().unwrap();
-    for svc in ["svc1", "svc2"] {
-        let name = ObjectName::new("ns", svc);
-        let mut s = c.services.get(&name).unwrap().clone();
-        Arc::make_mut(&mut s).external_ips = vec![shared];
-        c.services.insert(name, s);
-    }
+    let claims = |id| SvcSpec {
+        external_ips: vec![shared],
+        ..plain(id)
+    };
+    let mut specs = vec![claims(1), claims(2), plain(3)];
+    let mut c = cluster(&specs);
     let mut desired = Desired::build(&c, &config(), Family::V4);
     assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
-    // svc2 (last by name) wins; deleting it must hand the element back to svc1.
-    let gone = ObjectName::new("ns", "svc2");
-    c.services.remove(&gone);
-    let updated = desired.update(&c, &config(), [&gone]);
-    assert_eq!(updated, Updated::All);
-    assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
-    // Services outside the conflict still update in place.
-    let other = ObjectName::new("ns", "svc3");
-    c.services.remove(&other);
-    let updated = desired.update(&c, &config(), [&other]);
-    assert!(matches!(updated, Updated::Scope(_)));
-    assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
+    let mut state = fresh_state(desired.table());
+    let owner = |d: &Desired| -> Vec<IpAddr> {
+        let key = Key::AddrProtoPort(shared, Proto::Tcp, 80)
+            .list_entry(0)
+            .unwrap();
+        d.table().sets["cluster-endpoints-1"]
+            .elements
+            .get(&key)
+            .into_iter()
+            .filter_map(|v| match v {
+                Some(Value::Endpoint(addr, _)) => Some(*addr),
+                _ => None,
+            })
+            .collect()
+    };
+    // Without timestamps, svc1 (first by name) wins.
+    assert_eq!(owner(&desired), [IpAddr::from([10, 180, 1, 1])]);
+    // Each step changes one Service; the frontend moves between them in place.
+    let steps: Vec<(u8, SvcSpec, [u8; 4])> = vec![
+        // svc2 becomes older: it wins.
+        (
+            2,
+            SvcSpec {
+                created: Some(1),
+                ..claims(2)
+            },
+            [10, 180, 2, 1],
+        ),
+        // svc1 becomes older still.
+        (
+            1,
+            SvcSpec {
+                created: Some(0),
+                ..claims(1)
+            },
+            [10, 180, 1, 1],
+        ),
+        // svc1 gives the address up: svc2 gets it back.
+        (
+            1,
+            SvcSpec {
+                created: Some(0),
+                ..plain(1)
+            },
+            [10, 180, 2, 1],
+        ),
+    ];
+    for (id, spec, want) in steps {
+        specs[usize::from(id) - 1] = spec;
+        c = cluster(&specs);
+        let name = ObjectName::new("ns", &format!("svc{id}"));
+        let Updated::Scope(scope) = desired.update(&c, &config(), [&name]) else {
+            panic!("a conflict costs a partial update");
+        };
+        assert_eq!(
+            without_regions(desired.table()),
+            without_regions(&build(&c, &config(), Family::V4).table)
+        );
+        assert_eq!(owner(&desired), [IpAddr::from(want)]);
+        state.apply(&plan_scope(&state, desired.table(), &scope));
+        state.apply(&plan_cleanup_scope(&state, desired.table(), &scope));
+        assert_eq!(state, fresh_state(desired.table()));
+    }
+    // A new Service whose ClusterIP is svc2's new external IP: it is the ClusterIP's.
+    specs.push(SvcSpec {
+        id: 4,
+        cluster_ip: Some(7),
+        ..plain(4)
+    });
+    specs[1].external_ips = vec![IpAddr::from([172, 30, 0, 7])];
+    let c = cluster(&specs);
+    let names: Vec<ObjectName> = ["svc2", "svc4"]
+        .iter()
+        .map(|n| ObjectName::new("ns", n))
+        .collect();
+    assert!(matches!(
+        desired.update(&c, &config(), &names),
+        Updated::Scope(_)
+    ));
+    assert_eq!(
+        without_regions(desired.table()),
+        without_regions(&build(&c, &config(), Family::V4).table)
+    );
+    let conflicts: Vec<Conflict> = conflicts(&c.services);
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert_eq!(conflicts[0].winner, ObjectName::new("ns", "svc4"));
+    assert_eq!(conflicts[0].losers, [ObjectName::new("ns", "svc2")]);
 }
 
 #[test]
@@ -483,6 +673,7 @@ fn one_endpoint_change_touches_only_that_service() {
             },
             node_port: false,
             udp: false,
+            ..SvcSpec::default()
         })
         .collect();
     let mut state = None;
@@ -562,12 +753,14 @@ fn fingerprints_differ_when_rules_differ() {
         endpoints: (1..=LONG).collect(),
         node_port: false,
         udp: false,
+        ..SvcSpec::default()
     }]);
     let b = table(&[SvcSpec {
         id: 1,
         endpoints: (1..=LONG).collect(),
         node_port: false,
         udp: true,
+        ..SvcSpec::default()
     }]);
     let service_chain = |t: &Table| {
         t.chains
@@ -589,6 +782,7 @@ fn a_restart_adopts_the_regions_the_kernel_has() {
         endpoints: (1..=LONG).collect(),
         node_port: id % 3 == 0,
         udp: false,
+        ..SvcSpec::default()
     };
     // Services come and go, so regions are no longer in name order.
     let first: Vec<SvcSpec> = (1..=60).map(spec).collect();
@@ -627,13 +821,15 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
         endpoints: (1..=LONG).collect(),
         node_port: false,
         udp: false,
+        ..SvcSpec::default()
     }]);
     let config = config();
     let env = BuildEnv::new(&c, &config, Family::V4);
     let svc = c.services.values().next().unwrap();
     let table_with = |slots: &mut SlotSource<'_>| {
         let mut t = base_table(&config, &c, Family::V4);
-        service_part(svc, c.slices_of(&svc.name), &env, slots).merge_into(&mut t);
+        let sup = suppressed(&c.services, svc);
+        service_part(svc, c.slices_of(&svc.name), &env, slots, &sup).merge_into(&mut t);
         t
     };
     let full = Slots::new();
@@ -682,6 +878,7 @@ fn a_set_that_outgrows_its_size_is_recreated_with_room() {
         endpoints: vec![1, 2],
         node_port: false,
         udp: false,
+        ..SvcSpec::default()
     };
     // 30 Services: 60 elements in `cluster-endpoints-2`, size 192.
     let before: Vec<SvcSpec> = (1..=30).map(spec).collect();

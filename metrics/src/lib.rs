@@ -125,10 +125,13 @@ pub struct Metrics {
     iptables_partial_restore_failures: CounterVec,
     // nftproxy's own.
     invalid_objects: GaugeVec,
+    frontend_conflicts: GaugeVec,
     netlink_messages: HistogramVec,
     netlink_bytes: HistogramVec,
     owned_objects: GaugeVec,
     drift_repairs: CounterVec,
+    consecutive_failures: GaugeVec,
+    quarantined: GaugeVec,
     build_info: GaugeVec,
     // client-go's request metrics for the agent's Kubernetes client.
     rest_client_requests: CounterVec,
@@ -356,6 +359,14 @@ impl Metrics {
                 "Kubernetes objects currently skipped because they are invalid, by kind and reason",
                 &["kind", "reason"],
             ),
+            frontend_conflicts: gauge_vec(
+                &r,
+                "nftproxy_frontend_conflicts",
+                "Frontends claimed by more than one Service right now, by how the losers claimed \
+                 them (cluster-ip, external-ip, load-balancer-ip); only the winner's claim is \
+                 programmed",
+                &["kind"],
+            ),
             netlink_messages: histogram(
                 &r,
                 "nftproxy_sync_netlink_messages",
@@ -382,6 +393,20 @@ impl Metrics {
                 "nftproxy_drift_repairs_total",
                 "Full syncs that found nftproxy's table changed by someone else and repaired it",
                 FAMILY,
+            ),
+            consecutive_failures: gauge_vec(
+                &r,
+                "nftproxy_sync_consecutive_failures",
+                "Syncs of the family that failed in a row (0 once one succeeds); a failing \
+                 family is retried with exponential backoff up to syncPeriod",
+                FAMILY,
+            ),
+            quarantined: gauge_vec(
+                &r,
+                "nftproxy_quarantined_services",
+                "Services kept out of the rules because the kernel refused them (each is tried \
+                 again later)",
+                &[],
             ),
             build_info: gauge_vec(
                 &r,
@@ -418,7 +443,7 @@ impl Metrics {
     /// (for checking dashboards and alerts against what the agent exports).
     pub fn family_names(&self) -> Vec<String> {
         let process = process::ProcessCollector::new();
-        let collectors: [&dyn prometheus::core::Collector; 30] = [
+        let collectors: [&dyn prometheus::core::Collector; 33] = [
             &self.sync_duration,
             &self.sync_full_duration,
             &self.sync_partial_duration,
@@ -441,10 +466,13 @@ impl Metrics {
             &self.iptables_restore_failures,
             &self.iptables_partial_restore_failures,
             &self.invalid_objects,
+            &self.frontend_conflicts,
             &self.netlink_messages,
             &self.netlink_bytes,
             &self.owned_objects,
             &self.drift_repairs,
+            &self.consecutive_failures,
+            &self.quarantined,
             &self.build_info,
             &self.rest_client_requests,
             &self.rest_client_duration,
@@ -594,6 +622,15 @@ impl Metrics {
         }
     }
 
+    /// Sets the frontend-conflict gauges: `(kind, number of conflicting frontends)`.
+    pub fn set_frontend_conflicts<'a>(&self, counts: impl IntoIterator<Item = (&'a str, usize)>) {
+        for (kind, n) in counts {
+            self.frontend_conflicts
+                .with_label_values(&[kind])
+                .set(n as f64);
+        }
+    }
+
     /// What one family's sync sent over netlink.
     pub fn observe_netlink(&self, family: Family, messages: usize, bytes: usize) {
         let l = [family.k8s_name()];
@@ -617,6 +654,20 @@ impl Metrics {
                 .with_label_values(&[family.k8s_name(), kind])
                 .set(n as f64);
         }
+    }
+
+    /// How many syncs of `family` failed in a row (0 after a success).
+    pub fn set_consecutive_failures(&self, family: Family, failures: u32) {
+        self.consecutive_failures
+            .with_label_values(&[family.k8s_name()])
+            .set(f64::from(failures));
+    }
+
+    /// How many Services are kept out of the rules because the kernel refused them.
+    pub fn set_quarantined(&self, services: usize) {
+        self.quarantined
+            .with_label_values::<&str>(&[])
+            .set(services as f64);
     }
 
     /// A full sync of `family` repaired changes someone else made to the table.
@@ -908,6 +959,10 @@ kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"
         let text = m.encode();
         assert!(text.contains("nftproxy_invalid_objects{kind=\"Service\",reason=\"schema\"} 1\n"));
         assert!(!text.contains("invalid_ip"));
+        m.set_frontend_conflicts([("cluster-ip", 0), ("external-ip", 2)]);
+        let text = m.encode();
+        assert!(text.contains("nftproxy_frontend_conflicts{kind=\"external-ip\"} 2\n"));
+        assert!(text.contains("nftproxy_frontend_conflicts{kind=\"cluster-ip\"} 0\n"));
     }
 
     #[test]

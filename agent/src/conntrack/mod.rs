@@ -27,6 +27,8 @@ use dataplane::ruleset::{Family, Proto};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
 use self::wire::{CT_NEW, NLMSG_DONE, NLMSG_ERROR};
+#[doc(hidden)]
+pub use self::wire::{DecodedMessage, decode_datagram};
 
 /// One conntrack entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -263,6 +263,22 @@ pub(super) fn decode_flow(msg: &RawMessage<'_>) -> Result<Flow, String> {
     }
 }
 
+/// What the dump reader takes from a datagram: each message's type, sequence number and code,
+/// and for a `CT_NEW` its flow or why it cannot be decoded. Public (hidden) for the fuzz tests.
+#[doc(hidden)]
+pub fn decode_datagram(datagram: &[u8]) -> Result<Vec<DecodedMessage>, String> {
+    Ok(messages(datagram)?
+        .iter()
+        .map(|m| {
+            let flow = (m.kind == CT_NEW).then(|| decode_flow(m));
+            (m.kind, m.seq, m.code(), flow)
+        })
+        .collect())
+}
+
+/// A message of [`decode_datagram`]: type, sequence number, code, flow of a `CT_NEW`.
+pub type DecodedMessage = (u16, u32, i32, Option<Result<Flow, String>>);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,6 +29,18 @@ struct Inner {
     node_eligible: bool,
     /// Why the API server cannot be reached, when the reason is known and has a fix.
     api_problem: Option<String>,
+    /// Families whose syncs are failing.
+    sync_failures: BTreeMap<Family, SyncFailure>,
+}
+
+/// A family whose syncs fail, as `/healthz` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncFailure {
+    /// Failures in a row.
+    pub failures: u32,
+    pub error: String,
+    /// When the next attempt is due.
+    pub retry_at: SystemTime,
 }
 
 /// The proxy's health, shared by the sources (queued updates), the sync loop (updates) and the
@@ -102,6 +114,19 @@ impl HealthState {
         self.lock().api_problem.clone()
     }
 
+    /// Sets (or clears, after a success) `family`'s failing syncs.
+    pub fn set_sync_failure(&self, family: Family, failure: Option<SyncFailure>) {
+        let mut inner = self.lock();
+        match failure {
+            Some(f) => inner.sync_failures.insert(family, f),
+            None => inner.sync_failures.remove(&family),
+        };
+    }
+
+    pub fn sync_failures(&self) -> BTreeMap<Family, SyncFailure> {
+        self.lock().sync_failures.clone()
+    }
+
     /// kube-proxy's `Health()`.
     pub fn health(&self, timeout: Duration) -> ProxyHealth {
         let inner = self.lock();
@@ -134,14 +159,18 @@ fn time(t: Option<SystemTime>) -> String {
         .unwrap_or_else(|| GO_ZERO_TIME.to_string())
 }
 
+/// What nftproxy adds to kube-proxy's health JSON (each left out when there is nothing to say).
+#[derive(Clone, Debug, Default)]
+pub struct Extra {
+    /// `apiServer`: why the API server cannot be reached, when that is known.
+    pub api_problem: Option<String>,
+    /// `syncFailures`: families whose syncs are failing.
+    pub sync_failures: BTreeMap<Family, SyncFailure>,
+}
+
 /// The JSON kube-proxy writes (`json.Marshal(ProxyHealth)`): keys in struct order, `status`
-/// keyed by family name and left out when empty. `apiServer` is nftproxy's own: why the API
-/// server cannot be reached, when that is known (left out otherwise).
-pub fn health_json(
-    h: &ProxyHealth,
-    node_eligible: Option<bool>,
-    api_problem: Option<&str>,
-) -> String {
+/// keyed by family name and left out when empty; then nftproxy's [`Extra`] fields.
+pub fn health_json(h: &ProxyHealth, node_eligible: Option<bool>, extra: &Extra) -> String {
     let mut out = format!(
         "{{\"lastUpdated\":\"{}\",\"currentTime\":\"{}\"",
         time(h.last_updated),
@@ -166,9 +195,25 @@ pub fn health_json(
             .collect();
         out.push_str(&format!(",\"status\":{{{}}}", parts.join(",")));
     }
-    if let Some(problem) = api_problem {
+    if let Some(problem) = &extra.api_problem {
         out.push_str(",\"apiServer\":");
-        out.push_str(&serde_json::Value::from(problem).to_string());
+        out.push_str(&serde_json::Value::from(problem.as_str()).to_string());
+    }
+    if !extra.sync_failures.is_empty() {
+        let failures: serde_json::Map<String, serde_json::Value> = extra
+            .sync_failures
+            .iter()
+            .map(|(family, f)| {
+                let v = serde_json::json!({
+                    "failures": f.failures,
+                    "error": f.error,
+                    "retryAt": rfc3339_nano(f.retry_at),
+                });
+                (family.k8s_name().to_string(), v)
+            })
+            .collect();
+        out.push_str(",\"syncFailures\":");
+        out.push_str(&serde_json::Value::Object(failures).to_string());
     }
     out.push('}');
     out
@@ -192,8 +237,11 @@ pub fn answer(state: &HealthState, timeout: Duration, healthz: bool) -> Response
     let eligible = healthz.then(|| state.node_eligible());
     // An unreachable API server is reported by /healthz (readiness), not /livez: restarting
     // the agent does not fix its address.
-    let api_problem = healthz.then(|| state.api_problem()).flatten();
-    let ok = h.healthy && eligible.unwrap_or(true) && api_problem.is_none();
+    let extra = Extra {
+        api_problem: healthz.then(|| state.api_problem()).flatten(),
+        sync_failures: state.sync_failures(),
+    };
+    let ok = h.healthy && eligible.unwrap_or(true) && extra.api_problem.is_none();
     let m = metrics::metrics();
     let code = if ok { 200 } else { 503 };
     if healthz {
@@ -216,7 +264,7 @@ pub fn answer(state: &HealthState, timeout: Duration, healthz: bool) -> Response
             ("Content-Type", "application/json".into()),
             ("X-Content-Type-Options", "nosniff".into()),
         ],
-        health_json(&h, eligible, api_problem.as_deref()),
+        health_json(&h, eligible, &extra),
     )
 }
 
@@ -267,7 +315,7 @@ mod tests {
         };
         let ts = "2025-12-02T15:53:26.000005Z";
         assert_eq!(
-            health_json(&h, Some(true), None),
+            health_json(&h, Some(true), &Extra::default()),
             format!(
                 "{{\"lastUpdated\":\"{ts}\",\"currentTime\":\"{ts}\",\"nodeEligible\":true,\
                  \"healthy\":false,\"status\":{{\"IPv4\":{{\"lastUpdated\":\"{ts}\",\"healthy\":false}},\
@@ -281,7 +329,7 @@ mod tests {
             status: vec![],
         };
         assert_eq!(
-            health_json(&empty, None, None),
+            health_json(&empty, None, &Extra::default()),
             format!(
                 "{{\"lastUpdated\":\"0001-01-01T00:00:00Z\",\"currentTime\":\"{ts}\",\"healthy\":true}}"
             )
@@ -297,9 +345,23 @@ mod tests {
             healthy: true,
             status: vec![],
         };
-        let json = health_json(&h, Some(false), Some("the \"address\" is a ClusterIP"));
+        let extra = Extra {
+            api_problem: Some("the \"address\" is a ClusterIP".into()),
+            sync_failures: [(
+                Family::V6,
+                SyncFailure {
+                    failures: 3,
+                    error: "nftables rejected the transaction".into(),
+                    retry_at: t,
+                },
+            )]
+            .into(),
+        };
+        let json = health_json(&h, Some(false), &extra);
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v["apiServer"], "the \"address\" is a ClusterIP");
+        assert_eq!(v["syncFailures"]["IPv6"]["failures"], 3);
+        assert_eq!(v["syncFailures"]["IPv6"]["retryAt"], "1970-01-01T00:00:00Z");
         let s = HealthState::new();
         s.set_node_eligible(true);
         assert_eq!(answer(&s, Duration::from_secs(1), true).status(), 200);

@@ -153,7 +153,8 @@ mod tests {
         let server = tokio::spawn(super::super::serve(
             listener,
             handler("nftables", &config),
-            super::super::Limits::default(),
+            super::super::Limits::metrics(),
+            super::super::Budget::new(16, 16),
             "metrics",
         ));
         let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -4,28 +4,37 @@
 //! All of them are small answers computed from in-memory state, served by one hardened HTTP/1
 //! server loop ([`serve`]): header size and count limits, a header read timeout (which also
 //! closes idle keep-alive connections and slow-loris clients), a cap on a connection's lifetime,
-//! a cap on concurrent connections, and an accept loop that survives descriptor exhaustion.
-//! Malformed requests get hyper's 400 and the connection is closed.
+//! and an accept loop that survives descriptor exhaustion. Every listener of the process draws
+//! its connections from one [`Budget`] (a total and a per-source cap, see [`budget`]). A
+//! connection costs no HTTP buffers until its first bytes arrive, and the health endpoints use
+//! hyper's smallest buffers ([`Limits::health`]). Malformed requests get hyper's 400 and the
+//! connection is closed.
 
+pub mod budget;
 pub mod health;
 pub mod metrics;
 pub mod service_health;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, DATE, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
 
-/// Limits that keep a misbehaving client from starving others.
+pub use self::budget::Budget;
+use self::budget::{Admitted, Busy};
+
+/// Per-listener limits that keep a misbehaving client from starving others (the number of
+/// connections is the shared [`Budget`]'s business).
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// Time a client gets to send a request's headers (from the connection's start, or from
@@ -33,47 +42,105 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// Longest a connection may stay open, however busy.
     pub connection_lifetime: Duration,
-    /// Bytes buffered for a request head (request line and headers).
+    /// Bytes of a request head (request line and headers); larger heads get 431.
     pub max_header_bytes: usize,
     /// Headers per request.
     pub max_headers: usize,
-    /// Connections served at once; further ones are closed right after accept.
-    pub max_connections: usize,
+    /// hyper's read and write buffer limit (at least 8 KiB, hyper's smallest).
+    pub max_buf_size: usize,
+    /// Vectored writes: the body is written from its own buffer instead of being copied into
+    /// the connection's. Worth it for large answers (`/metrics`); the health answers are a
+    /// few hundred bytes and go out in one copy.
+    pub writev: bool,
 }
 
-impl Default for Limits {
-    fn default() -> Limits {
+impl Limits {
+    /// `/healthz`, `/livez` and the health-check node ports: load balancers and kubelets send
+    /// a few hundred bytes of headers at once, and answers are a few hundred bytes.
+    pub fn health() -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_secs(2),
+            connection_lifetime: Duration::from_secs(30),
+            max_header_bytes: 4 * 1024,
+            max_headers: 32,
+            max_buf_size: 8 * 1024,
+            writev: false,
+        }
+    }
+
+    /// `/metrics` (and `/configz`): a scraper may send credentials; answers can be large.
+    pub fn metrics() -> Limits {
         Limits {
             header_read_timeout: Duration::from_secs(5),
             connection_lifetime: Duration::from_secs(60),
             max_header_bytes: 16 * 1024,
             max_headers: 64,
-            max_connections: 16 * 1024,
+            max_buf_size: 32 * 1024,
+            writev: true,
         }
+    }
+
+    fn builder(&self) -> hyper::server::conn::http1::Builder {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout)
+            .max_buf_size(self.max_buf_size.max(8192))
+            .max_header_size(self.max_header_bytes)
+            .max_headers(self.max_headers)
+            .writev(self.writev)
+            .pipeline_flush(false)
+            .title_case_headers(true)
+            .keep_alive(true);
+        builder
     }
 }
 
 /// A request handler: the whole answer, computed without waiting.
 pub type Handler = Arc<dyn Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync>;
 
+/// A response body that keeps its connection marked busy (see [`Budget`]) until hyper is done
+/// with it.
+struct Tracked {
+    body: Full<Bytes>,
+    _busy: Busy,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Serves `listener` until the future is dropped (a server task aborted), which also ends every
-/// connection it accepted.
-pub async fn serve(listener: TcpListener, handler: Handler, limits: Limits, what: &'static str) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes.max(8192))
-        .max_headers(limits.max_headers)
-        .title_case_headers(true)
-        .keep_alive(true);
-    let builder = Arc::new(builder);
+/// connection it accepted. Connections are admitted by `budget`.
+pub async fn serve(
+    listener: TcpListener,
+    handler: Handler,
+    limits: Limits,
+    budget: Arc<Budget>,
+    what: &'static str,
+) {
+    let builder = Arc::new(limits.builder());
     let mut accept_errors = 0u64;
     let mut connections = tokio::task::JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
-        let (stream, _peer) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(conn) => conn,
             Err(e) => {
                 // EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the listener stays.
@@ -85,23 +152,54 @@ pub async fn serve(listener: TcpListener, handler: Handler, limits: Limits, what
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream);
+        let Ok(admitted) = budget.admit(peer.ip()) else {
+            // Closed at once, with a reset: no orphaned socket lingers for a flooding peer.
+            let _ = stream.set_zero_linger();
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let builder = builder.clone();
-        connections.spawn(async move {
-            let _slot = slot;
+        connections.spawn(connection(
+            stream,
+            admitted,
+            handler.clone(),
+            builder.clone(),
+            limits,
+        ));
+    }
+}
+
+/// Serves one connection until it ends, its lifetime is over or the budget closes it.
+async fn connection(
+    stream: TcpStream,
+    admitted: Admitted,
+    handler: Handler,
+    builder: Arc<hyper::server::conn::http1::Builder>,
+    limits: Limits,
+) {
+    let admitted = Arc::new(admitted);
+    let served = {
+        let admitted = admitted.clone();
+        async move {
+            // Until its first bytes arrive a connection holds no HTTP state or buffers (hyper
+            // allocates 16 KiB per connection as soon as it starts reading).
+            match tokio::time::timeout(limits.header_read_timeout, stream.readable()).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let resp = handler(&req);
+                let busy = admitted.busy();
+                let resp = handler(&req).map(|body| Tracked { body, _busy: busy });
                 async move { Ok::<_, Infallible>(resp) }
             });
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            // Boxed: the (large) connection state is allocated only for connections that send.
+            let conn = Box::pin(builder.serve_connection(TokioIo::new(stream), service));
             // Errors are the client's (bad request, reset, timeout): nothing to report.
-            let _ = tokio::time::timeout(limits.connection_lifetime, conn).await;
-        });
+            let _ = conn.await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(limits.connection_lifetime, served) => {}
+        _ = admitted.evicted() => {}
     }
 }
 
@@ -209,7 +307,12 @@ pub fn spawn_server(
                 Ok(l) => {
                     let local = l.local_addr().unwrap_or(addr);
                     tracing::info!(server = what, addr = %local, "serving");
-                    serve(l, handler, Limits::default(), what).await;
+                    let limits = if what == "metrics" {
+                        Limits::metrics()
+                    } else {
+                        Limits::health()
+                    };
+                    serve(l, handler, limits, Budget::shared(), what).await;
                     return;
                 }
                 Err(e) => {
@@ -401,6 +504,82 @@ mod tests {
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
+    }
+
+    async fn get_from(src: &str, addr: SocketAddr) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(format!("{src}:0").parse().unwrap()).unwrap();
+        let mut s = sock.connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut text = String::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut text))
+            .await
+            .expect("an answer in time")
+            .unwrap();
+        text
+    }
+
+    /// Whether the server closed `s` (within a moment).
+    async fn closed(s: &mut TcpStream) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 16];
+        matches!(
+            tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn floods_cannot_shut_out_other_sources() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let budget = Budget::new(8, 4);
+        let handler: Handler =
+            Arc::new(|_: &Request<Incoming>| response(StatusCode::OK, &[], "ok"));
+        let server = tokio::spawn(serve(
+            listener,
+            handler,
+            Limits::health(),
+            budget.clone(),
+            "test",
+        ));
+
+        // One source opens 20 idle connections: it keeps its newest 4.
+        let mut flood = Vec::new();
+        for _ in 0..20 {
+            flood.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let answer = get_from("127.0.0.2", addr).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nok"), "{answer}");
+        let mut open = 0;
+        for s in &mut flood {
+            open += usize::from(!closed(s).await);
+        }
+        assert_eq!(open, 4);
+        assert!(
+            !closed(flood.last_mut().unwrap()).await,
+            "the newest one was closed"
+        );
+
+        // Many sources: the budget (8) is spent, the oldest idle connections make room.
+        let mut many = Vec::new();
+        for i in 10..40 {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.bind(format!("127.0.0.{i}:0").parse().unwrap())
+                .unwrap();
+            many.push(sock.connect(addr).await.unwrap());
+        }
+        let answer = get_from("127.0.0.3", addr).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        let stats = budget.stats();
+        assert!(stats.open <= 8, "{stats:?}");
+        assert!(stats.evicted >= 16 + 20, "{stats:?}");
+        assert_eq!(stats.refused, 0, "{stats:?}");
+        server.abort();
     }
 
     #[test]

@@ -28,7 +28,7 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use super::health::HealthState;
-use super::{Handler, Limits, listen, response, serve};
+use super::{Budget, Handler, Limits, listen, response, serve};
 
 fn family_index(f: Family) -> usize {
     match f {
@@ -214,7 +214,14 @@ impl ServiceHealth {
                         let task = self.rt.spawn(async move {
                             match TcpListener::from_std(l) {
                                 Ok(l) => {
-                                    serve(l, handler, Limits::default(), "service-health").await
+                                    serve(
+                                        l,
+                                        handler,
+                                        Limits::health(),
+                                        Budget::shared(),
+                                        "service-health",
+                                    )
+                                    .await
                                 }
                                 Err(e) => {
                                     tracing::error!(%addr, error = %e, "health-check listener")

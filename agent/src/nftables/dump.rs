@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::{Duration, Instant};
 
 use dataplane::plan::{ChainState, SetState, TableState, dnat_slot, fingerprint};
 use dataplane::ruleset::{
@@ -22,41 +23,188 @@ use netlink_packet_netfilter::nftables::{
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 
 use super::encode::*;
+use super::socket::{self, Notifications};
 use super::{NftError, Nftables, Reply};
 
 /// Comment given to sets that cannot be decoded: no desired declaration carries it, so the
 /// planner recreates (or deletes) such a set.
 pub const UNDECODABLE_SET_COMMENT: &str = "\0nftproxy: undecodable set";
 
-/// How often a read is retried when the table changes while it is being read.
-const READ_ATTEMPTS: usize = 5;
-
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NFTA_RULE_USERDATA: u16 = 7;
 
+/// A read that keeps finding table `nftproxy` changed under it is retried for this long (and
+/// at least [`MIN_READ_ATTEMPTS`] times), then fails.
+const READ_DEADLINE: Duration = Duration::from_secs(10);
+const MIN_READ_ATTEMPTS: u32 = 3;
+/// Delays between attempts: from about 1 ms, doubling, at most 50 ms, with jitter.
+const RETRY_BASE: Duration = Duration::from_millis(1);
+const RETRY_CAP: Duration = Duration::from_millis(50);
+/// Re-runs of an interrupted chain dump within one attempt (see [`dump_chains`]).
+const CHAIN_DUMP_ATTEMPTS: u32 = 8;
+/// How long to wait for the notifications of a commit we know has happened.
+const NOTIFY_WAIT: Duration = Duration::from_millis(500);
+
+/// How the last [`read_table`] went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Whole reads: 1 unless table `nftproxy` changed while it was read.
+    pub attempts: u32,
+    /// Dumps the kernel flagged as interrupted (`NLM_F_DUMP_INTR`: some commit, to any table,
+    /// happened between two of its parts). Their results are kept unless a commit touched
+    /// what the dump covers.
+    pub interrupted_dumps: u32,
+    /// Chain dumps run again because chains of the family were added or deleted meanwhile.
+    pub chain_dump_retries: u32,
+    /// Commits by others (to any table) while the successful attempt ran.
+    pub foreign_commits: u32,
+    pub elapsed: Duration,
+}
+
+/// What a read attempt found.
+enum Attempt {
+    Done(Option<TableState>),
+    /// Table `nftproxy` (or what a dump depends on) changed meanwhile: why.
+    Changed(&'static str),
+}
+
+/// Reads table `nftproxy` of `family`, retrying (with backoff) while the table changes under
+/// the read.
+///
+/// nf_tables offers no snapshot: every commit, to any table of the network namespace, moves
+/// the ruleset generation on and flags every dump running across it as interrupted. On a
+/// node where another program commits often (every millisecond, say), a multi-part dump of a
+/// large table is then interrupted almost every time, and a read that insisted on an
+/// uninterrupted run would never finish. So a read listens to the change notifications while
+/// it runs, and only a commit that touched *our* table (or, for the one dump the kernel does
+/// not filter by table, added or deleted chains of the family) makes it start again; the
+/// generation read before and after tells cheaply whether anyone committed at all. Without
+/// the notifications (the socket cannot be opened), any interruption or generation change
+/// counts as a change.
 pub(super) fn read_table(
     nft: &mut Nftables,
     family: Family,
 ) -> Result<Option<TableState>, NftError> {
-    for _ in 0..READ_ATTEMPTS {
-        let gen_before = generation(nft, family)?;
-        if !nft.table_exists(family)? {
-            return Ok(None);
-        }
-        let Some(state) = read_once(nft, family)? else {
-            continue; // A dump was interrupted.
-        };
-        if generation(nft, family)? == gen_before {
-            return Ok(Some(state));
+    let started = Instant::now();
+    let mut stats = ReadStats::default();
+    let mut delay = Delay::new();
+    loop {
+        stats.attempts += 1;
+        let outcome = read_attempt(nft, family, &mut stats)?;
+        stats.elapsed = started.elapsed();
+        match outcome {
+            Attempt::Done(state) => {
+                if stats.attempts > 1 || stats.chain_dump_retries > 0 {
+                    tracing::info!(
+                        family = family.nft_name(), attempts = stats.attempts,
+                        chain_dump_retries = stats.chain_dump_retries,
+                        elapsed = ?stats.elapsed,
+                        "read table nftproxy while it was being changed"
+                    );
+                }
+                nft.last_read = stats;
+                return Ok(state);
+            }
+            Attempt::Changed(why) => {
+                nft.last_read = stats;
+                if stats.elapsed >= READ_DEADLINE && stats.attempts >= MIN_READ_ATTEMPTS {
+                    return Err(NftError::Request {
+                        request: "read table",
+                        errno: libc::EAGAIN,
+                        source: io::Error::other(format!(
+                            "table {} nftproxy kept changing while it was read ({why}; {} \
+                             attempts in {:.1?}): another program is writing to it",
+                            family.nft_name(),
+                            stats.attempts,
+                            stats.elapsed
+                        )),
+                    });
+                }
+                tracing::debug!(
+                    family = family.nft_name(),
+                    attempt = stats.attempts,
+                    why,
+                    "reading table nftproxy again"
+                );
+                std::thread::sleep(delay.next());
+            }
         }
     }
-    Err(NftError::Request {
-        request: "read table",
-        errno: libc::EAGAIN,
-        source: io::Error::other("the ruleset kept changing while it was read"),
-    })
+}
+
+/// Exponential delays with jitter (each in [d/2, d]), so that readers do not retry in step
+/// with a writer.
+struct Delay {
+    next: Duration,
+    seed: u64,
+}
+
+impl Delay {
+    fn new() -> Delay {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        Delay {
+            next: RETRY_BASE,
+            seed: (u64::from(nanos) << 16) ^ u64::from(std::process::id()) | 1,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (d * 2).min(RETRY_CAP);
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let fraction = (self.seed >> 11) as f64 / (1u64 << 53) as f64;
+        d.mul_f64(0.5 + 0.5 * fraction)
+    }
+}
+
+fn read_attempt(
+    nft: &mut Nftables,
+    family: Family,
+    stats: &mut ReadStats,
+) -> Result<Attempt, NftError> {
+    // Joined before the generation is read: every commit after that reaches us.
+    let mut watch = match ChangeWatch::open(family) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::debug!(error = %e, "no change notifications for the read; any commit restarts it");
+            None
+        }
+    };
+    let before = generation(nft, family)?;
+    if !nft.table_exists(family)? {
+        return Ok(Attempt::Done(None));
+    }
+    let Some(state) = read_once(nft, family, watch.as_mut(), stats)? else {
+        return Ok(Attempt::Changed("a dump was interrupted"));
+    };
+    let after = generation(nft, family)?;
+    let Some(watch) = watch.as_mut() else {
+        return Ok(if after == before {
+            Attempt::Done(Some(state))
+        } else {
+            Attempt::Changed("the ruleset generation moved")
+        });
+    };
+    // The notifications of every commit up to `after` (a commit sends its own last).
+    if after != before && !watch.wait_for(after, NOTIFY_WAIT) {
+        return Ok(Attempt::Changed("change notifications did not arrive"));
+    }
+    watch.poll();
+    if watch.overflow {
+        return Ok(Attempt::Changed("change notifications were lost"));
+    }
+    if watch.ours {
+        return Ok(Attempt::Changed("a commit changed it"));
+    }
+    stats.foreign_commits = watch.commits;
+    Ok(Attempt::Done(Some(state)))
 }
 
 fn request_error(request: &'static str, errno: i32) -> NftError {
@@ -67,20 +215,208 @@ fn request_error(request: &'static str, errno: i32) -> NftError {
     }
 }
 
-/// Runs a dump; the reply messages (netlink header included), or `None` if the kernel flagged
-/// the dump as interrupted by a concurrent change.
+/// Runs a dump of table `nftproxy`'s objects; the reply messages (netlink header included),
+/// or `None` if the result cannot be used: interrupted by a commit while nothing tells which
+/// tables the commit touched (no `watch`), or the table or set was deleted meanwhile.
 fn dump(
     nft: &mut Nftables,
     what: &'static str,
     family: Family,
     msg: NfTablesMessage,
+    watch: Option<&ChangeWatch>,
+    stats: &mut ReadStats,
 ) -> Result<Option<Vec<Vec<u8>>>, NftError> {
     match nft.request(what, family, msg, true)? {
+        // The table existed when the read started.
+        Reply::Errno(libc::ENOENT) => Ok(None),
         Reply::Errno(errno) => Err(request_error(what, errno)),
         Reply::Messages {
-            interrupted: true, ..
-        } => Ok(None),
+            messages,
+            interrupted: true,
+        } => {
+            // The dump is filtered to our table (and set), whose objects only a commit to it
+            // can change: the read's final check catches those.
+            stats.interrupted_dumps += 1;
+            Ok(watch.map(|_| messages))
+        }
         Reply::Messages { messages, .. } => Ok(Some(messages)),
+    }
+}
+
+/// The chain dump. The kernel ignores the table named in the request (6.18 lists every chain
+/// of the family) and numbers its position across all tables, so chains added or deleted in
+/// *another* table between two parts of the dump can make it skip or repeat one of ours. When
+/// the dump was interrupted and the notifications show such a change, it is run again.
+fn dump_chains(
+    nft: &mut Nftables,
+    family: Family,
+    mut watch: Option<&mut ChangeWatch>,
+    stats: &mut ReadStats,
+) -> Result<Option<Vec<Vec<u8>>>, NftError> {
+    let mut delay = Delay::new();
+    for _ in 0..CHAIN_DUMP_ATTEMPTS {
+        if let Some(w) = watch.as_deref_mut() {
+            w.poll();
+            w.chains_moved = false;
+        }
+        let msg = NfTablesMessage::GetChain(ChainMessage {
+            attributes: vec![ChainAttribute::Table(TABLE.to_string())],
+        });
+        let messages = match nft.request("chain dump", family, msg, true)? {
+            Reply::Errno(errno) => return Err(request_error("chain dump", errno)),
+            Reply::Messages {
+                messages,
+                interrupted: false,
+            } => return Ok(Some(messages)),
+            Reply::Messages { messages, .. } => messages,
+        };
+        stats.interrupted_dumps += 1;
+        let Some(w) = watch.as_deref_mut() else {
+            return Ok(None);
+        };
+        let now = generation(nft, family)?;
+        if !w.wait_for(now, NOTIFY_WAIT) || w.overflow {
+            return Ok(None);
+        }
+        if !w.chains_moved {
+            return Ok(Some(messages));
+        }
+        stats.chain_dump_retries += 1;
+        std::thread::sleep(delay.next());
+    }
+    Ok(None)
+}
+
+/// nf_tables message types (the low byte of the netlink type, subsystem 10).
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFT_MSG_GETGEN: u16 = 16;
+const NFT_MSG_DESTROYTABLE: u16 = 26;
+const NFT_MSG_DESTROYCHAIN: u16 = 27;
+/// The generation id in a `NEWGEN` message; the table name in table, chain, rule, set,
+/// element, object and flowtable messages.
+const NFTA_GEN_ID: u16 = 1;
+const NFTA_ANY_TABLE: u16 = 1;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+
+/// The nf_tables change notifications received during one read, summed up.
+struct ChangeWatch {
+    notes: Notifications,
+    family: Family,
+    /// A commit changed table `nftproxy` of `family`.
+    ours: bool,
+    /// A commit added or deleted tables or chains of `family`.
+    chains_moved: bool,
+    /// Notifications were lost.
+    overflow: bool,
+    /// The id of the last `NEWGEN` seen: every commit up to it has been seen whole.
+    last_gen: Option<u32>,
+    /// Commits seen.
+    commits: u32,
+}
+
+impl ChangeWatch {
+    fn open(family: Family) -> io::Result<ChangeWatch> {
+        Ok(ChangeWatch {
+            notes: Notifications::open()?,
+            family,
+            ours: false,
+            chains_moved: false,
+            overflow: false,
+            last_gen: None,
+            commits: 0,
+        })
+    }
+
+    /// Takes in what has arrived, without waiting.
+    fn poll(&mut self) {
+        while self.receive(Duration::ZERO) {}
+    }
+
+    /// Takes in notifications until the commit with generation `generation` has been seen
+    /// whole; false if that takes longer than `wait` (or notifications were lost).
+    fn wait_for(&mut self, generation: u32, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        self.poll();
+        loop {
+            // Generation ids only grow (wrapping, skipping 0).
+            if self
+                .last_gen
+                .is_some_and(|g| generation.wrapping_sub(g) as i32 <= 0)
+            {
+                return true;
+            }
+            if self.overflow {
+                return false;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            self.receive(left);
+        }
+    }
+
+    /// Receives one datagram (waiting at most `wait`); false if there was none.
+    fn receive(&mut self, wait: Duration) -> bool {
+        let family: u8 = match self.family {
+            Family::V4 => NFPROTO_IPV4,
+            Family::V6 => NFPROTO_IPV6,
+        };
+        let datagram = match self.notes.recv(wait) {
+            Ok(Some(d)) => d,
+            Ok(None) => return false,
+            Err(e) => {
+                // ENOBUFS: the kernel dropped notifications. Anything else: we cannot know.
+                tracing::debug!(error = %e, "change notifications");
+                self.overflow = true;
+                return false;
+            }
+        };
+        let Ok(msgs) = socket::messages(datagram) else {
+            self.overflow = true;
+            return true;
+        };
+        for m in msgs {
+            let (subsys, kind) = (m.kind >> 8, m.kind & 0xff);
+            if subsys != NFNL_SUBSYS_NFTABLES || kind == NFT_MSG_GETGEN {
+                continue;
+            }
+            let Some(attrs) = message_nlas(m.bytes) else {
+                continue;
+            };
+            let attr = |t: u16| attrs.iter().find(|(k, _)| *k == t).map(|(_, v)| *v);
+            if kind == NFT_MSG_NEWGEN {
+                if let Some(id) = attr(NFTA_GEN_ID).and_then(be_u32) {
+                    self.last_gen = Some(id);
+                    self.commits += 1;
+                }
+                continue;
+            }
+            if m.bytes.get(16) != Some(&family) {
+                continue;
+            }
+            if matches!(
+                kind,
+                NFT_MSG_NEWTABLE
+                    | NFT_MSG_DELTABLE
+                    | NFT_MSG_NEWCHAIN
+                    | NFT_MSG_DELCHAIN
+                    | NFT_MSG_DESTROYTABLE
+                    | NFT_MSG_DESTROYCHAIN
+            ) {
+                self.chains_moved = true;
+            }
+            if attr(NFTA_ANY_TABLE).and_then(c_string).as_deref() == Some(TABLE) {
+                self.ours = true;
+            }
+        }
+        true
     }
 }
 
@@ -213,17 +549,17 @@ pub(super) fn generation(nft: &mut Nftables, family: Family) -> Result<u32, NftE
     }
 }
 
-/// One read of the whole table; `None` if a dump was interrupted.
-fn read_once(nft: &mut Nftables, family: Family) -> Result<Option<TableState>, NftError> {
-    let Some(chains) = dump(
-        nft,
-        "chain dump",
-        family,
-        NfTablesMessage::GetChain(ChainMessage { attributes: vec![] }),
-    )?
-    else {
+/// One read of the whole table; `None` if a dump cannot be used (see [`dump`]).
+fn read_once(
+    nft: &mut Nftables,
+    family: Family,
+    mut watch: Option<&mut ChangeWatch>,
+    stats: &mut ReadStats,
+) -> Result<Option<TableState>, NftError> {
+    let Some(chains) = dump_chains(nft, family, watch.as_deref_mut(), stats)? else {
         return Ok(None);
     };
+    let watch = watch.as_deref();
     let Some(rules) = dump(
         nft,
         "rule dump",
@@ -231,6 +567,8 @@ fn read_once(nft: &mut Nftables, family: Family) -> Result<Option<TableState>, N
         NfTablesMessage::GetRule(RuleMessage {
             attributes: vec![RuleAttribute::Table(TABLE.to_string())],
         }),
+        watch,
+        stats,
     )?
     else {
         return Ok(None);
@@ -242,14 +580,43 @@ fn read_once(nft: &mut Nftables, family: Family) -> Result<Option<TableState>, N
         NfTablesMessage::GetSet(SetMessage {
             attributes: vec![SetAttribute::Table(TABLE.to_string())],
         }),
+        watch,
+        stats,
     )?
     else {
         return Ok(None);
     };
+    decode_state(family, &chains, &rules, &sets, |set| {
+        dump(
+            nft,
+            "element dump",
+            family,
+            NfTablesMessage::GetSetElement(SetElementMessage {
+                attributes: vec![
+                    SetElementList::Table(TABLE.to_string()),
+                    SetElementList::Set(set.to_string()),
+                ],
+            }),
+            watch,
+            stats,
+        )
+    })
+}
 
+/// Decodes the replies of a table's chain, rule and set dumps into its state; `dump_elements`
+/// runs the element dump of one set (`None`: its result cannot be used, nor then the state's).
+/// Public (hidden) for the fuzz tests, which feed it raw and mutated messages.
+#[doc(hidden)]
+pub fn decode_state(
+    family: Family,
+    chains: &[Vec<u8>],
+    rules: &[Vec<u8>],
+    sets: &[Vec<u8>],
+    mut dump_elements: impl FnMut(&str) -> Result<Option<Vec<Vec<u8>>>, NftError>,
+) -> Result<Option<TableState>, NftError> {
     // Rules per chain, in order; `None` for a rule nftproxy does not write.
     let mut chain_rules: HashMap<String, Vec<Option<Rule>>> = HashMap::new();
-    for m in &rules {
+    for m in rules {
         let Some(attrs) = message_nlas(m) else {
             return Err(NftError::Decode {
                 request: "rule dump",
@@ -284,7 +651,7 @@ fn read_once(nft: &mut Nftables, family: Family) -> Result<Option<TableState>, N
     }
 
     let mut state = TableState::default();
-    for m in parse_all("chain dump", &chains)? {
+    for m in parse_all("chain dump", chains)? {
         let NfTablesMessage::NewChain(c) = m else {
             continue;
         };
@@ -293,7 +660,7 @@ fn read_once(nft: &mut Nftables, family: Family) -> Result<Option<TableState>, N
         }
     }
 
-    for m in parse_all("set dump", &sets)? {
+    for m in parse_all("set dump", sets)? {
         let NfTablesMessage::NewSet(s) = m else {
             continue;
         };
@@ -306,18 +673,7 @@ fn read_once(nft: &mut Nftables, family: Family) -> Result<Option<TableState>, N
         if let Some(d) = &decl
             && d.timeout_secs.is_none()
         {
-            let Some(msgs) = dump(
-                nft,
-                "element dump",
-                family,
-                NfTablesMessage::GetSetElement(SetElementMessage {
-                    attributes: vec![
-                        SetElementList::Table(TABLE.to_string()),
-                        SetElementList::Set(raw.name.clone()),
-                    ],
-                }),
-            )?
-            else {
+            let Some(msgs) = dump_elements(&raw.name)? else {
                 return Ok(None);
             };
             decodable = decode_elements(family, d, &msgs, &mut elements);

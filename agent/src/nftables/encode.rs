@@ -1407,6 +1407,22 @@ pub(super) fn encode_transaction(tx: &Transaction, begin_seq: u32) -> Result<Bat
     })
 }
 
+/// The netlink messages of `tx` (`BATCH_BEGIN`, the commands, `BATCH_END`), each with its
+/// header. Public (hidden) for the fuzz tests, which decode and mutate real messages.
+#[doc(hidden)]
+pub fn transaction_messages(tx: &Transaction) -> Result<Vec<Vec<u8>>, String> {
+    let batch = encode_transaction(tx, 0).map_err(|e| e.reason)?;
+    let mut out = Vec::new();
+    let mut rest = batch.buf.as_slice();
+    while rest.len() >= 4 {
+        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let len = len.clamp(4, rest.len());
+        out.push(rest[..len].to_vec());
+        rest = rest.get((len + 3) & !3..).unwrap_or_default();
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,11 @@
 //!   belong to their rule and are left out.
 //! * Elements of dynamic (`timeout`) sets are not read: the datapath adds them, the planner
 //!   never does, and reporting them would make the planner delete them.
+//! * **Other programs' commits do not disturb a read.** Every dump but the chain dump is
+//!   filtered to the table in the kernel; a read listens to the change notifications while it
+//!   runs and starts again (after a short backoff) only when a commit touched table
+//!   `nftproxy`, so a program committing to its own table every millisecond costs nothing.
+//!   See `dump::read_table`.
 
 mod dump;
 mod encode;
@@ -46,7 +51,9 @@ use netlink_packet_netfilter::nftables::{NfTablesMessage, TableAttribute, TableM
 
 use self::socket::{NLMSG_DONE, NLMSG_ERROR, NlSocket};
 
-pub use self::dump::UNDECODABLE_SET_COMMENT;
+pub use self::dump::{ReadStats, UNDECODABLE_SET_COMMENT};
+#[doc(hidden)]
+pub use self::{dump::decode_state, encode::transaction_messages, socket::datagram_replies};
 
 /// What went wrong talking to nf_tables.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +73,8 @@ pub enum NftError {
         index: usize,
         /// The operation as an nft command (see `render::transaction_text`), possibly shortened.
         op: String,
+        /// The operation itself, to tell which Service it belongs to.
+        refused: Box<Op>,
         errno: i32,
         also_failed: usize,
         #[source]
@@ -83,6 +92,8 @@ pub enum NftError {
     Encode {
         index: usize,
         op: String,
+        /// The operation, or the part of it that cannot be encoded.
+        refused: Box<Op>,
         reason: String,
     },
     /// A request to read state failed.
@@ -121,6 +132,14 @@ impl NftError {
         }
     }
 
+    /// The operation (or the part of it) the kernel or the encoder refused, if one was.
+    pub fn refused_op(&self) -> Option<&Op> {
+        match self {
+            NftError::Op { refused, .. } | NftError::Encode { refused, .. } => Some(refused),
+            _ => None,
+        }
+    }
+
     fn io(context: &'static str) -> impl FnOnce(io::Error) -> NftError {
         move |source| NftError::Io { context, source }
     }
@@ -143,6 +162,8 @@ pub struct Nftables {
     seq: u32,
     /// Batches the kernel committed for us; each one moved the ruleset generation on by one.
     commits: u64,
+    /// How the last read of the table went.
+    last_read: ReadStats,
 }
 
 impl std::fmt::Debug for Nftables {
@@ -187,9 +208,18 @@ pub(super) enum Reply {
 
 /// Encodes `tx` into a batch whose messages are numbered from `seq`.
 fn encode_batch(tx: &Transaction, seq: u32) -> Result<encode::Batch, NftError> {
+    if let Some((index, refused)) = crate::testhooks::refused_op(tx) {
+        return Err(NftError::Encode {
+            index,
+            op: describe_op(tx.family, &refused),
+            refused: Box::new(refused),
+            reason: "refused by NFTPROXY_TEST_REFUSE (a test hook)".into(),
+        });
+    }
     encode::encode_transaction(tx, seq).map_err(|e| NftError::Encode {
         index: e.index,
         op: describe_op(tx.family, &tx.ops[e.index]),
+        refused: Box::new(tx.ops[e.index].clone()),
         reason: e.reason,
     })
 }
@@ -202,6 +232,7 @@ impl Nftables {
             sock,
             seq: 1,
             commits: 0,
+            last_read: ReadStats::default(),
         })
     }
 
@@ -223,6 +254,11 @@ impl Nftables {
     /// Reads back table `nftproxy` of `family`; `Ok(None)` if the table does not exist.
     pub fn read_table(&mut self, family: Family) -> Result<Option<TableState>, NftError> {
         dump::read_table(self, family)
+    }
+
+    /// How the last [`Nftables::read_table`] went (attempts, interrupted dumps, time).
+    pub fn last_read(&self) -> ReadStats {
+        self.last_read
     }
 
     /// Sends transactions one after the other (the parts of a split transaction), stopping at
@@ -310,6 +346,7 @@ impl Nftables {
                 Some(index) => NftError::Op {
                     index,
                     op: describe_op(tx.family, &tx.ops[index]),
+                    refused: Box::new(tx.ops[index].clone()),
                     errno,
                     also_failed: errors.len() - 1,
                     source,

@@ -175,7 +175,8 @@ impl Monitor {
 
 /// Whether a datagram of notifications holds a change to table `nftproxy` not made by
 /// `ignore_portid`.
-fn foreign_change(datagram: &[u8], ignore_portid: u32) -> bool {
+#[doc(hidden)] // Public for the fuzz tests.
+pub fn foreign_change(datagram: &[u8], ignore_portid: u32) -> bool {
     let mut off = 0;
     while off + NLMSG_HDRLEN <= datagram.len() {
         let h = &datagram[off..];

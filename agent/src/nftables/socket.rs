@@ -93,6 +93,16 @@ pub(super) fn messages(datagram: &[u8]) -> Result<Vec<RawMessage<'_>>, String> {
     Ok(out)
 }
 
+/// What the reply readers take from a datagram: each message's type, flags, sequence number,
+/// error code and done code. Public (hidden) for the fuzz tests.
+#[doc(hidden)]
+pub fn datagram_replies(datagram: &[u8]) -> Result<Vec<(u16, u16, u32, Option<i32>, i32)>, String> {
+    Ok(messages(datagram)?
+        .iter()
+        .map(|m| (m.kind, m.flags, m.seq, m.error_code(), m.done_code()))
+        .collect())
+}
+
 pub(super) struct NlSocket {
     sock: Socket,
     /// The netlink port id the kernel gave this socket; nf_tables change notifications carry
@@ -220,6 +230,73 @@ impl NlSocket {
                 Ok(_) => return Ok(Some(&self.recv_buf)),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if nonblocking && e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// `NFNLGRP_NFTABLES`: the multicast group of nf_tables change notifications.
+const NFNLGRP_NFTABLES: u32 = 7;
+/// Room for the notifications of other programs' commits during one read of our table. A
+/// commit larger than this (thousands of objects) overflows it, which only costs a retry.
+const NOTIFY_RCVBUF: usize = 4 << 20;
+
+/// A socket subscribed to nf_tables change notifications, for the duration of one read: it
+/// tells which commits made meanwhile touched which tables.
+pub(super) struct Notifications {
+    sock: Socket,
+    buf: Vec<u8>,
+}
+
+impl Notifications {
+    pub fn open() -> io::Result<Notifications> {
+        let mut sock = Socket::new(NETLINK_NETFILTER)?;
+        sock.bind_auto()?;
+        set_buffer(&sock, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, NOTIFY_RCVBUF)?;
+        sock.add_membership(NFNLGRP_NFTABLES)?;
+        Ok(Notifications {
+            sock,
+            buf: vec![0; RECV_BUF],
+        })
+    }
+
+    /// Receives one datagram of notifications, waiting at most `wait`; `Ok(None)` if none
+    /// came. `ENOBUFS` means notifications were lost.
+    pub fn recv(&mut self, wait: std::time::Duration) -> io::Result<Option<&[u8]>> {
+        loop {
+            if !wait.is_zero() {
+                let mut pfd = libc::pollfd {
+                    fd: self.sock.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ms = wait.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+                // SAFETY: poll on one live pollfd.
+                let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+                if rc < 0 {
+                    let e = io::Error::last_os_error();
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                if rc == 0 {
+                    return Ok(None);
+                }
+            }
+            match self
+                .sock
+                .recv(&mut &mut self.buf[..], libc::MSG_DONTWAIT | libc::MSG_TRUNC)
+            {
+                Ok(n) if n > self.buf.len() => {
+                    return Err(io::Error::other(format!(
+                        "notification of {n} bytes exceeds the {RECV_BUF}-byte buffer"
+                    )));
+                }
+                Ok(n) => return Ok(Some(&self.buf[..n])),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) => return Err(e),
             }
         }

@@ -106,7 +106,17 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         .filter(|k| name.is_none() || ns.is_some() || !k.namespaced)
         .ok_or_else(|| not_found(&path))?;
     if let Some(code) = shared.failure(kind.plural) {
-        return Err(injected(code, kind, req.method(), name, &query));
+        let err = injected(code, kind, req.method(), name, &query);
+        let retry_after = shared.retry_after_secs.load(Ordering::Relaxed);
+        if retry_after > 0 && (code == 429 || code >= 500) {
+            let mut status = err.status();
+            status["details"] = json!({"retryAfterSeconds": retry_after});
+            let mut resp = json_response(code, &status);
+            resp.headers_mut()
+                .insert("retry-after", retry_after.to_string().parse().unwrap());
+            return Ok(resp);
+        }
+        return Err(err);
     }
     let ns = ns.map(str::to_string);
     match (req.method().clone(), name) {
@@ -252,6 +262,9 @@ struct Watch {
     deadline: Instant,
     changed: tokio::sync::watch::Receiver<u64>,
     stall: tokio::sync::watch::Receiver<bool>,
+    /// This stream's number, and the mute threshold ([`super::ApiServer::set_mute_watches`]).
+    id: u64,
+    mute: tokio::sync::watch::Receiver<u64>,
     done: bool,
 }
 
@@ -285,6 +298,8 @@ fn watch(
         deadline: now + Duration::from_secs(timeout),
         changed: shared.changed.subscribe(),
         stall: shared.stall.subscribe(),
+        id: shared.watch_ids.fetch_add(1, Ordering::SeqCst),
+        mute: shared.mute_below.subscribe(),
         done: false,
     };
     let rv_param = q.get("resourceVersion").map(String::as_str).unwrap_or("");
@@ -372,6 +387,11 @@ impl Watch {
                 self.stall.wait_for(|stalled| !stalled).await.ok()?;
                 continue;
             }
+            let id = self.id;
+            if *self.mute.borrow_and_update() > id {
+                self.mute.wait_for(|below| *below <= id).await.ok()?;
+                continue;
+            }
             if let Some(data) = self.queue.pop_front() {
                 return Some(data);
             }
@@ -385,6 +405,7 @@ impl Watch {
             tokio::select! {
                 r = self.changed.changed() => r.ok()?,
                 _ = self.stall.changed() => {}
+                _ = self.mute.changed() => {}
                 _ = sleep_until(self.deadline) => self.done = true,
                 _ = sleep_until(self.next_bookmark), if self.bookmarks => {
                     self.fill();

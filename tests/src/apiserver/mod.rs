@@ -130,6 +130,12 @@ pub(crate) struct Shared {
     serve_servicecidrs: AtomicBool,
     bookmark_ms: AtomicU64,
     active_watches: AtomicUsize,
+    /// Every watch stream gets the next number.
+    watch_ids: AtomicU64,
+    /// Watch streams numbered below this send nothing ([`ApiServer::set_mute_watches`]).
+    mute_below: watch::Sender<u64>,
+    /// `Retry-After` seconds on injected 429 and 5xx answers (0: none).
+    retry_after_secs: AtomicU64,
     requests: Mutex<Vec<RequestLog>>,
     /// TLS on every connection, when on.
     tls: Option<TlsAcceptor>,
@@ -330,6 +336,9 @@ impl ApiServer {
             serve_servicecidrs: AtomicBool::new(true),
             bookmark_ms: AtomicU64::new(1000),
             active_watches: AtomicUsize::new(0),
+            watch_ids: AtomicU64::new(0),
+            mute_below: watch::Sender::new(0),
+            retry_after_secs: AtomicU64::new(0),
             requests: Mutex::default(),
             tls: pki.as_ref().map(|p| p.acceptor.clone()),
             required_token: required.then(|| token.clone()),
@@ -527,6 +536,26 @@ impl ApiServer {
     /// send nothing; when turned off they go on.
     pub fn set_stall(&self, on: bool) {
         self.shared.stall.send_replace(on);
+    }
+
+    /// While on, the watch streams open when it was turned on send nothing (no events, no
+    /// bookmarks), like connections that died without a word; requests, and watches started
+    /// later, are served as usual. When turned off, the muted streams go on.
+    pub fn set_mute_watches(&self, on: bool) {
+        let below = if on {
+            self.shared.watch_ids.load(Ordering::SeqCst)
+        } else {
+            0
+        };
+        self.shared.mute_below.send_replace(below);
+    }
+
+    /// Injected 429 and 5xx answers ([`ApiServer::set_fail`]) carry `Retry-After` (whole
+    /// seconds) and `details.retryAfterSeconds`, as the apiserver's 429s do; `None` (the
+    /// default) leaves them out.
+    pub fn set_retry_after(&self, after: Option<Duration>) {
+        let secs = after.map_or(0, |d| d.as_secs().max(1));
+        self.shared.retry_after_secs.store(secs, Ordering::Relaxed);
     }
 
     /// While on, the port is closed (connection refused) and open connections are dropped.

@@ -1,0 +1,910 @@
+//! Generators of Kubernetes objects as JSON values, shaped like what the API server and
+//! `kubectl get -o yaml` produce but with every kind of wrongness mixed in: wrong types, missing
+//! fields, huge and negative numbers, empty and unicode strings, sloppy and invalid addresses,
+//! deep nesting, unknown fields. Plus YAML texts built from them, with random corruption, and
+//! YAML's own traps (aliases, merges, tags, deep nesting).
+//!
+//! Shared by `dataplane/tests/fuzz.rs` and `agent/tests/fuzz.rs`.
+
+#![allow(dead_code)]
+
+use proptest::collection::vec;
+use proptest::prelude::*;
+use proptest::sample::select;
+use serde_json::{Map, Value, json};
+
+/// Any JSON value, nested up to `depth` levels.
+pub fn any_json(depth: u32) -> BoxedStrategy<Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter_map("finite", serde_json::Number::from_f64)
+            .prop_map(Value::Number),
+        weird_string().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(depth, 64, 6, |inner| {
+        prop_oneof![
+            vec(inner.clone(), 0..6).prop_map(Value::Array),
+            vec((weird_string(), inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+    .boxed()
+}
+
+/// A JSON value nested `levels` deep (arrays or objects), far past any sane document.
+pub fn deep_json(levels: usize, objects: bool) -> Value {
+    // Not `json!`: it serialises a variable it is given, recursively.
+    let mut v = Value::from(1);
+    for _ in 0..levels {
+        v = if objects {
+            Value::Object(Map::from_iter([("a".to_string(), v)]))
+        } else {
+            Value::Array(vec![v])
+        };
+    }
+    v
+}
+
+/// Strings that break naive code: empty, whitespace, unicode (multi-byte, combining, RTL,
+/// NUL), very long, or things that look like numbers, IPs and YAML.
+pub fn weird_string() -> BoxedStrategy<String> {
+    prop_oneof![
+        3 => select(vec![
+            "", " ", "\t", "\n", "None", "null", "~", "0", "-1", "1e309", "NaN", "TCP", "tcp",
+            "UDP", "SCTP", "ICMP", "ClusterIP", "NodePort", "LoadBalancer", "ExternalName",
+            "Local", "Cluster", "ClientIP", "IPv4", "IPv6", "FQDN", "InternalIP", "ExternalIP",
+            "node", "ns", "ns/name", "a.b.c", "é", "日本語", "\u{0}", "\u{feff}", "\u{202e}abc",
+            "e\u{301}", "🦀🦀", "::", ":::", "/", "%", "0x10", "---", "- a", "{a: b}", "[1, 2]",
+            "*a", "&a", "!!binary", "'", "\"", "\\", "1.2.3.4", "::1", "10.0.0.1/8",
+        ])
+        .prop_map(str::to_string),
+        3 => "[a-zA-Z0-9._/:-]{0,24}",
+        2 => any::<String>().prop_map(|s| s.chars().take(40).collect()),
+        1 => (select(vec!["a", "é", "🦀", "0", " ", "."]), 200usize..5000)
+            .prop_map(|(c, n)| c.repeat(n)),
+    ]
+    .boxed()
+}
+
+/// IP addresses as written in objects: valid ones (often), sloppy ones (leading zeros, spaces),
+/// and invalid ones.
+pub fn ip_string() -> BoxedStrategy<String> {
+    prop_oneof![
+        4 => any::<[u8; 4]>().prop_map(|o| std::net::Ipv4Addr::from(o).to_string()),
+        3 => (0u8..4, 0u8..4, 0u8..4).prop_map(|(a, b, c)| format!("10.{a}.{b}.{c}")),
+        3 => (0u16..4, 0u16..8).prop_map(|(a, b)| format!("fd00:{a}::{b}")),
+        2 => any::<[u8; 16]>().prop_map(|o| std::net::Ipv6Addr::from(o).to_string()),
+        1 => (0u8..4).prop_map(|a| format!("::ffff:10.0.0.{a}")),
+        2 => (0u16..1000, 0u16..1000, 0u16..1000, 0u16..1000)
+            .prop_map(|(a, b, c, d)| format!("{a:03}.{b:03}.{c}.{d:04}")),
+        1 => select(vec![
+            " 10.0.0.1 ", "010.000.000.001", "1.2.3", "1.2.3.4.5", "256.0.0.1", "1..2.3",
+            "fe80::1%eth0", "10.0.0.1/32", "::ffff:1.2.3.4", "0.0.0.0", "::", "127.0.0.1",
+            "255.255.255.255", "1.2.3.+4", "1.2.3.-4", "1.2.3.04x", "١.٢.٣.٤", "1.2.3.4 ",
+            "[::1]", "None", "",
+        ])
+        .prop_map(str::to_string),
+        1 => weird_string(),
+    ]
+    .boxed()
+}
+
+/// CIDRs: valid, with host bits, sloppy, over-long prefixes, garbage.
+pub fn cidr_string() -> BoxedStrategy<String> {
+    prop_oneof![
+        4 => (ip_string(), 0u16..140).prop_map(|(ip, len)| format!("{ip}/{len}")),
+        1 => select(vec![
+            "10.0.0.0/8", "fd00::/64", "0.0.0.0/0", "::/0", "10.0.0.0/", "/8", "10.0.0.0/-1",
+            "10.0.0.0/08", "10.0.0.0/ 8", "10.0.0.0/8/9", "10.0.0.0//8", "10.0.0.0/4294967296",
+        ])
+        .prop_map(str::to_string),
+        1 => weird_string(),
+    ]
+    .boxed()
+}
+
+/// A JSON number for a port-like field: in range, at its edges, far out of range, or not an
+/// integer at all.
+pub fn int_value() -> BoxedStrategy<Value> {
+    prop_oneof![
+        6 => (1i64..70000).prop_map(Value::from),
+        2 => select(vec![
+            0i64, -1, 1, 65535, 65536, 86400, 86401, 2147483647, 2147483648, -2147483648,
+            -2147483649, i64::MIN, i64::MAX,
+        ])
+        .prop_map(Value::from),
+        1 => Just(Value::from(u64::MAX)),
+        1 => Just(json!(80.5)),
+        1 => Just(json!("80")),
+        1 => any_json(1),
+    ]
+    .boxed()
+}
+
+/// `good` most of the time, else a value of any type.
+pub fn mostly(good: BoxedStrategy<Value>) -> BoxedStrategy<Value> {
+    prop_oneof![12 => good, 1 => any_json(2)].boxed()
+}
+
+fn string_value(s: BoxedStrategy<String>) -> BoxedStrategy<Value> {
+    mostly(s.prop_map(Value::String).boxed())
+}
+
+fn pick(values: &[&'static str]) -> BoxedStrategy<Value> {
+    let mut all: Vec<&'static str> = values.to_vec();
+    all.extend(["", "bogus"]);
+    mostly(select(all).prop_map(Value::from).boxed())
+}
+
+fn list(item: BoxedStrategy<Value>, max: usize) -> BoxedStrategy<Value> {
+    mostly(vec(item, 0..max).prop_map(Value::Array).boxed())
+}
+
+/// An object whose fields each appear with probability 4/5, plus a few unknown ones.
+pub fn object(fields: Vec<(&'static str, BoxedStrategy<Value>)>) -> BoxedStrategy<Value> {
+    let fields: Vec<BoxedStrategy<Option<(String, Value)>>> = fields
+        .into_iter()
+        .map(|(k, s)| {
+            proptest::option::weighted(0.8, s.prop_map(move |v| (k.to_string(), v))).boxed()
+        })
+        .collect();
+    let extra = vec(("[a-zA-Z]{1,8}", any_json(1)), 0..2);
+    mostly(
+        (fields, extra)
+            .prop_map(|(fields, extra)| {
+                let mut m = Map::new();
+                for (k, v) in extra.into_iter().chain(fields.into_iter().flatten()) {
+                    m.insert(k, v);
+                }
+                Value::Object(m)
+            })
+            .boxed(),
+    )
+}
+
+fn name() -> BoxedStrategy<Value> {
+    string_value(
+        prop_oneof![
+            6 => "[a-z][a-z0-9-]{0,6}",
+            1 => weird_string(),
+        ]
+        .boxed(),
+    )
+}
+
+fn labels() -> BoxedStrategy<Value> {
+    let key = prop_oneof![
+        select(vec![
+            "kubernetes.io/service-name",
+            "service.kubernetes.io/service-proxy-name",
+            "service.kubernetes.io/headless",
+            "topology.kubernetes.io/zone",
+            "kubernetes.io/hostname",
+        ])
+        .prop_map(str::to_string),
+        weird_string(),
+    ];
+    let value = prop_oneof![
+        4 => select(vec!["web", "db", "other", "", "zone-a", "node"]).prop_map(Value::from),
+        1 => any_json(1),
+    ];
+    mostly(
+        vec((key, value), 0..4)
+            .prop_map(|kv| Value::Object(kv.into_iter().collect()))
+            .boxed(),
+    )
+}
+
+fn metadata() -> BoxedStrategy<Value> {
+    object(vec![
+        ("name", name()),
+        ("namespace", name()),
+        ("labels", labels()),
+        (
+            "annotations",
+            mostly(
+                vec(
+                    (
+                        Just("endpoints.kubernetes.io/last-change-trigger-time".to_string()),
+                        weird_string().prop_map(Value::String),
+                    ),
+                    0..2,
+                )
+                .prop_map(|kv| Value::Object(kv.into_iter().collect()))
+                .boxed(),
+            ),
+        ),
+        (
+            "deletionTimestamp",
+            string_value(
+                select(vec!["2024-01-01T00:00:00Z", "yesterday", ""])
+                    .prop_map(str::to_string)
+                    .boxed(),
+            ),
+        ),
+        ("resourceVersion", string_value("[0-9]{0,6}".boxed())),
+        ("uid", string_value(weird_string())),
+    ])
+}
+
+fn protocol() -> BoxedStrategy<Value> {
+    pick(&["TCP", "UDP", "SCTP", "TCP", "UDP", "tcp", "ICMP"])
+}
+
+fn service_port() -> BoxedStrategy<Value> {
+    object(vec![
+        ("name", name()),
+        ("protocol", protocol()),
+        ("port", int_value()),
+        ("nodePort", int_value()),
+        ("targetPort", prop_oneof![int_value(), name()].boxed()),
+        ("appProtocol", name()),
+    ])
+}
+
+/// A v1 Service.
+pub fn service() -> BoxedStrategy<Value> {
+    let spec = object(vec![
+        (
+            "type",
+            pick(&["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]),
+        ),
+        ("clusterIP", string_value(ip_string())),
+        ("clusterIPs", list(string_value(ip_string()), 3)),
+        ("externalIPs", list(string_value(ip_string()), 3)),
+        ("ports", list(service_port(), 5)),
+        ("externalTrafficPolicy", pick(&["Local", "Cluster"])),
+        ("internalTrafficPolicy", pick(&["Local", "Cluster"])),
+        ("healthCheckNodePort", int_value()),
+        ("sessionAffinity", pick(&["None", "ClientIP"])),
+        (
+            "sessionAffinityConfig",
+            object(vec![(
+                "clientIP",
+                object(vec![("timeoutSeconds", int_value())]),
+            )]),
+        ),
+        (
+            "loadBalancerSourceRanges",
+            list(string_value(cidr_string()), 3),
+        ),
+        ("ipFamilies", list(pick(&["IPv4", "IPv6"]), 3)),
+        (
+            "ipFamilyPolicy",
+            pick(&["SingleStack", "PreferDualStack", "RequireDualStack"]),
+        ),
+        ("externalName", name()),
+        ("selector", labels()),
+    ]);
+    let status = object(vec![(
+        "loadBalancer",
+        object(vec![(
+            "ingress",
+            list(
+                object(vec![
+                    ("ip", string_value(ip_string())),
+                    ("ipMode", pick(&["VIP", "Proxy"])),
+                    ("hostname", name()),
+                ]),
+                3,
+            ),
+        )]),
+    )]);
+    typed(
+        "v1",
+        "Service",
+        vec![("metadata", metadata()), ("spec", spec), ("status", status)],
+    )
+}
+
+/// A discovery.k8s.io/v1 EndpointSlice.
+pub fn endpoint_slice() -> BoxedStrategy<Value> {
+    let endpoint = object(vec![
+        ("addresses", list(string_value(ip_string()), 3)),
+        (
+            "conditions",
+            object(vec![
+                ("ready", mostly(any::<bool>().prop_map(Value::Bool).boxed())),
+                (
+                    "serving",
+                    mostly(any::<bool>().prop_map(Value::Bool).boxed()),
+                ),
+                (
+                    "terminating",
+                    mostly(any::<bool>().prop_map(Value::Bool).boxed()),
+                ),
+            ]),
+        ),
+        ("nodeName", pick(&["node", "other-node", "Node"])),
+        ("zone", pick(&["zone-a", "zone-b"])),
+        (
+            "hints",
+            object(vec![
+                (
+                    "forZones",
+                    list(object(vec![("name", pick(&["zone-a", "zone-b"]))]), 3),
+                ),
+                (
+                    "forNodes",
+                    list(object(vec![("name", pick(&["node", "other-node"]))]), 3),
+                ),
+            ]),
+        ),
+        ("targetRef", any_json(2)),
+    ]);
+    let port = object(vec![
+        ("name", name()),
+        ("protocol", protocol()),
+        ("port", int_value()),
+        ("appProtocol", name()),
+    ]);
+    typed(
+        "discovery.k8s.io/v1",
+        "EndpointSlice",
+        vec![
+            ("metadata", metadata()),
+            (
+                "addressType",
+                pick(&["IPv4", "IPv6", "FQDN", "IPv4", "IPv6"]),
+            ),
+            ("ports", list(port, 4)),
+            ("endpoints", list(endpoint, 24)),
+        ],
+    )
+}
+
+/// A v1 Node (often the one the tests run as: `node`).
+pub fn node() -> BoxedStrategy<Value> {
+    let meta = (metadata(), prop::bool::weighted(0.7)).prop_map(|(mut m, ours)| {
+        if ours && let Value::Object(o) = &mut m {
+            o.insert("name".into(), json!("node"));
+        }
+        m
+    });
+    let spec = object(vec![
+        ("podCIDR", string_value(cidr_string())),
+        ("podCIDRs", list(string_value(cidr_string()), 3)),
+        (
+            "taints",
+            list(
+                object(vec![
+                    (
+                        "key",
+                        pick(&[
+                            "ToBeDeletedByClusterAutoscaler",
+                            "node.kubernetes.io/unschedulable",
+                        ]),
+                    ),
+                    ("effect", pick(&["NoSchedule", "NoExecute"])),
+                    ("value", name()),
+                ]),
+                3,
+            ),
+        ),
+        (
+            "unschedulable",
+            mostly(any::<bool>().prop_map(Value::Bool).boxed()),
+        ),
+    ]);
+    let status = object(vec![(
+        "addresses",
+        list(
+            object(vec![
+                ("type", pick(&["InternalIP", "ExternalIP", "Hostname"])),
+                ("address", string_value(ip_string())),
+            ]),
+            4,
+        ),
+    )]);
+    typed(
+        "v1",
+        "Node",
+        vec![
+            ("metadata", meta.boxed()),
+            ("spec", spec),
+            ("status", status),
+        ],
+    )
+}
+
+/// A networking.k8s.io/v1 ServiceCIDR.
+pub fn service_cidr() -> BoxedStrategy<Value> {
+    typed(
+        "networking.k8s.io/v1",
+        "ServiceCIDR",
+        vec![
+            ("metadata", metadata()),
+            (
+                "spec",
+                object(vec![("cidrs", list(string_value(cidr_string()), 3))]),
+            ),
+        ],
+    )
+}
+
+/// An object with `apiVersion` and `kind` (usually right, sometimes not) and `fields`.
+fn typed(
+    api_version: &'static str,
+    kind: &'static str,
+    fields: Vec<(&'static str, BoxedStrategy<Value>)>,
+) -> BoxedStrategy<Value> {
+    let mut all = vec![
+        ("apiVersion", pick(&[api_version, api_version, "v2"])),
+        ("kind", pick(&[kind, kind, kind, kind, "List", "Pod"])),
+    ];
+    all.extend(fields);
+    object(all)
+}
+
+/// Any of the four kinds nftproxy reads.
+pub fn any_object() -> BoxedStrategy<Value> {
+    prop_oneof![
+        3 => service(),
+        3 => endpoint_slice(),
+        1 => node(),
+        1 => service_cidr(),
+        1 => any_json(3),
+    ]
+    .boxed()
+}
+
+/// How documents are put together into one file.
+#[derive(Clone, Debug)]
+pub enum Layout {
+    /// `---`-separated documents.
+    Stream,
+    /// One `kind: List` document.
+    List,
+    /// Lists nested inside lists.
+    NestedLists,
+    /// JSON text (YAML accepts it).
+    Json,
+}
+
+/// An edit of a text: where (a fraction of its length) and what.
+#[derive(Clone, Debug)]
+pub enum Edit {
+    Insert(f64, String),
+    Delete(f64, usize),
+    Duplicate(f64, usize),
+    Truncate(f64),
+    Replace(f64, char),
+}
+
+pub fn edit() -> BoxedStrategy<Edit> {
+    let snippet = prop_oneof![
+        select(vec![
+            "\n",
+            "---\n",
+            "...\n",
+            ":",
+            ": ",
+            "- ",
+            "[",
+            "]",
+            "{",
+            "}",
+            "\"",
+            "'",
+            "&a ",
+            "*a",
+            "<<: *a\n",
+            "!!str ",
+            "!!binary ",
+            "!custom ",
+            "#",
+            "\t",
+            "\r\n",
+            "\u{0}",
+            "\u{feff}",
+            "%YAML 1.2\n",
+            "? ",
+            "|\n",
+            ">-\n",
+            "  ",
+            "kind: List\nitems:\n",
+            "99999999999999999999999999",
+            "-0",
+            ".nan",
+            ".inf",
+            "0x7fffffff",
+            "1e400",
+        ])
+        .prop_map(str::to_string),
+        weird_string(),
+    ];
+    prop_oneof![
+        3 => (0.0..1.0f64, snippet).prop_map(|(at, s)| Edit::Insert(at, s)),
+        2 => (0.0..1.0f64, 1usize..40).prop_map(|(at, n)| Edit::Delete(at, n)),
+        1 => (0.0..1.0f64, 1usize..200).prop_map(|(at, n)| Edit::Duplicate(at, n)),
+        1 => (0.0..1.0f64).prop_map(Edit::Truncate),
+        2 => (0.0..1.0f64, any::<char>()).prop_map(|(at, c)| Edit::Replace(at, c)),
+    ]
+    .boxed()
+}
+
+/// The char boundary nearest below `fraction` of `text`.
+fn boundary(text: &str, fraction: f64) -> usize {
+    let mut at = ((text.len() as f64) * fraction) as usize;
+    at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+pub fn apply_edits(text: &mut String, edits: &[Edit]) {
+    for e in edits {
+        match e {
+            Edit::Insert(at, s) => {
+                let at = boundary(text, *at);
+                text.insert_str(at, s);
+            }
+            Edit::Delete(at, n) => {
+                let from = boundary(text, *at);
+                let to = boundary(
+                    text,
+                    ((from + n) as f64 / text.len().max(1) as f64).min(1.0),
+                );
+                if to > from {
+                    text.replace_range(from..to, "");
+                }
+            }
+            Edit::Duplicate(at, n) => {
+                let from = boundary(text, *at);
+                let to = boundary(
+                    text,
+                    ((from + n) as f64 / text.len().max(1) as f64).min(1.0),
+                );
+                if to > from {
+                    let copy = text[from..to].to_string();
+                    text.insert_str(to, &copy);
+                }
+            }
+            Edit::Truncate(at) => {
+                let at = boundary(text, *at);
+                text.truncate(at);
+            }
+            Edit::Replace(at, c) => {
+                let at = boundary(text, *at);
+                if let Some(old) = text[at..].chars().next() {
+                    text.replace_range(at..at + old.len_utf8(), &c.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// The text of `objects` laid out as `layout`.
+pub fn render(objects: &[Value], layout: &Layout) -> String {
+    let yaml = |v: &Value| serde_yaml_ng::to_string(v).unwrap_or_default();
+    let list = |items: &[Value]| json!({"apiVersion": "v1", "kind": "List", "items": items});
+    match layout {
+        Layout::Stream => objects.iter().map(yaml).collect::<Vec<_>>().join("---\n"),
+        Layout::List => yaml(&list(objects)),
+        Layout::NestedLists => {
+            let half = objects.len() / 2;
+            let inner = list(&objects[half..]);
+            let mut items = objects[..half].to_vec();
+            items.push(inner);
+            yaml(&list(&items))
+        }
+        Layout::Json => serde_json::to_string_pretty(&list(objects)).unwrap_or_default(),
+    }
+}
+
+/// A file of Kubernetes objects: generated objects laid out one way or another, then edited.
+#[derive(Clone, Debug)]
+pub struct YamlFile {
+    pub objects: Vec<Value>,
+    pub layout: Layout,
+    pub edits: Vec<Edit>,
+}
+
+impl YamlFile {
+    pub fn text(&self) -> String {
+        let mut text = render(&self.objects, &self.layout);
+        apply_edits(&mut text, &self.edits);
+        text
+    }
+}
+
+pub fn yaml_file(max_objects: usize) -> BoxedStrategy<YamlFile> {
+    let layout = prop_oneof![
+        Just(Layout::Stream),
+        Just(Layout::List),
+        Just(Layout::NestedLists),
+        Just(Layout::Json),
+    ];
+    let edits = prop_oneof![
+        2 => Just(Vec::new()),
+        3 => vec(edit(), 1..6),
+    ];
+    (vec(any_object(), 0..max_objects), layout, edits)
+        .prop_map(|(objects, layout, edits)| YamlFile {
+            objects,
+            layout,
+            edits,
+        })
+        .boxed()
+}
+
+/// YAML's own traps, each parameterised by a size.
+pub fn yaml_trap() -> BoxedStrategy<String> {
+    let n = 1usize..400;
+    prop_oneof![
+        // Deep flow and block nesting.
+        n.clone().prop_map(|n| format!("{}1{}", "[".repeat(n), "]".repeat(n))),
+        n.clone().prop_map(|n| format!("{}1{}", "{a: ".repeat(n), "}".repeat(n))),
+        n.clone().prop_map(|n| {
+            (0..n).map(|i| format!("{}- \n", " ".repeat(i * 2))).collect::<String>()
+        }),
+        n.clone().prop_map(|n| format!("kind: List\nitems:\n{}", "- kind: List\n  items:\n".repeat(n))),
+        // Unbalanced nesting.
+        n.clone().prop_map(|n| "[{".repeat(n)),
+        // Alias expansion ("billion laughs").
+        (1usize..12, 2usize..10).prop_map(|(levels, width)| {
+            let mut s = String::from("a0: &a0 [x]\n");
+            for l in 1..=levels {
+                let refs = vec![format!("*a{}", l - 1); width].join(", ");
+                s.push_str(&format!("a{l}: &a{l} [{refs}]\n"));
+            }
+            s.push_str(&format!("kind: Service\nspec: {{ports: *a{levels}}}\n"));
+            s
+        }),
+        // Merge keys, also recursive and of the wrong kind.
+        Just("base: &b {kind: Service, metadata: {name: x}}\n<<: *b\nspec: {<<: [*b, *b]}\n".to_string()),
+        Just("a: &a [1]\n<<: *a\n".to_string()),
+        Just("a: &a\n  <<: *a\n".to_string()),
+        Just("*undefined\n".to_string()),
+        // Tags and scalars of every sort where objects are expected.
+        Just("!!binary aGVsbG8=\n".to_string()),
+        Just("kind: !!binary aGVsbG8=\n".to_string()),
+        Just("kind: Service\nmetadata: {name: !!int 1}\nspec: {ports: [{port: !!float .nan}]}\n".to_string()),
+        Just("kind: Service\nspec: {ports: [{port: 0x50}, {port: 0o120}, {port: +80}, {port: 8_0}]}\n".to_string()),
+        Just("kind: Service\nspec: {ports: [{port: 99999999999999999999999999999999}]}\n".to_string()),
+        Just("? [a, b]\n: c\n? {a: b}\n: d\n".to_string()),
+        Just("%YAML 1.2\n%TAG ! tag:x,2000:\n---\n!foo {kind: Service}\n...\n---\n".to_string()),
+        // Many empty documents.
+        n.clone().prop_map(|n| "---\n".repeat(n)),
+        n.prop_map(|n| "...\n---\n~\n".repeat(n)),
+    ]
+    .boxed()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Valid clusters: objects the API server would accept, covering every Service feature, for
+// round trips through the builders and the kernel encoders.
+
+/// One valid Service and its EndpointSlices, by index `i` (which keeps addresses and ports
+/// unique across Services).
+#[derive(Clone, Debug)]
+pub struct ValidService {
+    pub i: u8,
+    pub service_type: &'static str,
+    pub v4: bool,
+    pub v6: bool,
+    pub protocols: Vec<&'static str>,
+    pub external_ip: bool,
+    pub lb_ingress: bool,
+    pub source_ranges: bool,
+    pub local_external: bool,
+    pub local_internal: bool,
+    pub affinity: Option<u32>,
+    /// Per slice: (IPv6?, endpoints as (ready, serving, terminating, on this node, zone hint)).
+    pub slices: Vec<(bool, Vec<(bool, bool, bool, bool, bool)>)>,
+}
+
+impl ValidService {
+    pub fn objects(&self) -> Vec<Value> {
+        let i = self.i;
+        let mut ips = Vec::new();
+        if self.v4 || !self.v6 {
+            ips.push(format!("172.30.{}.{}", i / 200, i % 200 + 1));
+        }
+        if self.v6 {
+            ips.push(format!("fd00:30::{:x}", u16::from(i) + 1));
+        }
+        let node_ports = self.service_type != "ClusterIP";
+        let ports: Vec<Value> = self
+            .protocols
+            .iter()
+            .enumerate()
+            .map(|(k, proto)| {
+                let mut p = json!({"name": format!("p{k}"), "protocol": proto, "port": 80 + k,
+                                   "targetPort": 8080 + k});
+                if node_ports {
+                    p["nodePort"] = json!(30000 + usize::from(i) * 4 + k);
+                }
+                p
+            })
+            .collect();
+        let mut spec = json!({
+            "type": self.service_type,
+            "clusterIP": ips[0],
+            "clusterIPs": ips,
+            "ports": ports,
+            "externalTrafficPolicy": if self.local_external { "Local" } else { "Cluster" },
+            "internalTrafficPolicy": if self.local_internal { "Local" } else { "Cluster" },
+        });
+        if self.external_ip {
+            spec["externalIPs"] = json!([format!("203.0.113.{}", i % 250 + 1)]);
+        }
+        if self.source_ranges {
+            spec["loadBalancerSourceRanges"] = json!(["192.0.2.0/24", "2001:db8::/64"]);
+        }
+        if self.service_type == "LoadBalancer" && self.local_external {
+            spec["healthCheckNodePort"] = json!(32000 + u32::from(i));
+        }
+        if let Some(t) = self.affinity {
+            spec["sessionAffinity"] = json!("ClientIP");
+            spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": t}});
+        }
+        let name = format!("svc{i}");
+        let mut service = json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": spec,
+        });
+        if self.lb_ingress {
+            service["status"] = json!({"loadBalancer": {"ingress": [
+                {"ip": format!("198.51.100.{}", i % 250 + 1)},
+                {"ip": format!("2001:db8:1::{:x}", u16::from(i) + 1)},
+                {"ip": "198.51.100.250", "ipMode": "Proxy"},
+            ]}});
+        }
+        let mut out = vec![service];
+        for (s, (v6, endpoints)) in self.slices.iter().enumerate() {
+            let endpoints: Vec<Value> = endpoints
+                .iter()
+                .enumerate()
+                .map(|(k, (ready, serving, terminating, local, hint))| {
+                    let addr = if *v6 {
+                        format!("fd00:1:{:x}:{s:x}::{:x}", i, k + 1)
+                    } else {
+                        format!("10.{}.{}.{}", 100 + i / 100, (i % 100) * 2 + s as u8 % 2, k + 1)
+                    };
+                    let mut e = json!({
+                        "addresses": [addr],
+                        "conditions": {"ready": ready, "serving": serving, "terminating": terminating},
+                        "nodeName": if *local { "node" } else { "other-node" },
+                        "zone": "zone-a",
+                    });
+                    if *hint {
+                        e["hints"] = json!({"forZones": [{"name": "zone-a"}]});
+                    }
+                    e
+                })
+                .collect();
+            let ports: Vec<Value> = self
+                .protocols
+                .iter()
+                .enumerate()
+                .map(|(k, proto)| json!({"name": format!("p{k}"), "protocol": proto, "port": 8080 + k}))
+                .collect();
+            out.push(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("{name}-{s}"), "namespace": "ns",
+                             "labels": {"kubernetes.io/service-name": name}},
+                "addressType": if *v6 { "IPv6" } else { "IPv4" },
+                "ports": ports,
+                "endpoints": endpoints,
+            }));
+        }
+        out
+    }
+}
+
+fn valid_service(i: u8) -> BoxedStrategy<ValidService> {
+    let endpoint = (
+        prop::bool::weighted(0.8),
+        prop::bool::weighted(0.85),
+        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.5),
+        prop::bool::weighted(0.2),
+    );
+    let slice = (any::<bool>(), vec(endpoint, 0..40));
+    (
+        select(vec!["ClusterIP", "NodePort", "LoadBalancer"]),
+        prop::bool::weighted(0.8),
+        prop::bool::weighted(0.4),
+        vec(select(vec!["TCP", "UDP", "SCTP"]), 1..4),
+        prop::bool::weighted(0.2),
+        prop::bool::weighted(0.5),
+        prop::bool::weighted(0.3),
+        prop::bool::weighted(0.3),
+        prop::bool::weighted(0.2),
+        proptest::option::weighted(0.2, 1u32..=86400),
+        vec(slice, 0..3),
+    )
+        .prop_map(
+            move |(
+                service_type,
+                v4,
+                v6,
+                mut protocols,
+                external_ip,
+                lb_ingress,
+                source_ranges,
+                local_external,
+                local_internal,
+                affinity,
+                slices,
+            )| {
+                protocols.dedup();
+                ValidService {
+                    i,
+                    service_type,
+                    v4,
+                    v6,
+                    protocols,
+                    external_ip,
+                    lb_ingress,
+                    source_ranges,
+                    local_external,
+                    local_internal,
+                    affinity,
+                    slices,
+                }
+            },
+        )
+        .boxed()
+}
+
+/// A valid cluster as the objects of a file: Services with their slices, this node's Node
+/// (`node`, dual-stack) and a ServiceCIDR.
+#[derive(Clone, Debug)]
+pub struct ValidCluster {
+    pub services: Vec<ValidService>,
+    pub node: bool,
+}
+
+impl ValidCluster {
+    pub fn objects(&self) -> Vec<Value> {
+        let mut out: Vec<Value> = self
+            .services
+            .iter()
+            .flat_map(ValidService::objects)
+            .collect();
+        if self.node {
+            out.push(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "node", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+                "spec": {"podCIDRs": ["10.244.1.0/24", "fd00:244:1::/64"]},
+                "status": {"addresses": [
+                    {"type": "InternalIP", "address": "10.0.0.1"},
+                    {"type": "InternalIP", "address": "fd00::1"},
+                    {"type": "Hostname", "address": "node"},
+                ]},
+            }));
+        }
+        out.push(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": {"name": "kubernetes"},
+            "spec": {"cidrs": ["172.30.0.0/16", "fd00:30::/112"]},
+        }));
+        out
+    }
+
+    pub fn yaml(&self) -> String {
+        render(&self.objects(), &Layout::Stream)
+    }
+}
+
+pub fn valid_cluster(max_services: usize) -> BoxedStrategy<ValidCluster> {
+    (
+        vec(any::<prop::sample::Index>(), 0..max_services),
+        prop::bool::weighted(0.8),
+    )
+        .prop_flat_map(|(slots, node)| {
+            let services: Vec<BoxedStrategy<ValidService>> =
+                (0..slots.len()).map(|i| valid_service(i as u8)).collect();
+            (services, Just(node))
+        })
+        .prop_map(|(services, node)| ValidCluster { services, node })
+        .boxed()
+}
