@@ -234,9 +234,9 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The body of a list (or any answer but a watch) must not pause longer than this.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// TCP keepalive: probes after 30 s of silence (Go's dialer default, which client-go uses), every
-/// 10 s, 3 unanswered ones end the connection, so a dead peer is noticed within about a minute
-/// even on an idle pooled connection.
+/// TCP keepalive: probes after 30 s of silence (client-go's dialer uses 30 s), every 10 s; 3
+/// unanswered ones end the connection, so a dead peer is noticed within about a minute, on a
+/// quiet watch or an idle pooled connection alike.
 pub const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const TCP_KEEPALIVE_PROBES: u32 = 3;
@@ -249,8 +249,10 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// less than [`BOOKMARK_ALLOWANCE`] bookmark intervals of silence, nor for less than this.
 pub const WATCH_BOUND_MIN: Duration = Duration::from_secs(5);
 
-/// The longest: the bound until the server's bookmark cadence is known, and its cap. Real API
-/// servers send a bookmark about every minute; 150 s is two and a half of those intervals.
+/// The longest. Real API servers send a bookmark about every minute; 150 s is two and a half of
+/// those intervals. Until a resource's watches have carried a bookmark, its cadence is unknown
+/// and kube-runtime's own idle timeout (the server-side watch timeout plus 5 s, at most 295 s)
+/// is the only bound, so a server that sends no bookmarks has its quiet watches left alone.
 pub const WATCH_BOUND_MAX: Duration = Duration::from_secs(150);
 
 /// How many bookmark intervals of silence end a watch.
@@ -269,14 +271,18 @@ pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(300);
 /// pooled hyper client, under the [`Guard`].
 pub type Stack = Guard<BoxService<HttpRequest<kube::client::Body>, Response<Incoming>, BoxError>>;
 
-/// kube's client stack with bounded time: TCP keepalive, a connect timeout, and the [`Guard`]
-/// (response and body timeouts, the watch watchdog, lists from the watch cache, `Retry-After`
-/// and answers reported to `liveness`). The layers added on top (metrics, rate limit) see its
-/// timeouts as failed requests. kube's own retry of 429/503/504 inside the stack is left out:
-/// the watchers retry with a backoff that depends on the failure (`watch::Retry`).
+/// The API client's stack, built from kube's public parts as `ClientBuilder::try_from` builds
+/// it (that offers no TCP keepalive): TLS, the base URI, authentication (token files re-read)
+/// and extra headers over a pooled hyper client whose connections have a connect timeout and
+/// TCP keepalive, under the [`Guard`] (response and body timeouts, the watch watchdog, lists
+/// from the watch cache, answers and `Retry-After` reported to `liveness`). Layers added on top
+/// (metrics, rate limit) see its timeouts as failed requests, and its time does not include
+/// their waits. Left out: kube's retry of 429/503/504 inside the stack (the watchers retry
+/// with a delay that depends on the failure, `watch::Retry`, and every attempt is counted as
+/// client-go counts it) and its tracing spans.
 ///
 /// kube 5 speaks HTTP/1.1 only (its rustls connector offers no `h2`), so HTTP/2 health-check
-/// pings do not apply; TCP keepalive and the timeouts here do their work.
+/// pings do not apply; TCP keepalive and the timeouts here do that work.
 pub fn client_builder(
     config: &kube::Config,
     liveness: Arc<Liveness>,
@@ -384,9 +390,9 @@ impl Liveness {
 
     /// How long a watch of `path` may send nothing before the watchdog ends it:
     /// [`BOOKMARK_ALLOWANCE`] times the longest recent interval between the server's bookmarks,
-    /// within [`WATCH_BOUND_MIN`]..=[`WATCH_BOUND_MAX`]; [`WATCH_BOUND_MAX`] until bookmarks have
-    /// been seen, doubled (up to the maximum) each time the watchdog fires.
-    pub fn watch_bound(&self, path: &str) -> Duration {
+    /// within [`WATCH_BOUND_MIN`]..=[`WATCH_BOUND_MAX`], doubled (up to the maximum) each time
+    /// the watchdog fires until bookmarks are seen again; none until a bookmark has been seen.
+    pub fn watch_bound(&self, path: &str) -> Option<Duration> {
         lock(&self.state(path).progress).bound
     }
 }
@@ -395,7 +401,7 @@ impl Liveness {
 #[derive(Debug)]
 struct Progress {
     gaps: VecDeque<Duration>,
-    bound: Duration,
+    bound: Option<Duration>,
     /// The bound's range.
     min: Duration,
     max: Duration,
@@ -405,7 +411,7 @@ impl Progress {
     fn new((min, max): (Duration, Duration)) -> Progress {
         Progress {
             gaps: VecDeque::new(),
-            bound: max,
+            bound: None,
             min,
             max,
         }
@@ -417,16 +423,18 @@ impl Progress {
         }
         self.gaps.push_back(gap);
         let longest = self.gaps.iter().max().copied().unwrap_or(self.max);
-        self.bound = longest
-            .saturating_mul(BOOKMARK_ALLOWANCE)
-            .clamp(self.min, self.max);
+        self.bound = Some(
+            longest
+                .saturating_mul(BOOKMARK_ALLOWANCE)
+                .clamp(self.min, self.max),
+        );
     }
 
     /// The watchdog fired: the cadence may have changed, so allow more until bookmarks are seen
     /// again (a server that sends them less often is not restarted over and over).
     fn silent(&mut self) {
         self.gaps.clear();
-        self.bound = self.bound.saturating_mul(2).min(self.max);
+        self.bound = self.bound.map(|b| b.saturating_mul(2).min(self.max));
     }
 }
 
@@ -577,11 +585,11 @@ where
             });
             let idle = match &watch {
                 Some(w) => lock(&w.state.progress).bound,
-                None => body_timeout,
+                None => Some(body_timeout),
             };
             Ok(resp.map(|inner| GuardBody {
                 inner,
-                timer: Box::pin(tokio::time::sleep(idle)),
+                timer: idle.map(|idle| Box::pin(tokio::time::sleep(idle))),
                 body_timeout,
                 watch,
                 done: false,
@@ -594,7 +602,8 @@ where
 /// watch bound ([`Liveness::watch_bound`]) for a watch. A watch's bookmarks teach the bound.
 pub struct GuardBody<B> {
     inner: B,
-    timer: Pin<Box<tokio::time::Sleep>>,
+    /// None: a watch whose bookmark cadence is not known yet.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
     body_timeout: Duration,
     watch: Option<WatchProgress>,
     done: bool,
@@ -672,11 +681,14 @@ where
                         }
                         lock(&w.state.progress).bound
                     }
-                    None => this.body_timeout,
+                    None => Some(this.body_timeout),
                 };
-                this.timer
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + idle);
+                let deadline = idle.map(|idle| tokio::time::Instant::now() + idle);
+                match (deadline, &mut this.timer) {
+                    (Some(at), Some(timer)) => timer.as_mut().reset(at),
+                    (Some(at), None) => this.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                    (None, _) => this.timer = None,
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
@@ -685,14 +697,18 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.timer.as_mut().poll(cx).is_pending() {
+                let expired = match &mut this.timer {
+                    Some(timer) => timer.as_mut().poll(cx).is_ready(),
+                    None => false,
+                };
+                if !expired {
                     return Poll::Pending;
                 }
                 this.done = true;
                 let timeout = match &this.watch {
                     Some(w) => {
                         let mut progress = lock(&w.state.progress);
-                        let bound = progress.bound;
+                        let bound = progress.bound.unwrap_or_default();
                         progress.silent();
                         Timeout::Watch(bound)
                     }
@@ -978,11 +994,29 @@ mod tests {
         }
 
         #[tokio::test]
+        async fn without_bookmarks_a_quiet_watch_is_left_alone() {
+            let (min, max) = (Duration::from_millis(50), Duration::from_millis(100));
+            let liveness = Arc::new(Liveness::with_watch_bounds(min, max));
+            let (tx, body) = streamed();
+            let mut svc = guard(Stub::answering(Response::new(body)), &liveness);
+            let resp = svc
+                .call(get("/api/v1/nodes?&watch=true&resourceVersion=5"))
+                .await
+                .unwrap();
+            let mut body = resp.into_body();
+            tx.unbounded_send(Bytes::from_static(b"{\"type\":\"ADDED\"}\n"))
+                .unwrap();
+            body.frame().await.unwrap().unwrap();
+            let quiet = tokio::time::timeout(Duration::from_millis(400), body.frame()).await;
+            assert!(quiet.is_err(), "ended without a known cadence: {quiet:?}");
+        }
+
+        #[tokio::test]
         async fn a_silent_watch_is_ended_after_a_few_bookmark_intervals() {
             let (min, max) = (Duration::from_millis(150), Duration::from_secs(2));
             let liveness = Arc::new(Liveness::with_watch_bounds(min, max));
             let path = "/api/v1/services";
-            assert_eq!(liveness.watch_bound(path), max, "unknown cadence");
+            assert_eq!(liveness.watch_bound(path), None, "unknown cadence");
             let (tx, body) = streamed();
             let mut svc = guard(Stub::answering(Response::new(body)), &liveness);
             let resp = svc
@@ -1001,7 +1035,7 @@ mod tests {
                 body.frame().await.unwrap().unwrap();
                 body.frame().await.unwrap().unwrap();
             }
-            let bound = liveness.watch_bound(path);
+            let bound = liveness.watch_bound(path).unwrap();
             assert!(
                 bound >= Duration::from_millis(300) && bound < Duration::from_millis(600),
                 "three bookmark intervals: {bound:?}"
@@ -1017,7 +1051,7 @@ mod tests {
             ));
             assert!(body.frame().await.is_none(), "ended");
             // The next watch gets twice as long, until bookmarks are seen again.
-            assert_eq!(liveness.watch_bound(path), (bound * 2).min(max));
+            assert_eq!(liveness.watch_bound(path), Some((bound * 2).min(max)));
             drop(tx);
         }
     }

@@ -3,9 +3,10 @@
 //! would. The bucket holds `burst` tokens and refills at `qps` per second; a request waits for a
 //! token.
 //!
-//! The further pages of one list (requests with `continue=`) take no token: kube-proxy lists
-//! from the API server's watch cache in a single answer, nftproxy pages through the same list,
-//! and the limit is about how often a client starts a list or a watch, not how it is paged.
+//! The further pages of one list (requests with `continue=`) take no token: the limit is about
+//! how often a client starts a list or a watch, not how the answer is paged (kube-proxy's
+//! informers list from the watch cache, historically in one answer; nftproxy asks the watch
+//! cache too, 500 objects a page).
 
 use std::future::Future;
 use std::pin::Pin;

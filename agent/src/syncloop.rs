@@ -316,7 +316,15 @@ pub fn run(
                 && let Some(op) = e.refused_op()
             {
                 let suspects = quarantine::suspects(op, &cluster);
-                if !suspects.is_empty() {
+                let room = quarantine.len() + suspects.len() <= MAX_QUARANTINED;
+                if !room {
+                    tracing::warn!(
+                        suspects = suspects.len(),
+                        quarantined = quarantine.len(),
+                        "a refused operation names too many Services to set them aside; retrying with backoff"
+                    );
+                }
+                if !suspects.is_empty() && room {
                     let moves = quarantine.refused(&suspects, Instant::now());
                     report_moves(&moves, &e.to_string());
                     moved.extend(moves.quarantined);
@@ -379,6 +387,11 @@ pub fn run(
         last_end = Some(Instant::now());
     }
 }
+
+/// At most this many Services are set aside at once: a refusal that keeps naming new Services
+/// is not theirs (a full set, a kernel limit), and quarantining more would only take traffic
+/// away; the family then retries with backoff.
+const MAX_QUARANTINED: usize = 256;
 
 /// Logs Services put into or let out of quarantine.
 fn report_moves(moves: &Moves, error: &str) {

@@ -201,8 +201,7 @@ impl Telemetry {
                 winner = %c.winner,
                 losers = %names(&c.losers),
                 rule = %c.rule,
-                "frontend conflict: {c}; not programmed for {}",
-                names(&c.losers),
+                "frontend conflict: {c}"
             );
         }
         for c in self.conflicts.difference(&now) {
@@ -211,16 +210,15 @@ impl Telemetry {
                 frontend = %c.frontend,
                 winner = %c.winner,
                 losers = %names(&c.losers),
-                "frontend conflict ended: {} {} between {} and {}",
+                "frontend conflict ended: {} {} (kept by {} against {})",
                 c.kind,
                 c.frontend,
                 c.winner,
                 names(&c.losers),
             );
         }
-        let list: Vec<Conflict> = now.iter().cloned().collect();
         metrics::metrics().set_frontend_conflicts(
-            conflicts::counts(&list)
+            conflicts::counts(&now)
                 .into_iter()
                 .map(|(kind, n)| (kind.name(), n)),
         );

@@ -84,7 +84,7 @@ fn cluster_file() -> impl Strategy<Value = String> {
 fn source_load() {
     fuzz(
         "source_load",
-        150,
+        60,
         (cluster_file(), proxy_name()),
         |(text, proxy)| {
             let loaded = source::load_text(&text, "node", &proxy);
@@ -99,6 +99,7 @@ fn source_load() {
             let _ = std::fs::remove_file(&path);
             assert_eq!(loaded.is_ok(), into.is_ok(), "{loaded:?} vs {into:?}");
             if let Ok((cluster, _)) = loaded {
+                harness::note("source_load", "loaded");
                 let names =
                     |c: &dataplane::model::Cluster| c.services.keys().cloned().collect::<Vec<_>>();
                 assert_eq!(names(&cluster), names(tracker.cluster()));
@@ -150,16 +151,79 @@ fn config_number() -> BoxedStrategy<Value> {
     .boxed()
 }
 
-/// A value for a field whose default (in `schema`) is this shape, right or wrong.
+/// Plausible text for the string field `key`: mostly what kube-proxy accepts there, sometimes
+/// anything from [`config_string`].
+fn config_string_for(key: &str) -> BoxedStrategy<String> {
+    let good: Vec<&'static str> = match key {
+        k if k.ends_with("Period") || k.ends_with("Timeout") || k == "flushFrequency" => vec![
+            "30s", "1m30s", "500ms", "0s", "1s", "15m", "1h", "2h45m", "100ms", "-1s", "10s",
+        ],
+        "mode" => vec!["nftables", "iptables", "", "ipvs"],
+        "format" => vec!["text", "json", ""],
+        "detectLocalMode" => vec![
+            "ClusterCIDR",
+            "NodeCIDR",
+            "BridgeInterface",
+            "InterfaceNamePrefix",
+            "",
+        ],
+        "bindAddress" => vec!["0.0.0.0", "::", "10.0.0.1", "fd00::1", ""],
+        "healthzBindAddress" | "metricsBindAddress" => vec![
+            "0.0.0.0:10256",
+            "127.0.0.1:10249",
+            "[::]:10256",
+            "[::1]:10249",
+            "10.0.0.1",
+            "",
+            "0.0.0.0:0",
+        ],
+        "clusterCIDR" => vec!["10.0.0.0/8", "10.0.0.0/8,fd00::/48", "", "fd00::/48"],
+        "bridgeInterface" | "interfaceNamePrefix" => vec!["cbr0", "veth", "", "eth"],
+        "portRange" => vec!["", "300-2000", "300+1700", "8080"],
+        "showHiddenMetricsForVersion" => vec!["", "1.32", "1.33"],
+        "infoBufferSize" => vec!["0", "64Ki", "", "1M"],
+        "apiVersion" => vec!["kubeproxy.config.k8s.io/v1alpha1"],
+        "kind" => vec!["KubeProxyConfiguration"],
+        "contentType" | "acceptContentTypes" => {
+            vec![
+                "",
+                "application/json",
+                "application/vnd.kubernetes.protobuf",
+            ]
+        }
+        "hostnameOverride" => vec!["", "node", " Node-1 "],
+        _ => vec!["", "x"],
+    };
+    prop_oneof![12 => select(good).prop_map(str::to_string), 1 => config_string()].boxed()
+}
+
+/// A plausible number for the numeric field `key`.
+fn config_number_for(key: &str) -> BoxedStrategy<Value> {
+    let good = match key {
+        "masqueradeBit" => (0i64..32).boxed(),
+        "verbosity" => (0i64..10).boxed(),
+        "oomScoreAdj" => (-1000i64..=1000).boxed(),
+        "burst" | "maxPerCore" | "min" => (0i64..100_000).boxed(),
+        _ => (0i64..100).boxed(),
+    };
+    prop_oneof![
+        12 => good.prop_map(Value::from),
+        1 => config_number(),
+    ]
+    .boxed()
+}
+
+/// A value for field `key`, whose default (in `schema`) has this shape: right almost always,
+/// wrong sometimes (more wrongness comes from the edits of the whole document).
 fn config_value(key: &str, schema: &Value) -> BoxedStrategy<Value> {
     let wrong = || k8s::any_json(2);
     match (key, schema) {
         ("featureGates", _) => prop_oneof![
-            4 => vec(
+            30 => vec(
                 (
                     select(vec!["LoggingAlphaOptions", "LoggingBetaOptions", "Bogus", ""])
                         .prop_map(str::to_string),
-                    prop_oneof![4 => any::<bool>().prop_map(Value::Bool), 1 => wrong()],
+                    prop_oneof![30 => any::<bool>().prop_map(Value::Bool), 1 => wrong()],
                 ),
                 0..3
             )
@@ -168,7 +232,7 @@ fn config_value(key: &str, schema: &Value) -> BoxedStrategy<Value> {
         ]
         .boxed(),
         ("vmodule", _) => prop_oneof![
-            4 => vec(
+            30 => vec(
                 config_object(&serde_json::json!({"filePattern": "", "verbosity": 0})),
                 0..3
             )
@@ -176,44 +240,75 @@ fn config_value(key: &str, schema: &Value) -> BoxedStrategy<Value> {
             1 => wrong(),
         ]
         .boxed(),
+        ("nodePortAddresses" | "excludeCIDRs", _) => prop_oneof![
+            10 => vec(
+                select(vec!["primary", "10.0.0.0/8", "fd00::/64", "0.0.0.0/0", "127.0.0.1/32"])
+                    .prop_map(Value::from),
+                0..3
+            )
+            .prop_map(Value::Array),
+            1 => Just(Value::Null),
+            1 => vec(config_string().prop_map(Value::String), 0..3).prop_map(Value::Array),
+            1 => wrong(),
+        ]
+        .boxed(),
+        ("flushFrequency", _) => prop_oneof![
+            10 => config_string_for(key).prop_map(Value::String),
+            2 => config_number(),
+            1 => wrong(),
+        ]
+        .boxed(),
+        ("qps", _) => prop_oneof![
+            6 => (0u32..100).prop_map(Value::from),
+            2 => select(vec![0.5, 1e-30, 1e-45, 3.4e38, 1e300, -1.0, 0.0]).prop_map(Value::from),
+            1 => wrong(),
+        ]
+        .boxed(),
         (_, Value::Object(_)) => config_object(schema),
         (_, Value::String(_)) => prop_oneof![
-            6 => config_string().prop_map(Value::String),
+            40 => config_string_for(key).prop_map(Value::String),
             1 => config_number(),
             1 => wrong(),
         ]
         .boxed(),
         (_, Value::Number(_)) => prop_oneof![
-            6 => config_number(),
+            40 => config_number_for(key),
             1 => config_string().prop_map(Value::String),
             1 => wrong(),
         ]
         .boxed(),
         (_, Value::Bool(_)) => prop_oneof![
-            6 => any::<bool>().prop_map(Value::Bool),
+            40 => any::<bool>().prop_map(Value::Bool),
             1 => select(vec!["true", "yes", "on", "1"]).prop_map(Value::from),
             1 => wrong(),
         ]
         .boxed(),
         (_, Value::Array(_)) => prop_oneof![
-            6 => vec(config_string().prop_map(Value::String), 0..3).prop_map(Value::Array),
+            20 => vec(config_string_for(key).prop_map(Value::String), 0..3).prop_map(Value::Array),
             1 => wrong(),
         ]
         .boxed(),
         // Pointer fields (`null` by default): numbers, booleans, durations.
-        (_, Value::Null) => prop_oneof![
-            3 => config_number(),
-            1 => any::<bool>().prop_map(Value::Bool),
-            2 => config_string().prop_map(Value::String),
-            1 => Just(Value::Null),
-            1 => wrong(),
-        ]
-        .boxed(),
+        (_, Value::Null) => {
+            let typed = match key {
+                "localhostNodePorts" => any::<bool>().prop_map(Value::Bool).boxed(),
+                k if k.ends_with("Timeout") => config_string_for(k).prop_map(Value::String).boxed(),
+                _ => config_number_for(key),
+            };
+            prop_oneof![
+                20 => typed,
+                4 => Just(Value::Null),
+                1 => config_number(),
+                1 => config_string().prop_map(Value::String),
+                1 => wrong(),
+            ]
+            .boxed()
+        }
     }
 }
 
-/// An object with the fields of `schema` (each present with probability 0.7), unknown keys,
-/// and keys that differ from known ones only in letter case.
+/// An object with the fields of `schema` (each present with probability 1/2), sometimes an
+/// unknown key or one that differs from a known one only in letter case.
 fn config_object(schema: &Value) -> BoxedStrategy<Value> {
     let Value::Object(known) = schema else {
         return k8s::any_json(2);
@@ -222,18 +317,26 @@ fn config_object(schema: &Value) -> BoxedStrategy<Value> {
         .iter()
         .map(|(k, v)| {
             let key = k.clone();
-            proptest::option::weighted(0.7, config_value(k, v).prop_map(move |v| (key.clone(), v)))
+            let p = if matches!(k.as_str(), "apiVersion" | "kind") {
+                0.95
+            } else {
+                0.5
+            };
+            proptest::option::weighted(p, config_value(k, v).prop_map(move |v| (key.clone(), v)))
                 .boxed()
         })
         .collect();
     let keys: Vec<String> = known.keys().cloned().collect();
-    let extra = vec(
-        prop_oneof![
-            "[a-zA-Z]{1,10}",
-            select(keys).prop_map(|k| k.to_uppercase()),
-        ],
-        0..2,
-    );
+    let extra = prop_oneof![
+        6 => Just(Vec::new()),
+        1 => vec(
+            prop_oneof![
+                "[a-zA-Z]{1,10}",
+                select(keys).prop_map(|k| k.to_uppercase()),
+            ],
+            1..3,
+        ),
+    ];
     (fields, extra, k8s::any_json(1))
         .prop_map(|(fields, extra, value)| {
             let mut m = serde_json::Map::new();
@@ -287,8 +390,14 @@ fn overrides() -> impl Strategy<Value = Overrides> {
 fn config_text() -> impl Strategy<Value = String> {
     let schema = serde_json::to_value(KubeProxyConfiguration::default()).expect("schema");
     prop_oneof![
-        4 => (config_object(&schema), any::<bool>(), vec(k8s::edit(), 0..3)).prop_map(
-            |(mut doc, as_json, edits)| {
+        6 => (
+            config_object(&schema),
+            any::<bool>(),
+            prop_oneof![3 => Just(Vec::new()), 1 => vec(k8s::json_edit(), 1..3)],
+            prop_oneof![3 => Just(Vec::new()), 1 => vec(k8s::edit(), 1..3)],
+        )
+            .prop_map(|(mut doc, as_json, json_edits, edits)| {
+                k8s::apply_json_edits(&mut doc, &json_edits);
                 if let Value::Object(m) = &mut doc {
                     m.entry("apiVersion")
                         .or_insert_with(|| "kubeproxy.config.k8s.io/v1alpha1".into());
@@ -331,15 +440,17 @@ fn exercise_bucket(qps: f32, burst: u32) {
 fn config_parse_and_resolve() {
     fuzz(
         "config_parse_and_resolve",
-        250,
+        150,
         (config_text(), overrides()),
         |(text, overrides)| {
             let Ok(file) = KubeProxyConfiguration::parse(&text) else {
                 return;
             };
+            harness::note("config_parse_and_resolve", "parsed");
             let Ok(settings) = Settings::resolve(&file, &overrides) else {
                 return;
             };
+            harness::note("config_parse_and_resolve", "resolved");
             // What the agent then does with the settings must not fail either.
             assert!(settings.min_sync_period <= settings.sync_period);
             assert!(settings.build.masquerade_bit <= 31);
@@ -365,7 +476,7 @@ fn config_parse_and_resolve() {
 fn go_durations() {
     fuzz(
         "go_durations",
-        2000,
+        1000,
         (
             prop_oneof![config_string(), any::<String>()],
             prop_oneof![
@@ -644,7 +755,7 @@ fn use_state(state: &TableState, desired: &Table) {
 fn nft_dump_round_trip() {
     fuzz(
         "nft_dump_round_trip",
-        40,
+        15,
         (k8s::valid_cluster(8), nft_config(), family()),
         |(cluster, config, family)| {
             let table = desired(&cluster, &config, family);
@@ -893,7 +1004,7 @@ fn mutate(dump: &mut Dump, at: usize, m: &Mutation) {
 fn nft_dump_mutated() {
     fuzz(
         "nft_dump_mutated",
-        150,
+        60,
         (
             k8s::valid_cluster(5),
             nft_config(),
@@ -911,11 +1022,27 @@ fn nft_dump_mutated() {
             }
             for f in Family::ALL {
                 if let Ok(Some(state)) = dump.decode(f, answer) {
+                    note_state("nft_dump_mutated", &state);
                     use_state(&state, &table);
                 }
             }
         },
     );
+}
+
+/// Notes how far a decoded state got: decoded at all, chains whose rules were all understood.
+fn note_state(target: &str, state: &TableState) {
+    harness::note(target, "decoded");
+    if state
+        .chains
+        .values()
+        .any(|c| !c.empty && c.fingerprint.is_some())
+    {
+        harness::note(target, "rules_understood");
+    }
+    if state.sets.values().any(|s| !s.elements.is_empty()) {
+        harness::note(target, "elements_understood");
+    }
 }
 
 /// Expression names the decoder knows, and a few it does not.
@@ -1048,7 +1175,7 @@ fn nft_dump_generated() {
     };
     fuzz(
         "nft_dump_generated",
-        400,
+        150,
         (
             msgs(NFT_MSG_NEWCHAIN),
             vec(
@@ -1072,6 +1199,7 @@ fn nft_dump_generated() {
             let table = Table::new(Family::V4);
             for f in Family::ALL {
                 if let Ok(Some(state)) = dump.decode(f, answer) {
+                    note_state("nft_dump_generated", &state);
                     use_state(&state, &table);
                 }
             }
@@ -1131,7 +1259,7 @@ fn reply_datagram() -> impl Strategy<Value = Vec<u8>> {
 fn netlink_replies() {
     fuzz(
         "netlink_replies",
-        1000,
+        500,
         (reply_datagram(), any::<u32>()),
         |(datagram, portid)| {
             if let Ok(msgs) = datagram_replies(&datagram) {
@@ -1247,7 +1375,7 @@ fn ct_new(f: &Flow, seq: u32) -> Vec<u8> {
 fn conntrack_round_trip() {
     fuzz(
         "conntrack_round_trip",
-        500,
+        200,
         (vec(flow(), 1..6), any::<u32>()),
         |(flows, seq)| {
             let datagram: Vec<u8> = flows
@@ -1271,7 +1399,7 @@ fn conntrack_round_trip() {
 fn conntrack_mutated() {
     fuzz(
         "conntrack_mutated",
-        1000,
+        300,
         (
             vec(flow(), 1..4),
             vec((any::<usize>(), mutation()), 0..8),
@@ -1295,6 +1423,7 @@ fn conntrack_mutated() {
             if let Ok(msgs) = decode_datagram(&datagram) {
                 for (_, _, _, flow) in msgs {
                     if let Some(Ok(f)) = flow {
+                        harness::note("conntrack_mutated", "flow_decoded");
                         let _ = is_stale(&f.orig, &f.reply, &frontends, &frontends);
                     }
                 }

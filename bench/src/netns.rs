@@ -98,6 +98,13 @@ pub fn unregister_child(pid: u32) {
     registry().children.retain(|&p| p != pid);
 }
 
+/// Registers a directory created elsewhere (nftproxy-soak: the test API server's), to be
+/// removed if the run is interrupted.
+#[allow(dead_code)] // Used by nftproxy-soak only.
+pub fn register_temp_dir(path: PathBuf) {
+    registry().temp_dirs.push(path);
+}
+
 /// A temporary directory, removed on drop and on interruption.
 pub struct TempDir {
     path: PathBuf,

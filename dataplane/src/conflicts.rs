@@ -135,20 +135,22 @@ pub struct Conflict {
 }
 
 impl fmt::Display for Conflict {
+    /// `external-ip 172.30.0.10:53/udp: kube-system/kube-dns keeps it (its ClusterIP); not
+    /// programmed as external IP of tenant/evil: a ClusterIP keeps its own traffic`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let losers: Vec<String> = self.losers.iter().map(ToString::to_string).collect();
-        let whose = match self.rule {
-            Rule::ClusterIpKeepsItsTraffic => "whose ClusterIP it is",
+        let why = match self.rule {
+            Rule::ClusterIpKeepsItsTraffic => "its ClusterIP",
             Rule::OldestWins => "the oldest claimant",
         };
         write!(
             f,
-            "{} {} claimed as {} by {}: it goes to {} ({whose}) because {}",
+            "{} {}: {} keeps it ({why}); not programmed as {} of {}: {}",
             self.kind,
             self.frontend,
+            self.winner,
             self.kind.claim(),
             losers.join(", "),
-            self.winner,
             self.rule,
         )
     }
@@ -307,10 +309,12 @@ pub fn neighbours<'a>(
     svc: &'a Service,
 ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
     svc.claimed_addrs()
-        .into_iter()
         .flat_map(move |ip| services.claimants(&ip).iter())
         .filter(move |s| s.name != svc.name)
 }
+
+/// The Services claiming one address on one protocol and port, with how, oldest first.
+type Claims<'a> = Vec<(&'a Arc<Service>, ConflictKind)>;
 
 /// Every conflict among `services`, in address order. O(conflicting addresses × claimants).
 pub fn conflicts(services: &Services) -> Vec<Conflict> {
@@ -333,8 +337,7 @@ pub fn conflicts(services: &Services) -> Vec<Conflict> {
             ));
         }
         // The external claims on the address, per protocol and port, oldest first.
-        let mut claims: BTreeMap<(Proto, u16), Vec<(&Arc<Service>, ConflictKind)>> =
-            BTreeMap::new();
+        let mut claims: BTreeMap<(Proto, u16), Claims<'_>> = BTreeMap::new();
         for s in claimants {
             if s.cluster_ip(Family::of(ip)).is_none() {
                 continue;
@@ -401,7 +404,9 @@ fn conflict<'a>(
 }
 
 /// The number of conflicts of each kind (every kind present, zero or not).
-pub fn counts(conflicts: &[Conflict]) -> BTreeMap<ConflictKind, usize> {
+pub fn counts<'a>(
+    conflicts: impl IntoIterator<Item = &'a Conflict>,
+) -> BTreeMap<ConflictKind, usize> {
     let mut out: BTreeMap<ConflictKind, usize> =
         ConflictKind::ALL.iter().map(|k| (*k, 0)).collect();
     for c in conflicts {

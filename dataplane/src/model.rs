@@ -98,19 +98,18 @@ impl Service {
 
     /// Every address the Service claims a frontend on, in any family: its ClusterIPs, external
     /// IPs and LoadBalancer IPs, each once.
-    pub fn claimed_addrs(&self) -> Vec<IpAddr> {
-        let mut out: Vec<IpAddr> = Vec::with_capacity(self.cluster_ips.len());
-        let all = self
-            .cluster_ips
-            .iter()
-            .chain(&self.external_ips)
-            .chain(&self.load_balancer_ips);
-        for ip in all {
-            if !out.contains(ip) {
-                out.push(*ip);
-            }
-        }
-        out
+    pub fn claimed_addrs(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        let all = || {
+            self.cluster_ips
+                .iter()
+                .chain(&self.external_ips)
+                .chain(&self.load_balancer_ips)
+        };
+        // The lists are short: a quadratic check allocates nothing.
+        all()
+            .enumerate()
+            .filter(move |(i, ip)| !all().take(*i).any(|earlier| earlier == *ip))
+            .map(|(_, ip)| *ip)
     }
 
     /// NodePorts, LoadBalancer IPs or external IPs make a Service reachable from outside.
@@ -431,14 +430,17 @@ impl Services {
     }
 
     fn index(&mut self, svc: &Arc<Service>) {
-        let key = crate::conflicts::precedence(svc);
         for addr in svc.claimed_addrs() {
             // Almost always the address's only claimant.
-            let Some(claimants) = self.by_addr.get(&addr) else {
-                self.by_addr.insert(addr, Claimants::One(svc.clone()));
-                continue;
+            let claimants = match self.by_addr.entry(addr) {
+                imbl::ordmap::Entry::Vacant(e) => {
+                    e.insert(Claimants::One(svc.clone()));
+                    continue;
+                }
+                imbl::ordmap::Entry::Occupied(e) => e.get().clone(),
             };
             let mut list: Vec<Arc<Service>> = claimants.as_slice().to_vec();
+            let key = crate::conflicts::precedence(svc);
             let at = list.partition_point(|s| crate::conflicts::precedence(s) < key);
             list.insert(at, svc.clone());
             if list.len() > 1 {

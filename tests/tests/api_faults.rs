@@ -212,6 +212,8 @@ fn a_blackholed_api_server_never_interrupts_traffic_and_changes_follow_its_retur
     let t = topology();
     let agent = with_web(&t);
     let prober = prober(&t);
+    // An agent that has run for a while knows its watches' bookmark cadence (1 s here).
+    std::thread::sleep(Duration::from_secs(3));
     let log_from = agent.stderr().len();
     t.api.set_stall(true);
     let stalled = Instant::now();

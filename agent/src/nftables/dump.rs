@@ -170,22 +170,37 @@ fn read_attempt(
     stats: &mut ReadStats,
 ) -> Result<Attempt, NftError> {
     // Joined before the generation is read: every commit after that reaches us.
-    let mut watch = match ChangeWatch::open(family) {
-        Ok(w) => Some(w),
-        Err(e) => {
+    let mut watch = match nft.notes.take().map(|n| ChangeWatch::join(n, family)) {
+        Some(Ok(w)) => Some(w),
+        Some(Err((notes, e))) => {
             tracing::debug!(error = %e, "no change notifications for the read; any commit restarts it");
+            nft.notes = Some(notes);
             None
         }
+        None => None,
     };
+    let result = attempt_watched(nft, family, watch.as_mut(), stats);
+    if let Some(w) = watch {
+        nft.notes = Some(w.leave());
+    }
+    result
+}
+
+fn attempt_watched(
+    nft: &mut Nftables,
+    family: Family,
+    mut watch: Option<&mut ChangeWatch>,
+    stats: &mut ReadStats,
+) -> Result<Attempt, NftError> {
     let before = generation(nft, family)?;
     if !nft.table_exists(family)? {
         return Ok(Attempt::Done(None));
     }
-    let Some(state) = read_once(nft, family, watch.as_mut(), stats)? else {
+    let Some(state) = read_once(nft, family, watch.as_deref_mut(), stats)? else {
         return Ok(Attempt::Changed("a dump was interrupted"));
     };
     let after = generation(nft, family)?;
-    let Some(watch) = watch.as_mut() else {
+    let Some(watch) = watch else {
         return Ok(if after == before {
             Attempt::Done(Some(state))
         } else {
@@ -321,9 +336,17 @@ struct ChangeWatch {
 }
 
 impl ChangeWatch {
-    fn open(family: Family) -> io::Result<ChangeWatch> {
+    /// Subscribes `notes` for a read; gives it back with the error if that fails.
+    fn join(
+        mut notes: Notifications,
+        family: Family,
+    ) -> Result<ChangeWatch, (Notifications, io::Error)> {
+        if let Err(e) = notes.join() {
+            notes.leave();
+            return Err((notes, e));
+        }
         Ok(ChangeWatch {
-            notes: Notifications::open()?,
+            notes,
             family,
             ours: false,
             chains_moved: false,
@@ -331,6 +354,12 @@ impl ChangeWatch {
             last_gen: None,
             commits: 0,
         })
+    }
+
+    /// Unsubscribes; the socket, for the next read.
+    fn leave(mut self) -> Notifications {
+        self.notes.leave();
+        self.notes
     }
 
     /// Takes in what has arrived, without waiting.
@@ -1141,15 +1170,17 @@ fn decode_slot_element(family: Family, element: &[u8], out: &mut Vec<SlotBoundRa
 
 /// A register as a 32-bit word index (`NFT_REG_1` = word 0, `NFT_REG32_05` = word 5): the kernel
 /// dumps 16-byte register numbers where it can, whatever was sent.
+/// Words stay below `u32::MAX - 8`, so that adding a register's width (at most 4 words) to one,
+/// as decoding does, cannot overflow whatever a message says.
 type Word = u32;
-const VERDICT_REG: Word = u32::MAX;
+const VERDICT_REG: Word = u32::MAX - 8;
 
 fn word(r: u32) -> Word {
     match r {
         0 => VERDICT_REG,
         n @ 1..=4 => (n - 1) * 4,
         n @ 8..=23 => n - 8,
-        n => 1000 + n,
+        n => n.saturating_add(1000).min(VERDICT_REG - 8),
     }
 }
 
@@ -1646,10 +1677,13 @@ fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
             let ok = dnat_regs(family, is_other(e, "nat")?) == Some((*ra, *rp))
                 && addr.len() == alen as usize
                 && port.len() == 2;
-            ok.then_some(Action::Dnat {
-                addr: decode_addr(addr)?,
-                port: u16::from_be_bytes([port[0], port[1]]),
-            })
+            // Not `then_some`: its argument, which indexes `port`, is evaluated either way.
+            ok.then(|| {
+                Some(Action::Dnat {
+                    addr: decode_addr(addr)?,
+                    port: u16::from_be_bytes([port[0], port[1]]),
+                })
+            })?
         }
         [
             Ex::Other { name, attrs: ng },

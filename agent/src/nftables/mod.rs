@@ -164,6 +164,9 @@ pub struct Nftables {
     commits: u64,
     /// How the last read of the table went.
     last_read: ReadStats,
+    /// Change notifications for reads; `None` if the socket could not be opened (then any
+    /// commit during a read makes it start again).
+    notes: Option<socket::Notifications>,
 }
 
 impl std::fmt::Debug for Nftables {
@@ -233,6 +236,11 @@ impl Nftables {
             seq: 1,
             commits: 0,
             last_read: ReadStats::default(),
+            notes: socket::Notifications::open()
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "no nftables change notifications for table reads")
+                })
+                .ok(),
         })
     }
 

@@ -51,7 +51,8 @@ impl RawMessage<'_> {
                 .try_into()
                 .expect("4 bytes"),
         );
-        Some(-raw)
+        // Wrapping: `i32::MIN` from a broken reply must not panic.
+        Some(raw.wrapping_neg())
     }
 
     /// The status of an `NLMSG_DONE` (a dump that failed part-way reports a negative errno).
@@ -64,7 +65,7 @@ impl RawMessage<'_> {
                 .try_into()
                 .expect("4 bytes"),
         );
-        -raw
+        raw.wrapping_neg()
     }
 }
 
@@ -242,8 +243,10 @@ const NFNLGRP_NFTABLES: u32 = 7;
 /// commit larger than this (thousands of objects) overflows it, which only costs a retry.
 const NOTIFY_RCVBUF: usize = 4 << 20;
 
-/// A socket subscribed to nf_tables change notifications, for the duration of one read: it
-/// tells which commits made meanwhile touched which tables.
+/// A socket for nf_tables change notifications, subscribed only during a read (see
+/// `dump::read_table`): it tells which commits made meanwhile touched which tables. It is
+/// opened with the [`super::Nftables`] handle, so it belongs to the same network namespace
+/// whichever thread reads.
 pub(super) struct Notifications {
     sock: Socket,
     buf: Vec<u8>,
@@ -254,11 +257,30 @@ impl Notifications {
         let mut sock = Socket::new(NETLINK_NETFILTER)?;
         sock.bind_auto()?;
         set_buffer(&sock, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, NOTIFY_RCVBUF)?;
-        sock.add_membership(NFNLGRP_NFTABLES)?;
         Ok(Notifications {
             sock,
             buf: vec![0; RECV_BUF],
         })
+    }
+
+    /// Subscribes, dropping whatever an earlier subscription left queued.
+    pub fn join(&mut self) -> io::Result<()> {
+        self.sock.add_membership(NFNLGRP_NFTABLES)?;
+        loop {
+            match self.recv(std::time::Duration::ZERO) {
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(()),
+                // A stale overflow: gone once reported.
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Unsubscribes (nothing is queued for us, and nobody's commits build notifications for
+    /// us, between reads).
+    pub fn leave(&mut self) {
+        let _ = self.sock.drop_membership(NFNLGRP_NFTABLES);
     }
 
     /// Receives one datagram of notifications, waiting at most `wait`; `Ok(None)` if none

@@ -9,11 +9,13 @@
 //!   `cargo test` runs are reproducible; `scripts/fuzz.sh` passes random seeds.
 //! * `NFTPROXY_FUZZ_TIMEOUT_MS`: how long one case may take before it counts as a hang
 //!   (default 10 000 ms; generous, because CI runs debug builds on 2 shared cores).
+//! * `NFTPROXY_FUZZ_SECONDS`: keep going, batch after batch of cases (each batch with a seed
+//!   of its own, derived from the first), until this many seconds are spent per target.
 //!
-//! A failing target panics with `FUZZ-FAILURE target=... kind=panic|hang seed=...`, the
-//! shrunk input and the command that reproduces it. A passing target prints
-//! `FUZZ-SUMMARY target=... cases=... seed=... ms=... panics=0 hangs=0` (visible with
-//! `--nocapture`).
+//! Every target prints `FUZZ-SUMMARY target=... cases=... panics=... hangs=...` (visible with
+//! `--nocapture`), with `reached=[...]`: how many inputs got how far (parsed, converted, ...).
+//! A failing target then panics with `FUZZ-FAILURE target=... kind=panic|hang seed=...`, the
+//! shrunk input and the command that reproduces it.
 
 #![allow(dead_code)]
 
@@ -125,6 +127,29 @@ fn payload_text(payload: &(dyn Any + Send)) -> String {
     }
 }
 
+/// Counts of outcomes targets note, by `target.outcome`: how much of the input got how far.
+static NOTES: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Counts one `outcome` of `target` (printed in its summary line), such as `converted`.
+pub fn note(target: &str, outcome: &str) {
+    if let Ok(mut notes) = NOTES.lock() {
+        *notes.entry(format!("{target}.{outcome}")).or_default() += 1;
+    }
+}
+
+fn notes_of(target: &str) -> String {
+    let prefix = format!("{target}.");
+    let Ok(notes) = NOTES.lock() else {
+        return String::new();
+    };
+    notes
+        .iter()
+        .filter_map(|(k, v)| Some(format!("{}={v}", k.strip_prefix(&prefix)?)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 const PANIC: &str = "PANIC";
 const HANG: &str = "HANG";
 
@@ -161,9 +186,25 @@ pub fn run_bounded<T: Send + 'static>(
     }
 }
 
+/// A time budget per target: `NFTPROXY_FUZZ_SECONDS` (then batches of cases run, each with
+/// its own seed, until it is spent).
+fn budget() -> Option<Duration> {
+    env_u64("NFTPROXY_FUZZ_SECONDS").map(Duration::from_secs)
+}
+
+/// The seed of batch `i` of a run that started with `seed`.
+fn batch_seed(seed: u64, i: u64) -> u64 {
+    if i == 0 {
+        seed
+    } else {
+        seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17)
+    }
+}
+
 /// Fuzzes `check` with `strategy`: `NFTPROXY_FUZZ_CASES` cases (else `default_cases`), each on
-/// its own thread under the time limit. `check` asserts what must hold (it may panic); any panic
-/// or overrun fails the test with the shrunk input.
+/// its own thread under the time limit; with `NFTPROXY_FUZZ_SECONDS`, batches of that many
+/// cases until the time is spent. `check` asserts what must hold (it may panic); any panic or
+/// overrun fails the test with the shrunk input and the seed of its batch.
 pub fn fuzz<S>(
     target: &str,
     default_cases: u32,
@@ -177,49 +218,61 @@ pub fn fuzz<S>(
     let cases = cases(default_cases);
     let seed = seed(target);
     let limit = time_limit();
-    let config = Config {
-        cases,
-        failure_persistence: None,
-        max_shrink_iters: 2048,
-        max_shrink_time: 60_000,
-        // Generation may reject a few inputs (filters); never give up on a target for that.
-        max_global_rejects: cases.saturating_mul(64).max(1024),
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new_with_rng(config, rng(seed));
+    let budget = budget();
     let check: Arc<dyn Fn(S::Value) + Send + Sync> = Arc::new(check);
     let runs = Arc::new(AtomicU64::new(0));
     let slowest = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let result = {
-        let (runs, slowest) = (runs.clone(), slowest.clone());
-        runner.run(&strategy, move |input| {
+    let mut batches = 0u64;
+    let failure = loop {
+        let this_seed = batch_seed(seed, batches);
+        let config = Config {
+            cases,
+            failure_persistence: None,
+            max_shrink_iters: 2048,
+            max_shrink_time: 60_000,
+            // Generation may reject a few inputs (filters); never give up on a target for that.
+            max_global_rejects: cases.saturating_mul(64).max(1024),
+            ..Config::default()
+        };
+        let mut runner = TestRunner::new_with_rng(config, rng(this_seed));
+        let (runs, slowest, check) = (runs.clone(), slowest.clone(), check.clone());
+        let result = runner.run(&strategy, move |input| {
             runs.fetch_add(1, Ordering::Relaxed);
             let t = Instant::now();
             let r = run_bounded(limit, input, check.clone());
             slowest.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
             r.map_err(TestCaseError::fail)
-        })
+        });
+        batches += 1;
+        match result {
+            Ok(()) if budget.is_some_and(|b| started.elapsed() < b) => continue,
+            Ok(()) => break None,
+            Err(e) => break Some((this_seed, e)),
+        }
     };
     let ms = started.elapsed().as_millis();
     let runs = runs.load(Ordering::Relaxed);
     let slowest_ms = slowest.load(Ordering::Relaxed) as f64 / 1000.0;
-    match result {
-        Ok(()) => println!(
-            "FUZZ-SUMMARY target={target} cases={runs} seed={seed:#018x} ms={ms} \
-             slowest_case_ms={slowest_ms:.1} panics=0 hangs=0"
-        ),
-        Err(TestError::Fail(reason, input)) => {
+    let summary = |panics: u32, hangs: u32| {
+        println!(
+            "FUZZ-SUMMARY target={target} cases={runs} batches={batches} seed={seed:#018x} \
+             ms={ms} slowest_case_ms={slowest_ms:.1} panics={panics} hangs={hangs} \
+             reached=[{}]",
+            notes_of(target)
+        )
+    };
+    match failure {
+        None => summary(0, 0),
+        Some((seed, TestError::Fail(reason, input))) => {
             let reason = reason.to_string();
-            let (kind, panics, hangs) = if reason.starts_with(HANG) {
-                ("hang", 0, 1)
+            let kind = if reason.starts_with(HANG) {
+                summary(0, 1);
+                "hang"
             } else {
-                ("panic", 1, 0)
+                summary(1, 0);
+                "panic"
             };
-            println!(
-                "FUZZ-SUMMARY target={target} cases={runs} seed={seed:#018x} ms={ms} \
-                 slowest_case_ms={slowest_ms:.1} panics={panics} hangs={hangs}"
-            );
             panic!(
                 "FUZZ-FAILURE target={target} kind={kind} seed={seed:#018x}\n\
                  {reason}\n\
@@ -229,7 +282,8 @@ pub fn fuzz<S>(
                 env!("CARGO_PKG_NAME")
             );
         }
-        Err(TestError::Abort(reason)) => {
+        Some((seed, TestError::Abort(reason))) => {
+            summary(1, 0);
             panic!("FUZZ-FAILURE target={target} kind=abort seed={seed:#018x}: {reason}")
         }
     }

@@ -74,12 +74,12 @@ pub fn weird_string() -> BoxedStrategy<String> {
 /// and invalid ones.
 pub fn ip_string() -> BoxedStrategy<String> {
     prop_oneof![
-        4 => any::<[u8; 4]>().prop_map(|o| std::net::Ipv4Addr::from(o).to_string()),
-        3 => (0u8..4, 0u8..4, 0u8..4).prop_map(|(a, b, c)| format!("10.{a}.{b}.{c}")),
-        3 => (0u16..4, 0u16..8).prop_map(|(a, b)| format!("fd00:{a}::{b}")),
-        2 => any::<[u8; 16]>().prop_map(|o| std::net::Ipv6Addr::from(o).to_string()),
+        8 => any::<[u8; 4]>().prop_map(|o| std::net::Ipv4Addr::from(o).to_string()),
+        12 => (0u8..4, 0u8..4, 0u8..4).prop_map(|(a, b, c)| format!("10.{a}.{b}.{c}")),
+        8 => (0u16..4, 0u16..8).prop_map(|(a, b)| format!("fd00:{a}::{b}")),
+        3 => any::<[u8; 16]>().prop_map(|o| std::net::Ipv6Addr::from(o).to_string()),
         1 => (0u8..4).prop_map(|a| format!("::ffff:10.0.0.{a}")),
-        2 => (0u16..1000, 0u16..1000, 0u16..1000, 0u16..1000)
+        2 => (0u16..300, 0u16..300, 0u16..300, 0u16..1000)
             .prop_map(|(a, b, c, d)| format!("{a:03}.{b:03}.{c}.{d:04}")),
         1 => select(vec![
             " 10.0.0.1 ", "010.000.000.001", "1.2.3", "1.2.3.4.5", "256.0.0.1", "1..2.3",
@@ -96,7 +96,8 @@ pub fn ip_string() -> BoxedStrategy<String> {
 /// CIDRs: valid, with host bits, sloppy, over-long prefixes, garbage.
 pub fn cidr_string() -> BoxedStrategy<String> {
     prop_oneof![
-        4 => (ip_string(), 0u16..140).prop_map(|(ip, len)| format!("{ip}/{len}")),
+        8 => (ip_string(), prop_oneof![4 => 0u16..33, 1 => 0u16..140])
+            .prop_map(|(ip, len)| format!("{ip}/{len}")),
         1 => select(vec![
             "10.0.0.0/8", "fd00::/64", "0.0.0.0/0", "::/0", "10.0.0.0/", "/8", "10.0.0.0/-1",
             "10.0.0.0/08", "10.0.0.0/ 8", "10.0.0.0/8/9", "10.0.0.0//8", "10.0.0.0/4294967296",
@@ -111,23 +112,26 @@ pub fn cidr_string() -> BoxedStrategy<String> {
 /// integer at all.
 pub fn int_value() -> BoxedStrategy<Value> {
     prop_oneof![
-        6 => (1i64..70000).prop_map(Value::from),
-        2 => select(vec![
-            0i64, -1, 1, 65535, 65536, 86400, 86401, 2147483647, 2147483648, -2147483648,
-            -2147483649, i64::MIN, i64::MAX,
+        300 => (1i64..65536).prop_map(Value::from),
+        30 => (1i64..86401).prop_map(Value::from),
+        30 => select(vec![
+            0i64, -1, 1, 65535, 65536, 86400, 86401, 2147483647, -2147483648,
         ])
         .prop_map(Value::from),
-        1 => Just(Value::from(u64::MAX)),
-        1 => Just(json!(80.5)),
-        1 => Just(json!("80")),
+        // Not an i32: the whole object fails to deserialise.
+        1 => select(vec![
+            json!(2147483648i64), json!(-2147483649i64), json!(i64::MIN), json!(i64::MAX),
+            json!(u64::MAX), json!(80.5), json!("80"),
+        ]),
         1 => any_json(1),
     ]
     .boxed()
 }
 
-/// `good` most of the time, else a value of any type.
+/// `good` almost always, else a value of any type: one wrong type anywhere makes a whole
+/// object fail to deserialise, so wrongness is mostly left to [`json_edits`].
 pub fn mostly(good: BoxedStrategy<Value>) -> BoxedStrategy<Value> {
-    prop_oneof![12 => good, 1 => any_json(2)].boxed()
+    prop_oneof![1000 => good, 1 => any_json(2)].boxed()
 }
 
 fn string_value(s: BoxedStrategy<String>) -> BoxedStrategy<Value> {
@@ -135,21 +139,36 @@ fn string_value(s: BoxedStrategy<String>) -> BoxedStrategy<Value> {
 }
 
 fn pick(values: &[&'static str]) -> BoxedStrategy<Value> {
-    let mut all: Vec<&'static str> = values.to_vec();
-    all.extend(["", "bogus"]);
-    mostly(select(all).prop_map(Value::from).boxed())
+    let values: Vec<&'static str> = values.to_vec();
+    mostly(
+        prop_oneof![
+            25 => select(values).prop_map(Value::from),
+            1 => select(vec!["", "bogus"]).prop_map(Value::from),
+        ]
+        .boxed(),
+    )
 }
 
 fn list(item: BoxedStrategy<Value>, max: usize) -> BoxedStrategy<Value> {
     mostly(vec(item, 0..max).prop_map(Value::Array).boxed())
 }
 
-/// An object whose fields each appear with probability 4/5, plus a few unknown ones.
+/// How often a field is present: required ones almost always, a deletion rarely.
+fn presence(key: &str) -> f64 {
+    match key {
+        "apiVersion" | "kind" | "metadata" | "name" | "spec" | "addressType" | "port"
+        | "clusterIP" | "addresses" | "labels" => 0.97,
+        "deletionTimestamp" => 0.1,
+        _ => 0.8,
+    }
+}
+
+/// An object whose fields each appear with their [`presence`], plus a few unknown ones.
 pub fn object(fields: Vec<(&'static str, BoxedStrategy<Value>)>) -> BoxedStrategy<Value> {
     let fields: Vec<BoxedStrategy<Option<(String, Value)>>> = fields
         .into_iter()
         .map(|(k, s)| {
-            proptest::option::weighted(0.8, s.prop_map(move |v| (k.to_string(), v))).boxed()
+            proptest::option::weighted(presence(k), s.prop_map(move |v| (k.to_string(), v))).boxed()
         })
         .collect();
     let extra = vec(("[a-zA-Z]{1,8}", any_json(1)), 0..2);
@@ -176,34 +195,45 @@ fn name() -> BoxedStrategy<Value> {
     )
 }
 
-fn labels() -> BoxedStrategy<Value> {
+/// Labels: mostly the ones the proxy reads (`service_name` decides whether a slice names its
+/// Service), sometimes others.
+fn labels(service_name: f64) -> BoxedStrategy<Value> {
     let key = prop_oneof![
-        select(vec![
-            "kubernetes.io/service-name",
+        4 => select(vec![
             "service.kubernetes.io/service-proxy-name",
             "service.kubernetes.io/headless",
             "topology.kubernetes.io/zone",
             "kubernetes.io/hostname",
+            "app",
         ])
         .prop_map(str::to_string),
-        weird_string(),
+        1 => weird_string(),
     ];
-    let value = prop_oneof![
-        4 => select(vec!["web", "db", "other", "", "zone-a", "node"]).prop_map(Value::from),
-        1 => any_json(1),
-    ];
+    let value = || {
+        prop_oneof![
+            40 => select(vec!["web", "db", "other", "", "zone-a", "node"]).prop_map(Value::from),
+            1 => any_json(1),
+        ]
+    };
+    let others = prop_oneof![3 => Just(Vec::new()), 1 => vec((key, value()), 1..3)];
     mostly(
-        vec((key, value), 0..4)
-            .prop_map(|kv| Value::Object(kv.into_iter().collect()))
+        (others, proptest::option::weighted(service_name, value()))
+            .prop_map(|(kv, name)| {
+                let mut m: Map<String, Value> = kv.into_iter().collect();
+                if let Some(n) = name {
+                    m.insert("kubernetes.io/service-name".into(), n);
+                }
+                Value::Object(m)
+            })
             .boxed(),
     )
 }
 
-fn metadata() -> BoxedStrategy<Value> {
+fn metadata(service_name: f64) -> BoxedStrategy<Value> {
     object(vec![
         ("name", name()),
         ("namespace", name()),
-        ("labels", labels()),
+        ("labels", labels(service_name)),
         (
             "annotations",
             mostly(
@@ -221,9 +251,12 @@ fn metadata() -> BoxedStrategy<Value> {
         (
             "deletionTimestamp",
             string_value(
-                select(vec!["2024-01-01T00:00:00Z", "yesterday", ""])
-                    .prop_map(str::to_string)
-                    .boxed(),
+                prop_oneof![
+                    10 => Just("2024-01-01T00:00:00Z"),
+                    1 => select(vec!["yesterday", ""]),
+                ]
+                .prop_map(str::to_string)
+                .boxed(),
             ),
         ),
         ("resourceVersion", string_value("[0-9]{0,6}".boxed())),
@@ -232,7 +265,21 @@ fn metadata() -> BoxedStrategy<Value> {
 }
 
 fn protocol() -> BoxedStrategy<Value> {
-    pick(&["TCP", "UDP", "SCTP", "TCP", "UDP", "tcp", "ICMP"])
+    pick(&["TCP", "TCP", "TCP", "UDP", "UDP", "SCTP"])
+}
+
+/// `spec.clusterIPs`: one address, a dual-stack pair (either order), or any list.
+fn cluster_ips() -> BoxedStrategy<Value> {
+    let v4 = || (0u8..8).prop_map(|a| format!("172.30.0.{a}"));
+    let v6 = || (0u16..8).prop_map(|a| format!("fd00:30::{a:x}"));
+    prop_oneof![
+        3 => v4().prop_map(|a| json!([a])),
+        1 => v6().prop_map(|a| json!([a])),
+        2 => (v4(), v6()).prop_map(|(a, b)| json!([a, b])),
+        1 => (v6(), v4()).prop_map(|(a, b)| json!([a, b])),
+        1 => list(string_value(ip_string()), 3),
+    ]
+    .boxed()
 }
 
 fn service_port() -> BoxedStrategy<Value> {
@@ -251,10 +298,19 @@ pub fn service() -> BoxedStrategy<Value> {
     let spec = object(vec![
         (
             "type",
-            pick(&["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]),
+            pick(&[
+                "ClusterIP",
+                "ClusterIP",
+                "ClusterIP",
+                "NodePort",
+                "NodePort",
+                "LoadBalancer",
+                "LoadBalancer",
+                "ExternalName",
+            ]),
         ),
         ("clusterIP", string_value(ip_string())),
-        ("clusterIPs", list(string_value(ip_string()), 3)),
+        ("clusterIPs", cluster_ips()),
         ("externalIPs", list(string_value(ip_string()), 3)),
         ("ports", list(service_port(), 5)),
         ("externalTrafficPolicy", pick(&["Local", "Cluster"])),
@@ -278,7 +334,7 @@ pub fn service() -> BoxedStrategy<Value> {
             pick(&["SingleStack", "PreferDualStack", "RequireDualStack"]),
         ),
         ("externalName", name()),
-        ("selector", labels()),
+        ("selector", labels(0.05)),
     ]);
     let status = object(vec![(
         "loadBalancer",
@@ -297,14 +353,42 @@ pub fn service() -> BoxedStrategy<Value> {
     typed(
         "v1",
         "Service",
-        vec![("metadata", metadata()), ("spec", spec), ("status", status)],
+        vec![
+            ("metadata", metadata(0.05)),
+            ("spec", spec),
+            ("status", status),
+        ],
     )
 }
 
 /// A discovery.k8s.io/v1 EndpointSlice.
 pub fn endpoint_slice() -> BoxedStrategy<Value> {
+    prop_oneof![
+        8 => Just("IPv4"),
+        6 => Just("IPv6"),
+        2 => Just("FQDN"),
+        1 => select(vec!["", "bogus", "ipv4"]),
+    ]
+    .prop_flat_map(endpoint_slice_of)
+    .boxed()
+}
+
+/// An address of the family `address_type` names, almost always.
+fn address_of(address_type: &str) -> BoxedStrategy<String> {
+    let v6 = address_type == "IPv6";
+    let matching = (0u16..4, 0u16..4, 1u16..250).prop_map(move |(a, b, c)| {
+        if v6 {
+            format!("fd00:{a:x}:{b:x}::{c:x}")
+        } else {
+            format!("10.{a}.{b}.{c}")
+        }
+    });
+    prop_oneof![30 => matching, 1 => ip_string()].boxed()
+}
+
+fn endpoint_slice_of(address_type: &'static str) -> BoxedStrategy<Value> {
     let endpoint = object(vec![
-        ("addresses", list(string_value(ip_string()), 3)),
+        ("addresses", list(string_value(address_of(address_type)), 3)),
         (
             "conditions",
             object(vec![
@@ -334,7 +418,14 @@ pub fn endpoint_slice() -> BoxedStrategy<Value> {
                 ),
             ]),
         ),
-        ("targetRef", any_json(2)),
+        (
+            "targetRef",
+            object(vec![
+                ("kind", pick(&["Pod"])),
+                ("name", name()),
+                ("namespace", name()),
+            ]),
+        ),
     ]);
     let port = object(vec![
         ("name", name()),
@@ -346,11 +437,8 @@ pub fn endpoint_slice() -> BoxedStrategy<Value> {
         "discovery.k8s.io/v1",
         "EndpointSlice",
         vec![
-            ("metadata", metadata()),
-            (
-                "addressType",
-                pick(&["IPv4", "IPv6", "FQDN", "IPv4", "IPv6"]),
-            ),
+            ("metadata", metadata(0.95)),
+            ("addressType", Just(Value::from(address_type)).boxed()),
             ("ports", list(port, 4)),
             ("endpoints", list(endpoint, 24)),
         ],
@@ -359,7 +447,7 @@ pub fn endpoint_slice() -> BoxedStrategy<Value> {
 
 /// A v1 Node (often the one the tests run as: `node`).
 pub fn node() -> BoxedStrategy<Value> {
-    let meta = (metadata(), prop::bool::weighted(0.7)).prop_map(|(mut m, ours)| {
+    let meta = (metadata(0.05), prop::bool::weighted(0.7)).prop_map(|(mut m, ours)| {
         if ours && let Value::Object(o) = &mut m {
             o.insert("name".into(), json!("node"));
         }
@@ -417,7 +505,7 @@ pub fn service_cidr() -> BoxedStrategy<Value> {
         "networking.k8s.io/v1",
         "ServiceCIDR",
         vec![
-            ("metadata", metadata()),
+            ("metadata", metadata(0.05)),
             (
                 "spec",
                 object(vec![("cidrs", list(string_value(cidr_string()), 3))]),
@@ -433,11 +521,127 @@ fn typed(
     fields: Vec<(&'static str, BoxedStrategy<Value>)>,
 ) -> BoxedStrategy<Value> {
     let mut all = vec![
-        ("apiVersion", pick(&[api_version, api_version, "v2"])),
-        ("kind", pick(&[kind, kind, kind, kind, "List", "Pod"])),
+        ("apiVersion", Just(Value::from(api_version)).boxed()),
+        ("kind", Just(Value::from(kind)).boxed()),
     ];
     all.extend(fields);
-    object(all)
+    let edits = prop_oneof![3 => Just(Vec::new()), 1 => vec(json_edit(), 1..4)];
+    (object(all), edits)
+        .prop_map(move |(mut v, edits)| {
+            apply_json_edits(&mut v, &edits);
+            // The kind decides the type the object is read as: keep it mostly.
+            if let Value::Object(m) = &mut v
+                && !m.get("kind").is_some_and(Value::is_string)
+            {
+                m.insert("kind".into(), kind.into());
+            }
+            v
+        })
+        .boxed()
+}
+
+/// One change to a JSON tree: the `n`th node (depth first, modulo their number) replaced,
+/// removed, or given a new key.
+#[derive(Clone, Debug)]
+pub enum JsonEdit {
+    Replace(usize, Value),
+    Remove(usize),
+    Insert(usize, String, Value),
+}
+
+pub fn json_edit() -> BoxedStrategy<JsonEdit> {
+    let value = prop_oneof![
+        3 => any_json(2),
+        2 => int_value(),
+        2 => weird_string().prop_map(Value::String),
+        1 => ip_string().prop_map(Value::String),
+    ];
+    prop_oneof![
+        4 => (any::<usize>(), value.clone()).prop_map(|(n, v)| JsonEdit::Replace(n, v)),
+        2 => any::<usize>().prop_map(JsonEdit::Remove),
+        1 => (any::<usize>(), weird_string(), value).prop_map(|(n, k, v)| JsonEdit::Insert(n, k, v)),
+    ]
+    .boxed()
+}
+
+fn json_nodes(v: &Value) -> usize {
+    1 + match v {
+        Value::Array(a) => a.iter().map(json_nodes).sum(),
+        Value::Object(m) => m.values().map(json_nodes).sum(),
+        _ => 0,
+    }
+}
+
+/// Applies `f` to the `n`th node below `v` (depth first), with its parent's key or index.
+fn nth_json(v: &mut Value, n: &mut usize, f: &mut dyn FnMut(&mut Value, Option<usize>)) -> bool {
+    let len = match v {
+        Value::Array(a) => a.len(),
+        Value::Object(m) => m.len(),
+        _ => 0,
+    };
+    for i in 0..len {
+        if *n == 0 {
+            f(v, Some(i));
+            return true;
+        }
+        *n -= 1;
+        let child = match v {
+            Value::Array(a) => &mut a[i],
+            Value::Object(m) => m.values_mut().nth(i).expect("in range"),
+            _ => unreachable!(),
+        };
+        if nth_json(child, n, f) {
+            return true;
+        }
+    }
+    false
+}
+
+pub fn apply_json_edits(v: &mut Value, edits: &[JsonEdit]) {
+    for e in edits {
+        let total = json_nodes(v).saturating_sub(1).max(1);
+        let (n, f): (usize, Box<dyn FnMut(&mut Value, Option<usize>)>) = match e.clone() {
+            JsonEdit::Replace(n, new) => (
+                n,
+                Box::new(move |parent, i| match (parent, i) {
+                    (Value::Array(a), Some(i)) => a[i] = new.clone(),
+                    (Value::Object(m), Some(i)) => {
+                        if let Some(x) = m.values_mut().nth(i) {
+                            *x = new.clone();
+                        }
+                    }
+                    _ => {}
+                }),
+            ),
+            JsonEdit::Remove(n) => (
+                n,
+                Box::new(|parent, i| match (parent, i) {
+                    (Value::Array(a), Some(i)) => {
+                        a.remove(i);
+                    }
+                    (Value::Object(m), Some(i)) => {
+                        if let Some(k) = m.keys().nth(i).cloned() {
+                            m.remove(&k);
+                        }
+                    }
+                    _ => {}
+                }),
+            ),
+            JsonEdit::Insert(n, key, new) => (
+                n,
+                Box::new(move |parent, _| match parent {
+                    Value::Array(a) => a.push(new.clone()),
+                    Value::Object(m) => {
+                        m.insert(key.clone(), new.clone());
+                    }
+                    _ => {}
+                }),
+            ),
+        };
+        let mut f = f;
+        let mut n = n % total;
+        nth_json(v, &mut n, &mut *f);
+    }
 }
 
 /// Any of the four kinds nftproxy reads.

@@ -1,0 +1,1038 @@
+//! `nftproxy-soak`: a long run of the real agent (`nftproxy run --kubeconfig`) against the
+//! in-repo test API server while EndpointSlices churn, watching the agent's memory and file
+//! descriptors, and checking at the end that the kernel holds exactly what the final objects
+//! ask for. See docs/performance.md ("Soak").
+//!
+//! Needs root. Everything happens in one network namespace `nftpb-<pid>-soak` (loopback only),
+//! deleted at the end, on failure and on Ctrl-C/SIGTERM, with the agent killed by PID.
+
+mod check;
+#[allow(dead_code)] // Shared with nftproxy-bench, which uses more of it.
+#[path = "../netns.rs"]
+mod netns;
+mod objects;
+mod probe;
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write as _};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Parser;
+use nftproxy_tests::apiserver::ApiServer;
+use serde::Serialize;
+
+use crate::check::Check;
+use crate::netns::Netns;
+use crate::objects::Rng;
+use crate::probe::{HistogramDelta, Metrics};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "nftproxy-soak",
+    about = "Soak run: the real agent against the test API server under EndpointSlice churn; \
+             RSS and fd growth, and an exact kernel-vs-model check at the end"
+)]
+struct Cli {
+    /// Services (ClusterIP, one TCP port), each with one EndpointSlice.
+    #[arg(long, default_value_t = 10_000)]
+    services: usize,
+    /// Endpoints per EndpointSlice (also after every change).
+    #[arg(long, default_value_t = 5)]
+    endpoints: usize,
+    /// Size of the pod IP pool the endpoints are drawn from (10.64.0.0 + n).
+    #[arg(long, default_value_t = 65_536)]
+    pod_ips: usize,
+    /// How long the churn runs (Go syntax: 30m, 90s, 1h).
+    #[arg(long, default_value = "30m", value_parser = go_duration)]
+    duration: Duration,
+    /// EndpointSlice changes per second.
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    /// The agent's nftables.minSyncPeriod.
+    #[arg(long, default_value = "1s")]
+    min_sync_period: String,
+    /// The agent's nftables.syncPeriod (its longest retry backoff; full syncs are hourly).
+    #[arg(long, default_value = "30s")]
+    sync_period: String,
+    /// Interval of the RSS and fd samples.
+    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    sample_every: Duration,
+    /// Samples before this are not judged [default: 2m, or 10% of a shorter run].
+    #[arg(long, value_parser = go_duration)]
+    warmup: Option<Duration>,
+    /// How long after the last change the kernel is compared with the objects.
+    #[arg(long, default_value = "5s", value_parser = go_duration)]
+    settle: Duration,
+    /// Seed of the churn's random choices [default: from the clock].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The nftproxy binary [default: next to this one].
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Also write the agent's log (stderr) to this file.
+    #[arg(long)]
+    agent_log: Option<PathBuf>,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn go_duration(s: &str) -> Result<Duration, String> {
+    nftproxy::config::parse_duration(s).ok_or_else(|| format!("not a duration: {s:?}"))
+}
+
+/// Where the agent serves `/metrics` inside the namespace (kube-proxy's default).
+const METRICS: &str = "127.0.0.1:10249";
+/// Seconds of each end window whose median is compared.
+const WINDOW_S: f64 = 60.0;
+
+fn main() {
+    match real_main() {
+        Ok(pass) => std::process::exit(if pass { 0 } else { 1 }),
+        Err(e) => {
+            eprintln!("nftproxy-soak: {e:#}");
+            netns::cleanup_all();
+            std::process::exit(2);
+        }
+    }
+}
+
+fn real_main() -> Result<bool> {
+    let cli = Cli::parse();
+    // SAFETY: geteuid has no memory effects.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("needs root (network namespaces and nf_tables)");
+    }
+    ensure!(
+        (1..=objects::MAX_SERVICES).contains(&cli.services),
+        "--services: 1 to {}",
+        objects::MAX_SERVICES
+    );
+    ensure!(cli.endpoints >= 1, "--endpoints must be at least 1");
+    ensure!(
+        (cli.endpoints..=objects::MAX_POD_IPS).contains(&cli.pod_ips),
+        "--pod-ips: from --endpoints to {}",
+        objects::MAX_POD_IPS
+    );
+    ensure!(
+        cli.rate > 0.0 && cli.rate <= 10_000.0,
+        "--rate: above 0, at most 10000"
+    );
+    ensure!(
+        !cli.sample_every.is_zero(),
+        "--sample-every must be positive"
+    );
+    for (flag, v) in [
+        ("--min-sync-period", &cli.min_sync_period),
+        ("--sync-period", &cli.sync_period),
+    ] {
+        go_duration(v).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+    }
+    let agent_bin = agent_binary(cli.agent.as_deref())?;
+    netns::install_signal_handler()?;
+    netns::remove_stale();
+    let report = soak(&cli, &agent_bin)?;
+    print!("{}", render(&report));
+    if let Some(path) = &cli.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| path.display().to_string())?;
+    }
+    Ok(report.targets.iter().all(|t| t.pass))
+}
+
+fn agent_binary(flag: Option<&Path>) -> Result<PathBuf> {
+    let path = match flag {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("no directory of the soak binary")?
+            .join("nftproxy"),
+    };
+    ensure!(
+        path.is_file(),
+        "{} not found (cargo build --release -p nftproxy, or --agent PATH)",
+        path.display()
+    );
+    Ok(path)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The agent process
+
+#[derive(Default)]
+struct AgentLog {
+    /// "nftables sync committed" lines.
+    commits: usize,
+    warnings: usize,
+    errors: usize,
+    first_warnings: Vec<String>,
+    tail: VecDeque<String>,
+    closed: bool,
+}
+
+/// The agent, started inside the namespace; stopped (SIGTERM, then SIGKILL) by PID on drop.
+struct Agent {
+    child: Child,
+    pid: u32,
+    started: Instant,
+    log: Arc<(Mutex<AgentLog>, Condvar)>,
+    exit: Option<ExitStatus>,
+}
+
+impl Agent {
+    fn start(
+        ns: &Netns,
+        bin: &Path,
+        kubeconfig: &Path,
+        config: &Path,
+        log_file: Option<&Path>,
+    ) -> Result<Agent> {
+        let mut cmd = ns.command(bin)?;
+        cmd.arg("run")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut file = match log_file {
+            Some(p) => Some(std::fs::File::create(p).with_context(|| p.display().to_string())?),
+            None => None,
+        };
+        // Spawned by the main thread, which lives as long as the run: the child's
+        // PR_SET_PDEATHSIG follows the thread that spawned it.
+        let mut child = cmd.spawn().with_context(|| format!("spawning {cmd:?}"))?;
+        let pid = child.id();
+        netns::register_child(pid);
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new((Mutex::new(AgentLog::default()), Condvar::new()));
+        let shared = log.clone();
+        std::thread::Builder::new()
+            .name("agent-log".into())
+            .spawn(move || {
+                let (lock, cv) = &*shared;
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(f) = file.as_mut() {
+                        let _ = writeln!(f, "{line}");
+                    }
+                    let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    if line.contains("nftables sync committed") {
+                        st.commits += 1;
+                    }
+                    let warn = line.contains(" WARN ");
+                    let error = line.contains(" ERROR ");
+                    st.warnings += usize::from(warn);
+                    st.errors += usize::from(error);
+                    if (warn || error) && st.first_warnings.len() < 20 {
+                        st.first_warnings.push(line.clone());
+                    }
+                    if st.tail.len() == 30 {
+                        st.tail.pop_front();
+                    }
+                    st.tail.push_back(line);
+                    cv.notify_all();
+                }
+                lock.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+                cv.notify_all();
+            })?;
+        Ok(Agent {
+            child,
+            pid,
+            started: Instant::now(),
+            log,
+            exit: None,
+        })
+    }
+
+    fn with_log<T>(&self, f: impl FnOnce(&AgentLog) -> T) -> T {
+        f(&self.log.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn tail(&self) -> String {
+        self.with_log(|l| {
+            l.tail
+                .iter()
+                .map(|s| format!("\n    {s}"))
+                .collect::<String>()
+        })
+    }
+
+    /// Waits until the agent logged `n` commits.
+    fn wait_commits(&mut self, n: usize, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (commits, closed) = self.with_log(|l| (l.commits, l.closed));
+            if commits >= n {
+                return Ok(());
+            }
+            if closed || self.exited().is_some() {
+                bail!("the agent exited before its first sync:{}", self.tail());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no first sync after {timeout:?}:{}",
+                self.tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The agent's exit status, if it exited.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        if self.exit.is_none()
+            && let Ok(Some(status)) = self.child.try_wait()
+        {
+            netns::unregister_child(self.pid);
+            self.exit = Some(status);
+        }
+        self.exit
+    }
+
+    /// SIGTERM, up to 10 s to exit, then SIGKILL.
+    fn stop(&mut self) -> Option<ExitStatus> {
+        if self.exited().is_none() {
+            // SAFETY: kill(2) of our own child, not yet reaped (its PID cannot be reused).
+            unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.exited().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if self.exited().is_none() {
+                let _ = self.child.kill();
+                if let Ok(status) = self.child.wait() {
+                    self.exit = Some(status);
+                }
+                netns::unregister_child(self.pid);
+            }
+        }
+        self.exit
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run
+
+#[derive(Clone, Debug, Serialize)]
+struct Sample {
+    /// Seconds since the churn started.
+    t_s: f64,
+    rss_kib: u64,
+    fds: usize,
+    threads: usize,
+    /// Changes written so far.
+    changes: u64,
+    /// The agent's CPU time so far (user + system, all threads), s.
+    cpu_s: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+struct SeriesStats {
+    samples: usize,
+    min: f64,
+    max: f64,
+    first: f64,
+    last: f64,
+    /// Median of the samples in the first minute after the warm-up.
+    first_minute_median: f64,
+    /// Median of the samples in the final minute.
+    last_minute_median: f64,
+    /// last_minute_median - first_minute_median.
+    growth: f64,
+    growth_pct: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+struct AgentMetrics {
+    /// Syncs (both families) during the churn and the settle period, from
+    /// `kubeproxy_sync_proxy_rules_duration_seconds`.
+    sync_duration: HistogramDelta,
+    /// Of those, IPv4 syncs (the rest are IPv6).
+    ipv4_syncs: f64,
+    full_syncs: f64,
+    partial_syncs: f64,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_total` over the same window: the
+    /// EndpointSlice events the agent's tracker counted.
+    endpoint_changes: f64,
+    /// `kubeproxy_network_programming_duration_seconds` over the same window (`None`: the
+    /// agent does not export it).
+    network_programming: Option<HistogramDelta>,
+    /// Whole run (since the agent started).
+    syncs_total: f64,
+    sync_seconds_total: f64,
+    sync_failures_total: f64,
+    drift_repairs_total: f64,
+    endpoint_changes_total: f64,
+    quarantined_services: f64,
+    process_open_fds: f64,
+    process_resident_memory_mib: f64,
+    netlink_messages_per_sync: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Target {
+    target: String,
+    measured: String,
+    pass: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Report {
+    command: String,
+    date: String,
+    kernel: String,
+    cpus: usize,
+    seed: u64,
+    services: usize,
+    endpoints_per_service: usize,
+    pod_ips: usize,
+    rate_target: f64,
+    duration_s: f64,
+    min_sync_period: String,
+    sync_period: String,
+    sample_every_s: f64,
+    warmup_s: f64,
+    /// Applying the initial objects to the API server, s.
+    load_s: f64,
+    /// From the agent's start until both families were committed, s.
+    first_sync_s: f64,
+    changes_written: u64,
+    churn_s: f64,
+    changes_per_s: f64,
+    api_errors: u64,
+    /// How far the writer fell behind its schedule at worst, ms.
+    max_writer_lag_ms: f64,
+    /// The agent's CPU over the churn, s, and as a share of one CPU, %.
+    churn_cpu_s: f64,
+    churn_cpu_pct: f64,
+    samples: Vec<Sample>,
+    rss_mib: SeriesStats,
+    fds: SeriesStats,
+    threads: SeriesStats,
+    metrics: Option<AgentMetrics>,
+    metrics_error: Option<String>,
+    check: Check,
+    /// Later checks, when the first one found differences.
+    rechecks: Vec<Check>,
+    agent_warnings: usize,
+    agent_errors: usize,
+    agent_first_warnings: Vec<String>,
+    /// The soak process's own RSS at the end (the test API server keeps every change), MiB.
+    soak_rss_mib: f64,
+    targets: Vec<Target>,
+}
+
+fn warmup(cli: &Cli) -> Duration {
+    cli.warmup
+        .unwrap_or_else(|| Duration::from_secs(120).min(cli.duration / 10))
+}
+
+fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
+    let seed = cli.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let mut rng = Rng::new(seed);
+    let dir = netns::TempDir::new()?;
+    let config_text = objects::kube_proxy_config(&cli.min_sync_period, &cli.sync_period);
+    let config_file = dir.path().join("kube-proxy-config.yaml");
+    std::fs::write(&config_file, &config_text)?;
+    check::settings(&config_text).context("the agent configuration")?;
+
+    let ns = Netns::create("soak")?;
+    let api = ApiServer::start_in_netns(ns.name())?;
+    if let Some(d) = api.kubeconfig().parent() {
+        netns::register_temp_dir(d.to_path_buf());
+    }
+    let load = Instant::now();
+    api.apply(nftproxy_tests::cluster::node(
+        objects::NODE,
+        &[objects::NODE_IP],
+        &[],
+    ))?;
+    for i in 0..cli.services {
+        api.apply(objects::service(i))?;
+        let pods = objects::initial_pods(i, cli.endpoints, cli.pod_ips);
+        api.apply(objects::slice(i, &pods, None))?;
+    }
+    let load_s = load.elapsed().as_secs_f64();
+    progress(&format!(
+        "{} Services and EndpointSlices loaded into the API server in {load_s:.1} s; starting the agent",
+        cli.services
+    ));
+
+    let mut agent = Agent::start(
+        &ns,
+        agent_bin,
+        &api.kubeconfig(),
+        &config_file,
+        cli.agent_log.as_deref(),
+    )?;
+    // One commit per family.
+    agent.wait_commits(2, Duration::from_secs(600))?;
+    let first_sync_s = agent.started.elapsed().as_secs_f64();
+    progress(&format!(
+        "first sync after {first_sync_s:.1} s; churning {}/s for {:?}",
+        cli.rate, cli.duration
+    ));
+    std::thread::sleep(Duration::from_secs(2));
+    let metrics_addr: SocketAddr = METRICS.parse().expect("valid address");
+    let metrics_before = probe::scrape(&ns, metrics_addr);
+
+    // The churn, with a sample of the agent every `sample_every`.
+    let pid = agent.pid;
+    let sample = |t: Duration, changes: u64| -> Result<Sample> {
+        Ok(Sample {
+            t_s: t.as_secs_f64(),
+            rss_kib: probe::rss_kib(pid)?,
+            fds: probe::fd_count(pid)?,
+            threads: probe::threads(pid)?,
+            changes,
+            cpu_s: probe::cpu_seconds(pid)?,
+        })
+    };
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    let end = start + cli.duration;
+    let (mut written, mut api_errors) = (0u64, 0u64);
+    let mut max_lag = Duration::ZERO;
+    let mut next_write = start;
+    let mut next_sample = start;
+    let mut next_progress = start + Duration::from_secs(60);
+    loop {
+        let now = Instant::now();
+        if now >= next_sample {
+            if let Some(status) = agent.exited() {
+                bail!(
+                    "the agent exited ({status}) {:.0} s into the churn:{}",
+                    now.duration_since(start).as_secs_f64(),
+                    agent.tail()
+                );
+            }
+            samples.push(sample(now.duration_since(start), written)?);
+            next_sample += cli.sample_every;
+        }
+        if now >= next_progress {
+            let s = samples.last().expect("sampled at the start");
+            progress(&format!(
+                "{:>4.0} s: {written} changes ({:.1}/s), agent RSS {:.1} MiB, {} fds, {} threads",
+                s.t_s,
+                written as f64 / now.duration_since(start).as_secs_f64(),
+                s.rss_kib as f64 / 1024.0,
+                s.fds,
+                s.threads
+            ));
+            next_progress += Duration::from_secs(60);
+        }
+        if now >= end {
+            break;
+        }
+        if now >= next_write {
+            max_lag = max_lag.max(now - next_write);
+            let i = rng.below(cli.services);
+            let pods = rng.distinct(cli.endpoints, cli.pod_ips);
+            let at = objects::rfc3339(SystemTime::now());
+            match api.apply(objects::slice(i, &pods, Some(&at))) {
+                Ok(_) => written += 1,
+                Err(e) => {
+                    api_errors += 1;
+                    if api_errors <= 5 {
+                        eprintln!("nftproxy-soak: writing a slice: {e:#}");
+                    }
+                }
+            }
+            next_write = start + Duration::from_secs_f64((written + api_errors) as f64 / cli.rate);
+            continue;
+        }
+        let wake = next_write.min(next_sample).min(end);
+        std::thread::sleep(wake.saturating_duration_since(Instant::now()));
+    }
+    let churn = start.elapsed();
+    if samples
+        .last()
+        .is_none_or(|s| churn.as_secs_f64() - s.t_s > 1.0)
+    {
+        samples.push(sample(churn, written)?);
+    }
+    progress(&format!(
+        "churn done: {written} changes in {:.1} s; checking the kernel in {:?}",
+        churn.as_secs_f64(),
+        cli.settle
+    ));
+
+    // The exact check, after the agent had time to sync the last changes.
+    std::thread::sleep(cli.settle);
+    if let Some(status) = agent.exited() {
+        bail!(
+            "the agent exited ({status}) after the churn:{}",
+            agent.tail()
+        );
+    }
+    let mut check = check::check(&ns, &api, &config_text)?;
+    check.at_s = start.elapsed().as_secs_f64() - churn.as_secs_f64();
+    let mut rechecks = Vec::new();
+    if check.differences() > 0 {
+        progress(&format!(
+            "the kernel differs from the objects by {} operations; checking again for up to 30 s",
+            check.differences()
+        ));
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_secs(2));
+            let mut again = check::check(&ns, &api, &config_text)?;
+            again.at_s = start.elapsed().as_secs_f64() - churn.as_secs_f64();
+            let done = again.differences() == 0;
+            rechecks.push(again);
+            if done {
+                break;
+            }
+        }
+    }
+    let metrics_after = probe::scrape(&ns, metrics_addr);
+    let (metrics, metrics_error) = match (&metrics_before, &metrics_after) {
+        (Ok(b), Ok(a)) => (Some(agent_metrics(b, a)), None),
+        (Err(e), _) | (_, Err(e)) => (None, Some(format!("{e:#}"))),
+    };
+    let alive = agent.exited().is_none();
+    let exit = agent.stop();
+    ensure!(
+        alive,
+        "the agent exited ({exit:?}) during the check:{}",
+        agent.tail()
+    );
+    let (agent_warnings, agent_errors, agent_first_warnings) =
+        agent.with_log(|l| (l.warnings, l.errors, l.first_warnings.clone()));
+    drop(agent);
+    drop(api);
+    drop(ns);
+
+    let w = warmup(cli);
+    let stats_of = |f: &dyn Fn(&Sample) -> f64| {
+        series_stats(&samples, w.as_secs_f64(), churn.as_secs_f64(), f)
+    };
+    let rss_mib = stats_of(&|s| s.rss_kib as f64 / 1024.0);
+    let fds = stats_of(&|s| s.fds as f64);
+    let threads = stats_of(&|s| s.threads as f64);
+    let churn_cpu_s = samples.last().map_or(0.0, |l| l.cpu_s) - samples[0].cpu_s;
+    let churn_s = churn.as_secs_f64();
+    let mut report = Report {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        date: objects::rfc3339(SystemTime::now())[..19].to_string() + "Z",
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        seed,
+        services: cli.services,
+        endpoints_per_service: cli.endpoints,
+        pod_ips: cli.pod_ips,
+        rate_target: cli.rate,
+        duration_s: cli.duration.as_secs_f64(),
+        min_sync_period: cli.min_sync_period.clone(),
+        sync_period: cli.sync_period.clone(),
+        sample_every_s: cli.sample_every.as_secs_f64(),
+        warmup_s: w.as_secs_f64(),
+        load_s,
+        first_sync_s,
+        changes_written: written,
+        churn_s,
+        changes_per_s: written as f64 / churn_s,
+        api_errors,
+        max_writer_lag_ms: max_lag.as_secs_f64() * 1e3,
+        churn_cpu_s,
+        churn_cpu_pct: churn_cpu_s / churn_s * 100.0,
+        samples,
+        rss_mib,
+        fds,
+        threads,
+        metrics,
+        metrics_error,
+        check,
+        rechecks,
+        agent_warnings,
+        agent_errors,
+        agent_first_warnings,
+        soak_rss_mib: probe::rss_kib(std::process::id()).map_or(0.0, |k| k as f64 / 1024.0),
+        targets: Vec::new(),
+    };
+    report.targets = targets(&report);
+    Ok(report)
+}
+
+fn progress(message: &str) {
+    eprintln!("nftproxy-soak: {message}");
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The samples from the warm-up on: extremes, ends, and the medians of the first minute after
+/// the warm-up and of the final minute.
+fn series_stats(
+    samples: &[Sample],
+    warmup_s: f64,
+    end_s: f64,
+    value: &dyn Fn(&Sample) -> f64,
+) -> SeriesStats {
+    let post: Vec<&Sample> = samples.iter().filter(|s| s.t_s >= warmup_s).collect();
+    let post = if post.is_empty() {
+        samples.iter().collect()
+    } else {
+        post
+    };
+    let Some((first, last)) = post.first().zip(post.last()) else {
+        return SeriesStats::default();
+    };
+    let values: Vec<f64> = post.iter().map(|s| value(s)).collect();
+    let window = |from: f64, to: f64| -> f64 {
+        median(
+            post.iter()
+                .filter(|s| s.t_s >= from - 1e-6 && s.t_s <= to + 1e-6)
+                .map(|s| value(s))
+                .collect(),
+        )
+    };
+    let first_m = window(first.t_s, first.t_s + WINDOW_S);
+    let last_m = window(end_s - WINDOW_S, end_s);
+    SeriesStats {
+        samples: post.len(),
+        min: values.iter().copied().fold(f64::INFINITY, f64::min),
+        max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        first: value(first),
+        last: value(last),
+        first_minute_median: first_m,
+        last_minute_median: last_m,
+        growth: last_m - first_m,
+        growth_pct: (last_m / first_m - 1.0) * 100.0,
+    }
+}
+
+fn agent_metrics(before: &Metrics, after: &Metrics) -> AgentMetrics {
+    let delta = |name: &str| after.sum(name, &[]) - before.sum(name, &[]);
+    let np = "kubeproxy_network_programming_duration_seconds";
+    let messages = HistogramDelta::between(before, after, "nftproxy_sync_netlink_messages");
+    AgentMetrics {
+        sync_duration: HistogramDelta::between(
+            before,
+            after,
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+        ),
+        ipv4_syncs: after.sum(
+            "kubeproxy_sync_proxy_rules_duration_seconds_count",
+            &["ip_family=\"IPv4\""],
+        ) - before.sum(
+            "kubeproxy_sync_proxy_rules_duration_seconds_count",
+            &["ip_family=\"IPv4\""],
+        ),
+        endpoint_changes: delta("kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+        full_syncs: delta("kubeproxy_sync_full_proxy_rules_duration_seconds_count"),
+        partial_syncs: delta("kubeproxy_sync_partial_proxy_rules_duration_seconds_count"),
+        network_programming: after
+            .has(&format!("{np}_count"))
+            .then(|| HistogramDelta::between(before, after, np)),
+        syncs_total: after.sum("kubeproxy_sync_proxy_rules_duration_seconds_count", &[]),
+        sync_seconds_total: after.sum("kubeproxy_sync_proxy_rules_duration_seconds_sum", &[]),
+        sync_failures_total: after.sum(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            &[],
+        ),
+        drift_repairs_total: after.sum("nftproxy_drift_repairs_total", &[]),
+        endpoint_changes_total: after.sum("kubeproxy_sync_proxy_rules_endpoint_changes_total", &[]),
+        quarantined_services: after.sum("nftproxy_quarantined_services", &[]),
+        process_open_fds: after.sum("process_open_fds", &[]),
+        process_resident_memory_mib: after.sum("process_resident_memory_bytes", &[])
+            / (1024.0 * 1024.0),
+        netlink_messages_per_sync: (messages.count > 0.0)
+            .then(|| messages.sum_seconds / messages.count),
+    }
+}
+
+fn targets(r: &Report) -> Vec<Target> {
+    let mut out = Vec::new();
+    out.push(Target {
+        target: "agent RSS growth <= 10% (final minute vs first minute after the warm-up, medians)"
+            .into(),
+        measured: format!(
+            "{:.1} -> {:.1} MiB ({:+.1}%)",
+            r.rss_mib.first_minute_median, r.rss_mib.last_minute_median, r.rss_mib.growth_pct
+        ),
+        pass: r.rss_mib.growth_pct <= 10.0,
+    });
+    out.push(Target {
+        target: "agent open fds flat (<= +5, same medians)".into(),
+        measured: format!(
+            "{:.0} -> {:.0} ({:+.0}; min {:.0}, max {:.0})",
+            r.fds.first_minute_median, r.fds.last_minute_median, r.fds.growth, r.fds.min, r.fds.max
+        ),
+        pass: r.fds.growth <= 5.0,
+    });
+    let diff = r.check.differences();
+    let later = r
+        .rechecks
+        .iter()
+        .find(|c| c.differences() == 0)
+        .map_or(String::new(), |c| {
+            format!("; equal {:.1} s after the churn", c.at_s)
+        });
+    out.push(Target {
+        target: format!(
+            "0 lost changes: kernel == model {:.0} s after the churn (plan ops, both families)",
+            r.check.at_s
+        ),
+        measured: format!(
+            "{diff} ops for {} changes written, {} API errors{later}",
+            r.changes_written, r.api_errors
+        ),
+        pass: diff == 0 && r.api_errors == 0 && r.check.control_ops > 0,
+    });
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+fn f(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v.abs() < 10.0 {
+        format!("{v:.2}")
+    } else if v.abs() < 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn opt_ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), f)
+}
+
+fn render(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "nftproxy-soak: {} Services x {} endpoints (one EndpointSlice each), pod pool {}, \
+         churn {}/s for {} s, minSyncPeriod {}, syncPeriod {}",
+        r.services,
+        r.endpoints_per_service,
+        r.pod_ips,
+        r.rate_target,
+        r.duration_s,
+        r.min_sync_period,
+        r.sync_period
+    );
+    let _ = writeln!(
+        o,
+        "{}; kernel {}; {} CPUs; seed {}\ncommand: {}\n",
+        r.date, r.kernel, r.cpus, r.seed, r.command
+    );
+    let _ = writeln!(o, "Setup");
+    let _ = writeln!(
+        o,
+        "  objects loaded into the API server      {:.1} s",
+        r.load_s
+    );
+    let _ = writeln!(
+        o,
+        "  agent started -> both families synced   {:.1} s",
+        r.first_sync_s
+    );
+    let _ = writeln!(o, "Churn");
+    let _ = writeln!(
+        o,
+        "  EndpointSlice changes written           {} in {:.1} s = {:.2}/s (target {}/s); {} API errors; writer at most {:.0} ms behind",
+        r.changes_written,
+        r.churn_s,
+        r.changes_per_s,
+        r.rate_target,
+        r.api_errors,
+        r.max_writer_lag_ms
+    );
+    let _ = writeln!(
+        o,
+        "  agent CPU during the churn              {:.1} s ({:.1}% of one CPU)",
+        r.churn_cpu_s, r.churn_cpu_pct
+    );
+    let _ = writeln!(
+        o,
+        "Agent process, sampled every {} s; judged after a {} s warm-up ({} samples)",
+        r.sample_every_s, r.warmup_s, r.rss_mib.samples
+    );
+    let _ = writeln!(
+        o,
+        "  {:<10} {:>8} {:>8} {:>8} {:>8} {:>14} {:>14} {:>10}",
+        "", "min", "max", "first", "last", "first-min med", "last-min med", "growth"
+    );
+    for (name, s, pct) in [
+        ("RSS, MiB", &r.rss_mib, true),
+        ("open fds", &r.fds, false),
+        ("threads", &r.threads, false),
+    ] {
+        let growth = if pct {
+            format!("{:+.1}%", s.growth_pct)
+        } else {
+            format!("{:+.0}", s.growth)
+        };
+        let _ = writeln!(
+            o,
+            "  {:<10} {:>8} {:>8} {:>8} {:>8} {:>14} {:>14} {:>10}",
+            name,
+            f(s.min),
+            f(s.max),
+            f(s.first),
+            f(s.last),
+            f(s.first_minute_median),
+            f(s.last_minute_median),
+            growth
+        );
+    }
+    let _ = writeln!(
+        o,
+        "Agent's /metrics (churn and settle period, both families)"
+    );
+    match (&r.metrics, &r.metrics_error) {
+        (Some(m), _) => {
+            let s = &m.sync_duration;
+            let _ = writeln!(
+                o,
+                "  family syncs                            {:.0} ({:.0} IPv4; {:.0} partial, {:.0} full); {:.0} since start, {:.0} failed; {:.0} drift repairs; {:.0} quarantined Services",
+                s.count,
+                m.ipv4_syncs,
+                m.partial_syncs,
+                m.full_syncs,
+                m.syncs_total,
+                m.sync_failures_total,
+                m.drift_repairs_total,
+                m.quarantined_services
+            );
+            let _ = writeln!(
+                o,
+                "  sync duration, ms                       mean {} (sum {:.2} s / count {:.0}), p50 {}, p99 {}",
+                opt_ms(s.mean_ms),
+                s.sum_seconds,
+                s.count,
+                opt_ms(s.p50_ms),
+                opt_ms(s.p99_ms)
+            );
+            let _ = writeln!(
+                o,
+                "  netlink messages per sync               {}",
+                opt_ms(m.netlink_messages_per_sync)
+            );
+            match &m.network_programming {
+                Some(np) => {
+                    let _ = writeln!(
+                        o,
+                        "  network programming latency, ms         mean {}, p50 {}, p99 {} ({:.0} observations)",
+                        opt_ms(np.mean_ms),
+                        opt_ms(np.p50_ms),
+                        opt_ms(np.p99_ms),
+                        np.count
+                    );
+                }
+                None => {
+                    let _ = writeln!(o, "  network programming latency             not exported");
+                }
+            }
+            let _ = writeln!(
+                o,
+                "  endpoint changes counted                {:.0} ({:.0} since start); process_open_fds {:.0}, process_resident_memory {:.1} MiB",
+                m.endpoint_changes,
+                m.endpoint_changes_total,
+                m.process_open_fds,
+                m.process_resident_memory_mib
+            );
+        }
+        (None, e) => {
+            let _ = writeln!(o, "  not scraped: {}", e.as_deref().unwrap_or("?"));
+        }
+    }
+    let _ = writeln!(
+        o,
+        "  agent log: {} warnings, {} errors",
+        r.agent_warnings, r.agent_errors
+    );
+    for w in r.agent_first_warnings.iter().take(5) {
+        let _ = writeln!(o, "    {w}");
+    }
+    for c in std::iter::once(&r.check).chain(&r.rechecks) {
+        let _ = writeln!(
+            o,
+            "Kernel vs the API server's objects, {:.1} s after the churn ({} Services, {} slices, {} endpoints; check took {:.0} ms)",
+            c.at_s, c.services, c.slices, c.endpoints, c.took_ms
+        );
+        for fc in &c.families {
+            let _ = writeln!(
+                o,
+                "  {}: {}, {} chains, {} sets, {} elements (model {}); plan {} ops, cleanup {} ops",
+                fc.family,
+                if fc.kernel_table {
+                    "table present"
+                } else {
+                    "NO TABLE"
+                },
+                fc.kernel_chains,
+                fc.kernel_sets,
+                fc.kernel_elements,
+                fc.desired_elements,
+                fc.ops,
+                fc.cleanup_ops
+            );
+            for op in &fc.first_ops {
+                let _ = writeln!(o, "    {op}");
+            }
+        }
+        let _ = writeln!(
+            o,
+            "  control (one endpoint moved in the model only): plan {} ops{}",
+            c.control_ops,
+            if c.control_ops > 0 {
+                ""
+            } else {
+                " -- THE CHECK IS BLIND"
+            }
+        );
+    }
+    let _ = writeln!(
+        o,
+        "(soak process RSS at the end: {:.0} MiB; the test API server keeps every change)",
+        r.soak_rss_mib
+    );
+    let _ = writeln!(o, "\nTargets");
+    for t in &r.targets {
+        let _ = writeln!(
+            o,
+            "  {}  {}: {}",
+            if t.pass { "PASS" } else { "FAIL" },
+            t.target,
+            t.measured
+        );
+    }
+    o
+}
