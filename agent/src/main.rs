@@ -395,6 +395,9 @@ fn run(
     if once {
         let cluster =
             shared.wait_first_cluster(&mut node_wait, || syncer.programmed_node_port_ips());
+        for conflict in dataplane::conflicts::conflicts(&cluster.services) {
+            tracing::warn!("frontend conflict: {conflict}");
+        }
         let mut config = settings.build.clone();
         config.local_addresses = addresses::local_addresses();
         syncer.sync(&cluster, &config, true).map_err(runtime)?;

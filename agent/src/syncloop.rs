@@ -289,8 +289,17 @@ pub fn run(
             continue;
         };
         node_wait.complete(&mut cluster);
+        // A Service going into or out of quarantine may have won or lost frontends to others:
+        // they are re-planned too.
+        let neighbours: BTreeSet<ObjectName> = moved
+            .iter()
+            .filter_map(|name| cluster.services.get(name))
+            .flat_map(|svc| dataplane::conflicts::neighbours(&cluster.services, svc))
+            .map(|s| s.name.clone())
+            .collect();
         quarantine.apply(&mut cluster);
         changes.services.append(&mut moved);
+        changes.services.extend(neighbours);
         let trigger_times = changes.trigger_times;
         // Addresses are re-read when rtnetlink says they changed, and on full syncs (which
         // also covers a host where the address watch could not be opened).

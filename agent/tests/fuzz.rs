@@ -1431,3 +1431,74 @@ fn conntrack_mutated() {
         },
     );
 }
+
+/// The inputs that made the decoders panic before they were fixed (found by the targets
+/// above).
+#[test]
+fn regression_cases() {
+    // An NLMSG_DONE-sized message whose code is i32::MIN: negating it overflowed.
+    let mut reply = vec![0u8; 20];
+    reply[0] = 20;
+    reply[4] = 1;
+    reply[16..20].copy_from_slice(&i32::MIN.to_ne_bytes());
+    assert!(datagram_replies(&reply).is_ok());
+    reply[4] = 2; // NLMSG_ERROR
+    assert!(datagram_replies(&reply).is_ok());
+
+    let u32_be = |v: u32| v.to_be_bytes().to_vec();
+    let expr = |name: &str, attrs: Vec<Nla>| {
+        Nla::Nest(
+            1 | NLA_F_NESTED,
+            vec![
+                Nla::Leaf(1, format!("{name}\0").into_bytes()),
+                Nla::Nest(2 | NLA_F_NESTED, attrs),
+            ],
+        )
+    };
+    let rule = |exprs: Vec<Nla>| {
+        message(
+            NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWRULE,
+            2,
+            &[
+                Nla::Leaf(1, b"nftproxy\0".to_vec()),
+                Nla::Leaf(2, b"services\0".to_vec()),
+                Nla::Nest(4 | NLA_F_NESTED, exprs),
+            ],
+        )
+    };
+    let decode = |rule: Vec<u8>| {
+        let dump = Dump {
+            rules: vec![rule],
+            ..Dump::default()
+        };
+        let _ = dump.decode(Family::V4, ElementAnswer::Empty);
+    };
+    // A register number near u32::MAX: mapping it to a word overflowed.
+    decode(rule(vec![expr(
+        "payload",
+        vec![
+            Nla::Leaf(1, u32_be(u32::MAX - 999)),
+            Nla::Leaf(2, u32_be(1)),
+            Nla::Leaf(3, u32_be(16)),
+            Nla::Leaf(4, u32_be(4)),
+        ],
+    )]));
+    // A dnat whose port is not 2 bytes: the port was indexed before the length was checked.
+    let value = |v: Vec<u8>| Nla::Nest(2 | NLA_F_NESTED, vec![Nla::Leaf(1, v)]);
+    decode(rule(vec![
+        expr(
+            "immediate",
+            vec![Nla::Leaf(1, u32_be(1)), value(vec![10, 0, 0, 1])],
+        ),
+        expr("immediate", vec![Nla::Leaf(1, u32_be(2)), value(vec![])]),
+        expr(
+            "nat",
+            vec![
+                Nla::Leaf(1, u32_be(1)),
+                Nla::Leaf(2, u32_be(2)),
+                Nla::Leaf(3, u32_be(1)),
+                Nla::Leaf(5, u32_be(2)),
+            ],
+        ),
+    ]));
+}

@@ -234,10 +234,10 @@ impl Suppressed {
     /// every external and load-balancer IP lost (and without a NodePort) is served like one
     /// without any.
     pub fn externally_accessible(&self, svc: &Service, port: &ServicePort) -> bool {
-        let kept = |ip: &&IpAddr| !self.external(**ip, port.protocol, port.port);
+        let kept = |ip: &IpAddr| !self.external(*ip, port.protocol, port.port);
         port.node_port.is_some()
-            || svc.external_ips.iter().any(|ip| kept(&ip))
-            || svc.load_balancer_ips.iter().any(|ip| kept(&ip))
+            || svc.external_ips.iter().any(kept)
+            || svc.load_balancer_ips.iter().any(kept)
     }
 }
 

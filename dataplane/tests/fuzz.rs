@@ -466,9 +466,11 @@ struct SaveTable {
     name: String,
     /// Name and policy (`None`: a user chain, written `-`).
     chains: Vec<(String, Option<String>)>,
-    /// (index into `chains`, arguments, target).
-    rules: Vec<(usize, Vec<String>, Option<(bool, usize)>)>,
+    rules: Vec<SaveRule>,
 }
+
+/// A rule: its chain (an index into `chains`), arguments, and target (`-g`?, index).
+type SaveRule = (usize, Vec<String>, Option<(bool, usize)>);
 
 impl SaveTable {
     fn spec(&self, args: &[String], target: &Option<(bool, usize)>) -> (String, Vec<String>) {

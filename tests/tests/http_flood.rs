@@ -6,8 +6,10 @@
 //!
 //! Checked: the agent's resident memory grows by at most 64 MiB, the prober's p99 latency
 //! (connect to full answer) stays within 10 ms, and everything answers normally afterwards.
-//! Two floods: idle connections (never a byte), then half-sent requests (the costlier kind:
-//! they hold HTTP buffers), each re-opened as soon as the agent closes it.
+//! Three floods: idle connections (never a byte), half-sent requests (the costlier kind: they
+//! hold HTTP buffers until the header timeout), both held open by the flooder whatever the
+//! agent does with them; then idle connections re-opened (at 2,000 per second) as soon as the
+//! agent closes them.
 //!
 //! Needs root (network namespaces) and the `nftproxy` binary (`cargo build --bins`). Figures
 //! are printed; run with `--nocapture` to see them.
@@ -241,7 +243,14 @@ struct Flood {
 }
 
 impl Flood {
-    fn start(ns: &Ns, sources: &[Ipv4Addr], request: &'static [u8]) -> Flood {
+    /// Opens [`FLOOD`] connections (sending `request` on each) and keeps them; with
+    /// `reopen_per_sec`, re-opens those the agent closes, at most that many per second.
+    fn start(
+        ns: &Ns,
+        sources: &[Ipv4Addr],
+        request: &'static [u8],
+        reopen_per_sec: Option<u32>,
+    ) -> Flood {
         let stop = Arc::new(AtomicBool::new(false));
         let opened = Arc::new(AtomicUsize::new(0));
         let reopened = Arc::new(AtomicUsize::new(0));
@@ -278,6 +287,16 @@ impl Flood {
                         conns.push(open(i)?);
                         opened.fetch_add(1, Ordering::Relaxed);
                     }
+                    let Some(rate) = reopen_per_sec else {
+                        // Hold them (whether the agent closed them or not) until stopped.
+                        while !stop.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        return Ok(());
+                    };
+                    let per_thread = f64::from(rate) / FLOOD_THREADS as f64;
+                    let started = Instant::now();
+                    let mut done = 0u64;
                     // Keep them open: re-open what the agent closed.
                     let mut fds: Vec<libc::pollfd> = conns
                         .iter()
@@ -298,6 +317,14 @@ impl Flood {
                             if pfd.revents == 0 {
                                 continue;
                             }
+                            // At most `rate` per second (all threads together).
+                            let allowed = started.elapsed().as_secs_f64() * per_thread;
+                            if done as f64 >= allowed {
+                                std::thread::sleep(Duration::from_secs_f64(
+                                    (done as f64 + 1.0 - allowed) / per_thread,
+                                ));
+                            }
+                            done += 1;
                             conns[k] = open(mine[k])?;
                             pfd.fd = conns[k].as_raw_fd();
                             pfd.revents = 0;
@@ -414,14 +441,17 @@ fn listeners_survive_a_connection_flood() {
         percentile(&quiet, 0.5),
         percentile(&quiet, 0.99)
     )];
-    for (what, request) in [
-        ("idle connections", &b""[..]),
+    const HALF: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: x\r\n";
+    for (what, request, reopen) in [
+        ("idle connections", &b""[..], None),
+        ("half-sent requests", HALF, None),
         (
-            "half-sent requests",
-            &b"GET /healthz HTTP/1.1\r\nHost: x\r\n"[..],
+            "idle connections re-opened at 2,000/s",
+            &b""[..],
+            Some(2000),
         ),
     ] {
-        let flood = Flood::start(&flooder, &sources, request);
+        let flood = Flood::start(&flooder, &sources, request, reopen);
         let opening = flood.wait_open();
         let fds = open_fds(pid);
         let (latencies, peak) = probe(&prober, pid);

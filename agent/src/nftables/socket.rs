@@ -97,12 +97,15 @@ pub(super) fn messages(datagram: &[u8]) -> Result<Vec<RawMessage<'_>>, String> {
 /// What the reply readers take from a datagram: each message's type, flags, sequence number,
 /// error code and done code. Public (hidden) for the fuzz tests.
 #[doc(hidden)]
-pub fn datagram_replies(datagram: &[u8]) -> Result<Vec<(u16, u16, u32, Option<i32>, i32)>, String> {
+pub fn datagram_replies(datagram: &[u8]) -> Result<Vec<ReplyFields>, String> {
     Ok(messages(datagram)?
         .iter()
         .map(|m| (m.kind, m.flags, m.seq, m.error_code(), m.done_code()))
         .collect())
 }
+
+/// A message of [`datagram_replies`]: type, flags, sequence number, error code, done code.
+pub type ReplyFields = (u16, u16, u32, Option<i32>, i32);
 
 pub(super) struct NlSocket {
     sock: Socket,

@@ -339,6 +339,8 @@ struct Sample {
     changes: u64,
     /// The agent's CPU time so far (user + system, all threads), s.
     cpu_s: f64,
+    /// This process's RSS (mostly the test API server's objects and change history), KiB.
+    soak_rss_kib: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -505,6 +507,7 @@ fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
             threads: probe::threads(pid)?,
             changes,
             cpu_s: probe::cpu_seconds(pid)?,
+            soak_rss_kib: probe::rss_kib(std::process::id())?,
         })
     };
     let mut samples = Vec::new();
@@ -531,12 +534,13 @@ fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
         if now >= next_progress {
             let s = samples.last().expect("sampled at the start");
             progress(&format!(
-                "{:>4.0} s: {written} changes ({:.1}/s), agent RSS {:.1} MiB, {} fds, {} threads",
+                "{:>4.0} s: {written} changes ({:.1}/s), agent RSS {:.1} MiB, {} fds, {} threads (soak RSS {:.0} MiB)",
                 s.t_s,
                 written as f64 / now.duration_since(start).as_secs_f64(),
                 s.rss_kib as f64 / 1024.0,
                 s.fds,
-                s.threads
+                s.threads,
+                s.soak_rss_kib as f64 / 1024.0
             ));
             next_progress += Duration::from_secs(60);
         }

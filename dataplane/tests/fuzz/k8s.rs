@@ -597,10 +597,13 @@ fn nth_json(v: &mut Value, n: &mut usize, f: &mut dyn FnMut(&mut Value, Option<u
     false
 }
 
+/// What an edit does to the parent of the node it picked (with the node's index in it).
+type NodeEdit = Box<dyn FnMut(&mut Value, Option<usize>)>;
+
 pub fn apply_json_edits(v: &mut Value, edits: &[JsonEdit]) {
     for e in edits {
         let total = json_nodes(v).saturating_sub(1).max(1);
-        let (n, f): (usize, Box<dyn FnMut(&mut Value, Option<usize>)>) = match e.clone() {
+        let (n, f): (usize, NodeEdit) = match e.clone() {
             JsonEdit::Replace(n, new) => (
                 n,
                 Box::new(move |parent, i| match (parent, i) {
@@ -899,9 +902,12 @@ pub struct ValidService {
     pub local_external: bool,
     pub local_internal: bool,
     pub affinity: Option<u32>,
-    /// Per slice: (IPv6?, endpoints as (ready, serving, terminating, on this node, zone hint)).
-    pub slices: Vec<(bool, Vec<(bool, bool, bool, bool, bool)>)>,
+    /// Per slice: IPv6?, and its endpoints.
+    pub slices: Vec<(bool, Vec<EndpointSpec>)>,
 }
+
+/// An endpoint: ready, serving, terminating, on this node, with a zone hint.
+pub type EndpointSpec = (bool, bool, bool, bool, bool);
 
 impl ValidService {
     pub fn objects(&self) -> Vec<Value> {
