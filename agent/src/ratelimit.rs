@@ -51,7 +51,8 @@ impl Bucket {
         if self.tokens >= 1.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64((1.0 - self.tokens) / self.qps)
+            // A tiny `qps` (`1e-30`) waits "forever" rather than overflowing `Duration`.
+            Duration::try_from_secs_f64((1.0 - self.tokens) / self.qps).unwrap_or(Duration::MAX)
         }
     }
 

@@ -41,7 +41,7 @@ fn v4(base: [u8; 4], offset: usize) -> Ipv4Addr {
 /// `externalTrafficPolicy: Local`); 2 endpoints, 20 for every 50th (a Service chain), session
 /// affinity for every 100th (endpoint chains).
 fn service_objects(i: usize) -> [Value; 2] {
-    let endpoints = if i % 50 == 0 { 20 } else { 2 };
+    let endpoints = if i.is_multiple_of(50) { 20 } else { 2 };
     let kind = match i % 10 {
         0..=6 => "ClusterIP",
         7 | 8 => "NodePort",
@@ -80,7 +80,7 @@ fn service_objects(i: usize) -> [Value; 2] {
             json!({
                 "addresses": [v4([10, 64, 0, 0], i * 20 + j).to_string()],
                 "conditions": {"ready": true},
-                "nodeName": if j == 0 && i % 3 == 0 { NODE.to_string() } else { format!("node-{}", (i + j) % 50) },
+                "nodeName": if j == 0 && i.is_multiple_of(3) { NODE.to_string() } else { format!("node-{}", (i + j) % 50) },
             })
         })
         .collect();
@@ -449,16 +449,19 @@ fn chains_added_and_deleted_elsewhere_do_not_disturb_the_read() {
 fn commits_to_our_own_table_make_the_read_start_again() {
     let ns = Netns::new("livelock");
     let mut nft = program(&ns, cluster(200));
-    let reference = reads(&mut nft, 1).remove(0).0;
+    let quiet = reads(&mut nft, 5);
+    let reference = quiet[0].0.clone();
     let stray: IpAddr = "172.31.9.9".parse().unwrap();
-    // Someone toggles an element of our `cluster-ips` set every 20 ms.
+    // Someone toggles an element of our `cluster-ips` set, every three reads' time: a read
+    // often overlaps a change (and starts again) but has room to finish.
+    let period = (median(quiet.iter().map(|r| r.1).collect()) * 3).max(Duration::from_millis(2));
     let IpAddr::V4(stray4) = stray else {
         unreachable!()
     };
-    let writer = Writer::start(&ns, Duration::from_millis(20), move |i| {
+    let writer = Writer::start(&ns, period, move |i| {
         element(i % 2 == 0, "nftproxy", "cluster-ips", stray4)
     });
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(Duration::from_millis(20));
     let busy = reads(&mut nft, 20);
     writer.stop();
     let mut retried = 0;
@@ -475,7 +478,7 @@ fn commits_to_our_own_table_make_the_read_start_again() {
         retried += usize::from(stats.attempts > 1);
     }
     eprintln!(
-        "200 Services, our own table changed every 20 ms: read times {:?}, attempts {:?}",
+        "200 Services, our own table changed every {period:?}: read times {:?}, attempts {:?}",
         busy.iter().map(|r| r.1).collect::<Vec<_>>(),
         busy.iter().map(|r| r.2.attempts).collect::<Vec<_>>()
     );

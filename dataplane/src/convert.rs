@@ -130,8 +130,13 @@ fn bad_name(what: &str, value: &str) -> Option<String> {
             "{what} is {} bytes long; at most {MAX_NAME_LEN} are allowed",
             value.len()
         ))
-    } else if value.chars().any(|c| c.is_control() || c == '/' || c.is_whitespace()) {
-        Some(format!("{what} {value:?} contains a control character, a space or '/'"))
+    } else if value
+        .chars()
+        .any(|c| c.is_control() || c == '/' || c.is_whitespace())
+    {
+        Some(format!(
+            "{what} {value:?} contains a control character, a space or '/'"
+        ))
     } else {
         None
     }

@@ -618,9 +618,14 @@ fn check_removal(saved: &BTreeMap<String, iptables::SavedTable>) {
     let (text, removed) = plan_removal(saved, doomed);
     let back = parse_save(&text);
     for r in &removed {
-        let (table, chain) = r.split_once('/').expect("table/chain");
-        assert!(doomed(chain), "{r} was not selected");
-        let t = &saved[table];
+        // `table/chain`; either may contain a `/` in corrupted input.
+        let found = saved.iter().find_map(|(table, t)| {
+            let chain = r.strip_prefix(table.as_str())?.strip_prefix('/')?;
+            (t.chains.contains(chain) && doomed(chain)).then_some((table, t, chain))
+        });
+        let Some((table, t, chain)) = found else {
+            panic!("{r} is not a selected chain");
+        };
         assert!(!t.builtins.contains(chain), "{r} is built in");
         assert!(back[table].chains.contains(chain));
         let still_used = t.rules.iter().any(|(c, spec)| {

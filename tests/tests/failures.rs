@@ -69,8 +69,11 @@ fn cluster_yaml(extra_web_endpoint: bool) -> String {
         );
     }
     objects.push(
-        Service::with_cluster_ips("ns", "dual", &["172.30.0.20", "fd00:30::20"])
-            .port("http", Proto::Tcp, 80),
+        Service::with_cluster_ips("ns", "dual", &["172.30.0.20", "fd00:30::20"]).port(
+            "http",
+            Proto::Tcp,
+            80,
+        ),
     );
     objects.push(
         Slice::new("ns", "dual-4", "dual")
@@ -149,9 +152,24 @@ fn a_service_the_kernel_refuses_is_quarantined_and_the_rest_keeps_working() {
             Duration::from_secs(15),
         )
         .unwrap_or_else(|e| panic!("{e:#}: {:#?}", agent.stderr()));
-    answers(&w, "172.30.0.10:80", &["10.180.1.1:80"], Duration::from_secs(10));
-    answers(&w, "172.30.0.11:80", &["10.180.2.1:80"], Duration::from_secs(5));
-    answers(&w, "[fd00:30::20]:80", &["[fd00:10:180::1:1]:80"], Duration::from_secs(5));
+    answers(
+        &w,
+        "172.30.0.10:80",
+        &["10.180.1.1:80"],
+        Duration::from_secs(10),
+    );
+    answers(
+        &w,
+        "172.30.0.11:80",
+        &["10.180.2.1:80"],
+        Duration::from_secs(5),
+    );
+    answers(
+        &w,
+        "[fd00:30::20]:80",
+        &["[fd00:10:180::1:1]:80"],
+        Duration::from_secs(5),
+    );
     // Changes to other Services keep being applied, in partial syncs.
     rewrite(&w, &cluster_yaml(true));
     answers(
@@ -166,7 +184,10 @@ fn a_service_the_kernel_refuses_is_quarantined_and_the_rest_keeps_working() {
         "{metrics}"
     );
     // The refused Service was not programmed at all.
-    let table = w.node.exec(&["nft", "list", "table", "ip", "nftproxy"]).unwrap();
+    let table = w
+        .node
+        .exec(&["nft", "list", "table", "ip", "nftproxy"])
+        .unwrap();
     assert!(!table.contains("172.30.0.99"), "{table}");
 }
 
@@ -174,8 +195,18 @@ fn a_service_the_kernel_refuses_is_quarantined_and_the_rest_keeps_working() {
 fn a_failing_family_leaves_the_other_syncing() {
     let w = world();
     let agent = start(&w, &[("NFTPROXY_TEST_FAIL_FAMILY", "IPv6")]);
-    answers(&w, "172.30.0.10:80", &["10.180.1.1:80"], Duration::from_secs(10));
-    answers(&w, "172.30.0.20:80", &["10.180.1.1:80"], Duration::from_secs(5));
+    answers(
+        &w,
+        "172.30.0.10:80",
+        &["10.180.1.1:80"],
+        Duration::from_secs(10),
+    );
+    answers(
+        &w,
+        "172.30.0.20:80",
+        &["10.180.1.1:80"],
+        Duration::from_secs(5),
+    );
     rewrite(&w, &cluster_yaml(true));
     answers(
         &w,
@@ -190,7 +221,11 @@ fn a_failing_family_leaves_the_other_syncing() {
         .iter()
         .filter(|l| l.contains("sync failed") && l.contains("IPv6"))
         .count();
-    assert!((2..=8).contains(&failures), "{failures} failures in ~4 s:\n{:#?}", agent.stderr());
+    assert!(
+        (2..=8).contains(&failures),
+        "{failures} failures in ~4 s:\n{:#?}",
+        agent.stderr()
+    );
     let metrics = get(&w.node, "127.0.0.1:10249", "/metrics");
     let line = metrics
         .lines()
@@ -214,5 +249,8 @@ fn a_panic_ends_the_process() {
         .unwrap_or_else(|| panic!("still running: {:#?}", agent.stderr()));
     assert!(!status.success());
     let log = agent.stderr().join("\n");
-    assert!(log.contains("panicked") && log.contains("NFTPROXY_TEST_PANIC"), "{log}");
+    assert!(
+        log.contains("panicked") && log.contains("NFTPROXY_TEST_PANIC"),
+        "{log}"
+    );
 }

@@ -12,6 +12,11 @@
 //!
 //! When every connection in question is busy answering a request, the new one is closed
 //! instead. Either way a normal probe from a source that is not flooding gets in at once.
+//!
+//! A connection costs about 1.5 KiB until it sends something, and about 17 KiB from then on
+//! (hyper's smallest read and write buffers). So a second, smaller cap counts connections
+//! that have sent bytes (`max_active`): when it is reached, the oldest of them that is not
+//! being answered (a half-sent request, an idle keep-alive connection) is closed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
@@ -19,10 +24,14 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tokio::sync::Notify;
 
-/// Connections all HTTP listeners of the process hold at most.
-pub const MAX_CONNECTIONS: usize = 4096;
+/// Connections all HTTP listeners of the process hold at most. Load balancers, kubelets and
+/// Prometheus need a few connections each, and only for milliseconds.
+pub const MAX_CONNECTIONS: usize = 2048;
 /// Connections one source (IPv4 address, IPv6 /64) holds at most.
-pub const MAX_PER_SOURCE: usize = 256;
+pub const MAX_PER_SOURCE: usize = 128;
+/// Connections that have sent bytes (and so hold HTTP buffers) at most: with the idle ones,
+/// the listeners' connections take at most about 12 MiB.
+pub const MAX_ACTIVE: usize = 512;
 
 /// Where a connection comes from, for the per-source cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,6 +58,8 @@ pub enum Refused {
     Source,
     /// The budget is spent and all connections are answering requests.
     Full,
+    /// As many connections as allowed have sent bytes, and all are answering requests.
+    Active,
 }
 
 /// Counts since the start, for logs and tests.
@@ -56,6 +67,8 @@ pub enum Refused {
 pub struct Stats {
     /// Connections open now.
     pub open: usize,
+    /// Of those, connections that have sent bytes.
+    pub active: usize,
     /// Idle connections closed to make room.
     pub evicted: u64,
     /// New connections closed at once.
@@ -69,12 +82,22 @@ struct Entry {
     evict: Arc<Notify>,
 }
 
+/// Why a connection was closed to make room.
+#[derive(Clone, Copy, Debug)]
+enum Room {
+    Source,
+    Total,
+    Active,
+}
+
 #[derive(Default)]
 struct Ledger {
     next_id: u64,
     /// Ids grow with time, so this is oldest first.
     conns: BTreeMap<u64, Entry>,
     by_source: HashMap<Source, BTreeSet<u64>>,
+    /// Connections that have sent bytes, oldest first.
+    active: BTreeSet<u64>,
     evicted: u64,
     refused: u64,
 }
@@ -87,6 +110,7 @@ impl Ledger {
 
     fn remove(&mut self, id: u64) -> Option<Entry> {
         let entry = self.conns.remove(&id)?;
+        self.active.remove(&id);
         if let Some(ids) = self.by_source.get_mut(&entry.source) {
             ids.remove(&id);
             if ids.is_empty() {
@@ -109,13 +133,15 @@ impl Ledger {
         }
     }
 
-    fn evict(&mut self, id: u64) {
+    fn evict(&mut self, id: u64, why: Room) {
         if let Some(entry) = self.remove(id) {
             self.evicted += 1;
             if self.evicted.is_power_of_two() {
                 tracing::warn!(
                     evicted = self.evicted,
                     open = self.conns.len(),
+                    active = self.active.len(),
+                    limit = ?why,
                     "HTTP connection budget reached: closing the oldest idle connections"
                 );
             }
@@ -129,6 +155,7 @@ impl Ledger {
 pub struct Budget {
     max_connections: usize,
     max_per_source: usize,
+    max_active: usize,
     ledger: Mutex<Ledger>,
 }
 
@@ -137,16 +164,18 @@ impl std::fmt::Debug for Budget {
         f.debug_struct("Budget")
             .field("max_connections", &self.max_connections)
             .field("max_per_source", &self.max_per_source)
+            .field("max_active", &self.max_active)
             .field("stats", &self.stats())
             .finish()
     }
 }
 
 impl Budget {
-    pub fn new(max_connections: usize, max_per_source: usize) -> Arc<Budget> {
+    pub fn new(max_connections: usize, max_per_source: usize, max_active: usize) -> Arc<Budget> {
         Arc::new(Budget {
             max_connections: max_connections.max(1),
             max_per_source: max_per_source.clamp(1, max_connections.max(1)),
+            max_active: max_active.clamp(1, max_connections.max(1)),
             ledger: Mutex::new(Ledger::default()),
         })
     }
@@ -155,7 +184,7 @@ impl Budget {
     pub fn shared() -> Arc<Budget> {
         static SHARED: OnceLock<Arc<Budget>> = OnceLock::new();
         SHARED
-            .get_or_init(|| Budget::new(MAX_CONNECTIONS, MAX_PER_SOURCE))
+            .get_or_init(|| Budget::new(MAX_CONNECTIONS, MAX_PER_SOURCE, MAX_ACTIVE))
             .clone()
     }
 
@@ -167,6 +196,7 @@ impl Budget {
         let l = self.lock();
         Stats {
             open: l.conns.len(),
+            active: l.active.len(),
             evicted: l.evicted,
             refused: l.refused,
         }
@@ -180,7 +210,7 @@ impl Budget {
         if held >= self.max_per_source {
             let victim = l.oldest_idle(l.by_source.get(&source).into_iter().flatten());
             match victim {
-                Some(id) => l.evict(id),
+                Some(id) => l.evict(id, Room::Source),
                 None => {
                     l.refused(&source, Refused::Source);
                     return Err(Refused::Source);
@@ -189,7 +219,7 @@ impl Budget {
         }
         if l.conns.len() >= self.max_connections {
             match l.oldest_idle(l.conns.keys()) {
-                Some(id) => l.evict(id),
+                Some(id) => l.evict(id, Room::Total),
                 None => {
                     l.refused(&source, Refused::Full);
                     return Err(Refused::Full);
@@ -215,6 +245,32 @@ impl Budget {
         })
     }
 
+    /// Counts connection `id` as having sent bytes, closing the oldest such connection not
+    /// being answered if [`MAX_ACTIVE`] are. False if `id` was closed meanwhile or all of them
+    /// are being answered: then `id` should close.
+    fn activate(&self, id: u64) -> bool {
+        let mut l = self.lock();
+        if !l.conns.contains_key(&id) {
+            return false;
+        }
+        if l.active.contains(&id) {
+            return true;
+        }
+        if l.active.len() >= self.max_active {
+            match l.oldest_idle(l.active.iter()) {
+                Some(victim) => l.evict(victim, Room::Active),
+                None => {
+                    let source = l.conns[&id].source;
+                    l.remove(id);
+                    l.refused(&source, Refused::Active);
+                    return false;
+                }
+            }
+        }
+        l.active.insert(id);
+        true
+    }
+
     fn set_busy(&self, id: u64, busy: bool) {
         if let Some(e) = self.lock().conns.get_mut(&id) {
             if busy {
@@ -237,6 +293,17 @@ impl Admitted {
     /// Completes when the budget closes this connection to make room for a newer one.
     pub async fn evicted(&self) {
         self.evict.notified().await
+    }
+
+    /// A number in [0, 1) that differs from connection to connection (to spread timeouts).
+    pub fn spread(&self) -> f64 {
+        let h = self.id.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The connection has sent bytes (see [`Budget`]); false if it must close instead.
+    pub fn activate(&self) -> bool {
+        self.budget.activate(self.id)
     }
 
     /// Marks the connection busy (not to be closed for room) until the guard is dropped.
@@ -308,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_source_at_its_cap_loses_its_own_oldest_idle_connection() {
-        let b = Budget::new(10, 3);
+        let b = Budget::new(10, 3, 10);
         let other = b.admit(ip("10.0.0.9")).unwrap();
         let a: Vec<Admitted> = (0..3).map(|_| b.admit(ip("10.0.0.1")).unwrap()).collect();
         let _busy = a[0].busy();
@@ -320,6 +387,7 @@ mod tests {
             b.stats(),
             Stats {
                 open: 4,
+                active: 0,
                 evicted: 1,
                 refused: 0
             }
@@ -333,7 +401,7 @@ mod tests {
 
     #[test]
     fn a_full_budget_closes_the_oldest_idle_connection_of_anyone() {
-        let b = Budget::new(4, 4);
+        let b = Budget::new(4, 4, 4);
         let first = b.admit(ip("10.0.0.1")).unwrap();
         let second = b.admit(ip("10.0.0.2")).unwrap();
         let _busy = first.busy();
@@ -357,5 +425,31 @@ mod tests {
         let (_bd, _be) = (d.busy(), e.busy());
         assert_eq!(b.admit(ip("10.0.0.10")).err(), Some(Refused::Full));
         assert_eq!(b.stats().refused, 1);
+    }
+
+    #[test]
+    fn connections_that_send_make_room_among_themselves() {
+        let b = Budget::new(10, 10, 2);
+        let idle = b.admit(ip("10.0.0.1")).unwrap();
+        let (x, y, z) = (
+            b.admit(ip("10.0.0.2")).unwrap(),
+            b.admit(ip("10.0.0.3")).unwrap(),
+            b.admit(ip("10.0.0.4")).unwrap(),
+        );
+        assert!(x.activate() && y.activate());
+        assert!(x.activate(), "activating twice counts once");
+        // A third one that sends: the oldest active one not being answered makes room.
+        let _busy = x.busy();
+        assert!(z.activate());
+        assert!(evicted(&y) && !evicted(&x) && !evicted(&idle));
+        assert_eq!(b.stats().active, 2);
+        // All active ones busy: the newcomer closes.
+        let _busy_z = z.busy();
+        let w = b.admit(ip("10.0.0.5")).unwrap();
+        assert!(!w.activate());
+        assert_eq!(b.stats().refused, 1);
+        assert_eq!(b.stats().open, 3);
+        drop(x);
+        assert_eq!(b.stats().active, 1);
     }
 }

@@ -154,7 +154,7 @@ mod tests {
             listener,
             handler("nftables", &config),
             super::super::Limits::metrics(),
-            super::super::Budget::new(16, 16),
+            super::super::Budget::new(16, 16, 16),
             "metrics",
         ));
         let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -176,21 +176,34 @@ async fn connection(
     builder: Arc<hyper::server::conn::http1::Builder>,
     limits: Limits,
 ) {
+    // Connections a flood opens together would otherwise time out together, and their
+    // teardown would hold up everyone else's answers: each gets 75-100% of the limit.
+    let header_timeout = limits
+        .header_read_timeout
+        .mul_f64(0.75 + 0.25 * admitted.spread());
     let admitted = Arc::new(admitted);
     let served = {
         let admitted = admitted.clone();
         async move {
             // Until its first bytes arrive a connection holds no HTTP state or buffers (hyper
-            // allocates 16 KiB per connection as soon as it starts reading).
-            match tokio::time::timeout(limits.header_read_timeout, stream.readable()).await {
-                Ok(Ok(())) => {}
+            // allocates 16 KiB per connection as soon as it starts reading). `peek` waits for a
+            // byte without taking it; `readable` would do, but completes at once for a freshly
+            // accepted socket (a false positive tokio allows), before anything was sent.
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(header_timeout, stream.peek(&mut first)).await {
+                Ok(Ok(1..)) => {}
                 _ => return,
+            }
+            if !admitted.activate() {
+                return;
             }
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let busy = admitted.busy();
                 let resp = handler(&req).map(|body| Tracked { body, _busy: busy });
                 async move { Ok::<_, Infallible>(resp) }
             });
+            let mut builder = (*builder).clone();
+            builder.header_read_timeout(header_timeout);
             // Boxed: the (large) connection state is allocated only for connections that send.
             let conn = Box::pin(builder.serve_connection(TokioIo::new(stream), service));
             // Errors are the client's (bad request, reset, timeout): nothing to report.
@@ -536,7 +549,7 @@ mod tests {
     async fn floods_cannot_shut_out_other_sources() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let budget = Budget::new(8, 4);
+        let budget = Budget::new(8, 4, 8);
         let handler: Handler =
             Arc::new(|_: &Request<Incoming>| response(StatusCode::OK, &[], "ok"));
         let server = tokio::spawn(serve(

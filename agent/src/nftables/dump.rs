@@ -197,7 +197,9 @@ fn attempt_watched(
         return Ok(Attempt::Done(None));
     }
     let Some(state) = read_once(nft, family, watch.as_deref_mut(), stats)? else {
-        return Ok(Attempt::Changed("a dump was interrupted"));
+        return Ok(Attempt::Changed(
+            "a dump was interrupted, or what it lists was deleted",
+        ));
     };
     let after = generation(nft, family)?;
     let Some(watch) = watch else {
@@ -212,13 +214,13 @@ fn attempt_watched(
         return Ok(Attempt::Changed("change notifications did not arrive"));
     }
     watch.poll();
-    if watch.overflow {
+    if watch.changes.overflow {
         return Ok(Attempt::Changed("change notifications were lost"));
     }
-    if watch.ours {
+    if watch.changes.ours {
         return Ok(Attempt::Changed("a commit changed it"));
     }
-    stats.foreign_commits = watch.commits;
+    stats.foreign_commits = watch.changes.commits;
     Ok(Attempt::Done(Some(state)))
 }
 
@@ -272,7 +274,7 @@ fn dump_chains(
     for _ in 0..CHAIN_DUMP_ATTEMPTS {
         if let Some(w) = watch.as_deref_mut() {
             w.poll();
-            w.chains_moved = false;
+            w.changes.chains_moved = false;
         }
         let msg = NfTablesMessage::GetChain(ChainMessage {
             attributes: vec![ChainAttribute::Table(TABLE.to_string())],
@@ -290,10 +292,10 @@ fn dump_chains(
             return Ok(None);
         };
         let now = generation(nft, family)?;
-        if !w.wait_for(now, NOTIFY_WAIT) || w.overflow {
+        if !w.wait_for(now, NOTIFY_WAIT) || w.changes.overflow {
             return Ok(None);
         }
-        if !w.chains_moved {
+        if !w.changes.chains_moved {
             return Ok(Some(messages));
         }
         stats.chain_dump_retries += 1;
@@ -319,13 +321,12 @@ const NFTA_ANY_TABLE: u16 = 1;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 
-/// The nf_tables change notifications received during one read, summed up.
-struct ChangeWatch {
-    notes: Notifications,
-    family: Family,
-    /// A commit changed table `nftproxy` of `family`.
+/// What the nf_tables change notifications received during one read said.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Changes {
+    /// A commit changed table `nftproxy` of the family.
     ours: bool,
-    /// A commit added or deleted tables or chains of `family`.
+    /// A commit added or deleted tables or chains of the family.
     chains_moved: bool,
     /// Notifications were lost.
     overflow: bool,
@@ -333,6 +334,68 @@ struct ChangeWatch {
     last_gen: Option<u32>,
     /// Commits seen.
     commits: u32,
+}
+
+impl Changes {
+    /// Takes in one datagram of notifications; `family` is the read's `NFPROTO_*`.
+    fn take_in(&mut self, datagram: &[u8], family: u8) {
+        let Ok(msgs) = socket::messages(datagram) else {
+            self.overflow = true;
+            return;
+        };
+        for m in msgs {
+            let (subsys, kind) = (m.kind >> 8, m.kind & 0xff);
+            if subsys != NFNL_SUBSYS_NFTABLES || kind == NFT_MSG_GETGEN {
+                continue;
+            }
+            let ours_family = m.bytes.get(16) == Some(&family);
+            let Some(attrs) = message_nlas(m.bytes) else {
+                // Cannot tell what it changed: assume the worst.
+                self.ours |= ours_family;
+                continue;
+            };
+            let attr = |t: u16| attrs.iter().find(|(k, _)| *k == t).map(|(_, v)| *v);
+            if kind == NFT_MSG_NEWGEN {
+                if let Some(id) = attr(NFTA_GEN_ID).and_then(be_u32) {
+                    self.last_gen = Some(id);
+                    self.commits += 1;
+                }
+                continue;
+            }
+            if !ours_family {
+                continue;
+            }
+            if matches!(
+                kind,
+                NFT_MSG_NEWTABLE
+                    | NFT_MSG_DELTABLE
+                    | NFT_MSG_NEWCHAIN
+                    | NFT_MSG_DELCHAIN
+                    | NFT_MSG_DESTROYTABLE
+                    | NFT_MSG_DESTROYCHAIN
+            ) {
+                self.chains_moved = true;
+            }
+            if attr(NFTA_ANY_TABLE).and_then(c_string).as_deref() == Some(TABLE) {
+                self.ours = true;
+            }
+        }
+    }
+
+    /// Whether every commit up to generation `generation` has been seen whole.
+    fn seen(&self, generation: u32) -> bool {
+        // Generation ids only grow (wrapping, skipping 0).
+        self.last_gen
+            .is_some_and(|g| generation.wrapping_sub(g) as i32 <= 0)
+    }
+}
+
+/// The change notifications during one read: the socket, subscribed, and what it said.
+struct ChangeWatch {
+    notes: Notifications,
+    /// `NFPROTO_*` of the family read.
+    family: u8,
+    changes: Changes,
 }
 
 impl ChangeWatch {
@@ -347,12 +410,11 @@ impl ChangeWatch {
         }
         Ok(ChangeWatch {
             notes,
-            family,
-            ours: false,
-            chains_moved: false,
-            overflow: false,
-            last_gen: None,
-            commits: 0,
+            family: match family {
+                Family::V4 => NFPROTO_IPV4,
+                Family::V6 => NFPROTO_IPV6,
+            },
+            changes: Changes::default(),
         })
     }
 
@@ -373,14 +435,10 @@ impl ChangeWatch {
         let deadline = Instant::now() + wait;
         self.poll();
         loop {
-            // Generation ids only grow (wrapping, skipping 0).
-            if self
-                .last_gen
-                .is_some_and(|g| generation.wrapping_sub(g) as i32 <= 0)
-            {
+            if self.changes.seen(generation) {
                 return true;
             }
-            if self.overflow {
+            if self.changes.overflow {
                 return false;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -393,59 +451,19 @@ impl ChangeWatch {
 
     /// Receives one datagram (waiting at most `wait`); false if there was none.
     fn receive(&mut self, wait: Duration) -> bool {
-        let family: u8 = match self.family {
-            Family::V4 => NFPROTO_IPV4,
-            Family::V6 => NFPROTO_IPV6,
-        };
-        let datagram = match self.notes.recv(wait) {
-            Ok(Some(d)) => d,
-            Ok(None) => return false,
+        match self.notes.recv(wait) {
+            Ok(Some(datagram)) => {
+                self.changes.take_in(datagram, self.family);
+                true
+            }
+            Ok(None) => false,
             Err(e) => {
                 // ENOBUFS: the kernel dropped notifications. Anything else: we cannot know.
                 tracing::debug!(error = %e, "change notifications");
-                self.overflow = true;
-                return false;
-            }
-        };
-        let Ok(msgs) = socket::messages(datagram) else {
-            self.overflow = true;
-            return true;
-        };
-        for m in msgs {
-            let (subsys, kind) = (m.kind >> 8, m.kind & 0xff);
-            if subsys != NFNL_SUBSYS_NFTABLES || kind == NFT_MSG_GETGEN {
-                continue;
-            }
-            let Some(attrs) = message_nlas(m.bytes) else {
-                continue;
-            };
-            let attr = |t: u16| attrs.iter().find(|(k, _)| *k == t).map(|(_, v)| *v);
-            if kind == NFT_MSG_NEWGEN {
-                if let Some(id) = attr(NFTA_GEN_ID).and_then(be_u32) {
-                    self.last_gen = Some(id);
-                    self.commits += 1;
-                }
-                continue;
-            }
-            if m.bytes.get(16) != Some(&family) {
-                continue;
-            }
-            if matches!(
-                kind,
-                NFT_MSG_NEWTABLE
-                    | NFT_MSG_DELTABLE
-                    | NFT_MSG_NEWCHAIN
-                    | NFT_MSG_DELCHAIN
-                    | NFT_MSG_DESTROYTABLE
-                    | NFT_MSG_DESTROYCHAIN
-            ) {
-                self.chains_moved = true;
-            }
-            if attr(NFTA_ANY_TABLE).and_then(c_string).as_deref() == Some(TABLE) {
-                self.ours = true;
+                self.changes.overflow = true;
+                false
             }
         }
-        true
     }
 }
 
@@ -689,7 +707,8 @@ pub fn decode_state(
         }
     }
 
-    for m in parse_all("set dump", sets)? {
+    let sets: Vec<Vec<u8>> = sets.iter().map(|m| opaque_set_expressions(m)).collect();
+    for m in parse_all("set dump", &sets)? {
         let NfTablesMessage::NewSet(s) = m else {
             continue;
         };
@@ -723,6 +742,30 @@ pub fn decode_state(
         state.sets.insert(raw.name, state_entry);
     }
     Ok(Some(state))
+}
+
+const NFTA_SET_EXPR: u16 = 17;
+const NFTA_SET_EXPRESSIONS: u16 = 18;
+
+/// A set message with its expressions (`NFTA_SET_EXPR`, `NFTA_SET_EXPRESSIONS`) retyped as
+/// `NFTA_SET_UNSPEC`, which the typed crate keeps as opaque bytes: it parses expressions
+/// without checking their lengths and panics on malformed ones. nftproxy writes none and
+/// ignores them anyway.
+fn opaque_set_expressions(msg: &[u8]) -> Vec<u8> {
+    let mut out = msg.to_vec();
+    let mut at = 20; // nlmsghdr and nfgenmsg
+    while at + 4 <= out.len() {
+        let len = usize::from(u16::from_ne_bytes([out[at], out[at + 1]]));
+        let kind = u16::from_ne_bytes([out[at + 2], out[at + 3]]) & NLA_TYPE_MASK;
+        if len < 4 {
+            break;
+        }
+        if kind == NFTA_SET_EXPR || kind == NFTA_SET_EXPRESSIONS {
+            out[at + 2..at + 4].fill(0);
+        }
+        at += (len + 3) & !3;
+    }
+    out
 }
 
 /// The string of user-data TLV `kind`, if present.
@@ -1180,7 +1223,7 @@ fn word(r: u32) -> Word {
         0 => VERDICT_REG,
         n @ 1..=4 => (n - 1) * 4,
         n @ 8..=23 => n - 8,
-        n => 1000 + n,
+        n => n.saturating_add(1000).min(VERDICT_REG - 8),
     }
 }
 
@@ -1937,6 +1980,75 @@ mod tests {
     use dataplane::ruleset::{Proto, slot_offset};
     use netlink_packet_core::Emitable;
     use netlink_packet_netfilter::nftables::MetaKey;
+
+    /// A notification: nf_tables message `msg` of family `family` with table-name attribute
+    /// `table` (or, for `NEWGEN`, generation id `generation`).
+    fn notification(msg: u16, family: u8, table: &str, generation: u32) -> Vec<u8> {
+        let payload = if msg == NFT_MSG_NEWGEN {
+            generation.to_be_bytes().to_vec()
+        } else {
+            [table.as_bytes(), &[0]].concat()
+        };
+        let mut attr = Vec::new();
+        attr.extend(((4 + payload.len()) as u16).to_ne_bytes());
+        attr.extend(1u16.to_ne_bytes());
+        attr.extend(&payload);
+        while attr.len() % 4 != 0 {
+            attr.push(0);
+        }
+        let mut m = Vec::new();
+        m.extend(((20 + attr.len()) as u32).to_ne_bytes());
+        m.extend(((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
+        m.extend([0u8; 10]);
+        m.extend([family, 0, 0, 0]);
+        m.extend(attr);
+        m
+    }
+
+    #[test]
+    fn notifications_say_whether_our_table_or_the_chain_list_changed() {
+        const NEWSETELEM: u16 = 12;
+        let v4 = NFPROTO_IPV4;
+        // Another table's elements, then a commit: nothing for us.
+        let mut c = Changes::default();
+        c.take_in(
+            &[
+                notification(NEWSETELEM, v4, "other", 0),
+                notification(NFT_MSG_NEWGEN, 0, "", 41),
+            ]
+            .concat(),
+            v4,
+        );
+        assert_eq!(
+            c,
+            Changes {
+                last_gen: Some(41),
+                commits: 1,
+                ..Changes::default()
+            }
+        );
+        assert!(c.seen(40) && c.seen(41) && !c.seen(42));
+        // Chains of another ip table come and go: only the chain list moved.
+        c.take_in(&notification(NFT_MSG_DELCHAIN, v4, "other", 0), v4);
+        assert!(c.chains_moved && !c.ours);
+        // Our table, but in the other family: not ours.
+        c.take_in(&notification(NEWSETELEM, NFPROTO_IPV6, TABLE, 0), v4);
+        assert!(!c.ours);
+        c.take_in(&notification(NEWSETELEM, v4, TABLE, 0), v4);
+        assert!(c.ours && !c.overflow);
+        // Garbage is a loss.
+        c.take_in(
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17],
+            v4,
+        );
+        assert!(c.overflow);
+        // Generation ids wrap around.
+        let c = Changes {
+            last_gen: Some(2),
+            ..Changes::default()
+        };
+        assert!(c.seen(u32::MAX) && c.seen(2) && !c.seen(3));
+    }
 
     /// Every Match and Action survives encode → decode (the kernel-side round trip, register
     /// renumbering included, is covered by the kernel tests).

@@ -103,8 +103,11 @@ pub fn settings(config_text: &str) -> Result<Settings> {
     Ok(Settings::resolve(&file, &Overrides::default())?)
 }
 
+/// Each family's table as read back (`None`: no table).
+type KernelTables = Vec<(Family, Option<TableState>)>;
+
 /// What the kernel holds in `ns` (both families), and the namespace's addresses.
-fn read_kernel(ns: &Netns) -> Result<(Vec<(Family, Option<TableState>)>, Vec<std::net::IpAddr>)> {
+fn read_kernel(ns: &Netns) -> Result<(KernelTables, Vec<std::net::IpAddr>)> {
     ns.run_in(|| {
         let mut nft = Nftables::open()?;
         let mut tables = Vec::new();

@@ -69,6 +69,11 @@ struct Cli {
     /// How long after the last change the kernel is compared with the objects.
     #[arg(long, default_value = "5s", value_parser = go_duration)]
     settle: Duration,
+    /// Forget the API server's change history this often (0: never). The test API server
+    /// keeps every change (about 12 KiB each); compacting bounds that for long runs, but a
+    /// watch that reconnects from before a compaction gets 410 Gone and re-lists (counted).
+    #[arg(long, default_value = "0s", value_parser = go_duration)]
+    compact_every: Duration,
     /// Seed of the churn's random choices [default: from the clock].
     #[arg(long)]
     seed: Option<u64>,
@@ -341,6 +346,9 @@ struct Sample {
     cpu_s: f64,
     /// This process's RSS (mostly the test API server's objects and change history), KiB.
     soak_rss_kib: u64,
+    /// Set elements of both tables as the agent last committed them
+    /// (`nftproxy_kernel_objects`), if its /metrics answered.
+    elements: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -434,6 +442,15 @@ struct Report {
     agent_warnings: usize,
     agent_errors: usize,
     agent_first_warnings: Vec<String>,
+    /// History compactions of the test API server during the churn (`--compact-every`).
+    compactions: u64,
+    /// Requests the agent made to the API server from the start of the churn to the end of the
+    /// check: lists (a re-list follows a 410 Gone or a failed watch) and watches (a watch
+    /// ends with its timeout and is resumed).
+    api_lists: usize,
+    api_watches: usize,
+    /// Of those, answered with a status other than 200.
+    api_failed: usize,
     /// The soak process's own RSS at the end (the test API server keeps every change), MiB.
     soak_rss_mib: f64,
     targets: Vec<Target>,
@@ -508,6 +525,9 @@ fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
             changes,
             cpu_s: probe::cpu_seconds(pid)?,
             soak_rss_kib: probe::rss_kib(std::process::id())?,
+            elements: probe::scrape(&ns, metrics_addr)
+                .ok()
+                .map(|m| m.sum("nftproxy_kernel_objects", &["type=\"set_elements\""])),
         })
     };
     let mut samples = Vec::new();
@@ -518,6 +538,8 @@ fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
     let mut next_write = start;
     let mut next_sample = start;
     let mut next_progress = start + Duration::from_secs(60);
+    let mut compactions = 0u64;
+    let mut next_compaction = (!cli.compact_every.is_zero()).then(|| start + cli.compact_every);
     loop {
         let now = Instant::now();
         if now >= next_sample {
@@ -534,18 +556,29 @@ fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
         if now >= next_progress {
             let s = samples.last().expect("sampled at the start");
             progress(&format!(
-                "{:>4.0} s: {written} changes ({:.1}/s), agent RSS {:.1} MiB, {} fds, {} threads (soak RSS {:.0} MiB)",
+                "{:>4.0} s: {written} changes ({:.1}/s), agent RSS {:.1} MiB, {} fds, {} threads, {} set elements (soak RSS {:.0} MiB)",
                 s.t_s,
                 written as f64 / now.duration_since(start).as_secs_f64(),
                 s.rss_kib as f64 / 1024.0,
                 s.fds,
                 s.threads,
+                s.elements.map_or("?".into(), |e| format!("{e:.0}")),
                 s.soak_rss_kib as f64 / 1024.0
             ));
             next_progress += Duration::from_secs(60);
         }
         if now >= end {
             break;
+        }
+        if let Some(at) = next_compaction
+            && now >= at
+        {
+            // A pause first, so that every watch has sent what it had.
+            std::thread::sleep(Duration::from_millis(100));
+            api.compact();
+            compactions += 1;
+            next_compaction = Some(at + cli.compact_every);
+            continue;
         }
         if now >= next_write {
             max_lag = max_lag.max(now - next_write);
@@ -564,7 +597,10 @@ fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
             next_write = start + Duration::from_secs_f64((written + api_errors) as f64 / cli.rate);
             continue;
         }
-        let wake = next_write.min(next_sample).min(end);
+        let wake = next_write
+            .min(next_sample)
+            .min(end)
+            .min(next_compaction.unwrap_or(end));
         std::thread::sleep(wake.saturating_duration_since(Instant::now()));
     }
     let churn = start.elapsed();
@@ -613,6 +649,20 @@ fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
         (Ok(b), Ok(a)) => (Some(agent_metrics(b, a)), None),
         (Err(e), _) | (_, Err(e)) => (None, Some(format!("{e:#}"))),
     };
+    let requests: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.at >= start)
+        .collect();
+    let api_lists = requests
+        .iter()
+        .filter(|r| r.method == "GET" && !r.is_watch())
+        .count();
+    let api_watches = requests.iter().filter(|r| r.is_watch()).count();
+    let api_failed = requests
+        .iter()
+        .filter(|r| r.status.is_some_and(|s| s != 200))
+        .count();
     let alive = agent.exited().is_none();
     let exit = agent.stop();
     ensure!(
@@ -672,6 +722,10 @@ fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
         agent_warnings,
         agent_errors,
         agent_first_warnings,
+        compactions,
+        api_lists,
+        api_watches,
+        api_failed,
         soak_rss_mib: probe::rss_kib(std::process::id()).map_or(0.0, |k| k as f64 / 1024.0),
         targets: Vec::new(),
     };
@@ -882,6 +936,11 @@ fn render(r: &Report) -> String {
         o,
         "  agent CPU during the churn              {:.1} s ({:.1}% of one CPU)",
         r.churn_cpu_s, r.churn_cpu_pct
+    );
+    let _ = writeln!(
+        o,
+        "  agent's API requests (churn and check)  {} lists, {} watches, {} not 200; {} history compactions",
+        r.api_lists, r.api_watches, r.api_failed, r.compactions
     );
     let _ = writeln!(
         o,
