@@ -263,25 +263,10 @@ fn follow_file(shared: Arc<Shared>, path: PathBuf) {
 
 /// Wakes the sync loop whenever this host's addresses change, so NodePort addresses follow.
 fn watch_addresses(shared: Arc<Shared>) {
-    let mut watch = match addresses::AddressWatch::open() {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch address changes; NodePort addresses follow them at the next sync");
-            return;
-        }
-    };
-    loop {
-        match watch.wait() {
-            Ok(()) => {
-                tracing::info!("local addresses changed");
-                shared.wake(Wake::Addresses);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "address change watch failed");
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        }
-    }
+    addresses::follow(shared.local_addresses(), || {
+        tracing::info!("local addresses changed");
+        shared.wake(Wake::Addresses);
+    });
 }
 
 /// Wakes the sync loop whenever someone else changes nftproxy's tables.

@@ -14,6 +14,7 @@ use dataplane::model::{Cluster, ObjectName};
 use dataplane::ruleset::Family;
 use dataplane::tracker::Tracker;
 
+use crate::addresses::LocalAddresses;
 use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::http::health::{HealthState, node_eligible};
@@ -44,6 +45,8 @@ pub struct Shared {
     health: Arc<HealthState>,
     /// The first sync has started: from then on changes count as queued updates.
     initialised: AtomicBool,
+    /// This host's addresses, kept current by the address watcher.
+    addresses: LocalAddresses,
 }
 
 impl Shared {
@@ -55,6 +58,7 @@ impl Shared {
                 wake,
                 health: Arc::new(HealthState::new()),
                 initialised: AtomicBool::new(false),
+                addresses: LocalAddresses::default(),
             },
             rx,
         )
@@ -88,6 +92,11 @@ impl Shared {
             m.queued(SystemTime::now());
         }
         let _ = self.wake.send(Wake::Changed);
+    }
+
+    /// This host's addresses (for the address watcher to keep current).
+    pub fn local_addresses(&self) -> &LocalAddresses {
+        &self.addresses
     }
 
     /// The proxy's health state.
@@ -301,10 +310,10 @@ pub fn run(
         changes.services.append(&mut moved);
         changes.services.extend(neighbours);
         let trigger_times = changes.trigger_times;
-        // Addresses are re-read when rtnetlink says they changed, and on full syncs (which
-        // also covers a host where the address watch could not be opened).
+        // Addresses are taken from the watcher's table when rtnetlink says they changed, and
+        // on full syncs (re-read from the kernel where the address watch could not be opened).
         if any_full || addresses_changed {
-            config.local_addresses = crate::addresses::local_addresses();
+            config.local_addresses = shared.addresses.current();
         }
         addresses_changed = false;
         let changed = if changes.all {

@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime};
 
 use dataplane::conflicts::{self, Conflict};
 use dataplane::ruleset::Family;
-use metrics::invalid_reason;
 use tokio::runtime::Handle;
 
 use crate::config::{ProxyMode, Settings};
@@ -168,9 +167,7 @@ impl Observer for Telemetry {
         let (has_changes, counts, invalid) = self.shared.with_tracker(|t| {
             let mut invalid: BTreeMap<(&'static str, &'static str), usize> = BTreeMap::new();
             for (kind, _, skip) in t.invalid_objects() {
-                *invalid
-                    .entry((kind.name(), invalid_reason(&skip.to_string())))
-                    .or_default() += 1;
+                *invalid.entry((kind.name(), skip.label())).or_default() += 1;
             }
             (t.has_changes(), t.change_counts(), invalid)
         });

@@ -165,6 +165,7 @@ fn populate(ns: &Netns) {
 
 #[test]
 fn lists_and_deletes_exactly_the_chosen_udp_entries() {
+    nftproxy_tests::require_root!();
     let ns = Netns::new("ct");
     populate(&ns);
     let before = ns.listed();
@@ -220,6 +221,7 @@ fn lists_and_deletes_exactly_the_chosen_udp_entries() {
 
 #[test]
 fn an_entry_replaced_since_listing_is_left_alone() {
+    nftproxy_tests::require_root!();
     let ns = Netns::new("ct");
     ns.insert(
         UDP,
@@ -244,6 +246,7 @@ fn an_entry_replaced_since_listing_is_left_alone() {
 
 #[test]
 fn udp_cleanup_of_stale_frontend_entries() {
+    nftproxy_tests::require_root!();
     use dataplane::conntrack::Frontends;
     let ns = Netns::new("ct");
     populate(&ns);
@@ -267,6 +270,7 @@ fn udp_cleanup_of_stale_frontend_entries() {
 /// Many entries from real traffic over loopback: listing and batched deletion at scale.
 #[test]
 fn thousands_of_entries_are_listed_and_deleted_in_batches() {
+    nftproxy_tests::require_root!();
     const N: usize = 20_000;
     // UNREPLIED UDP entries expire after 30 s: everything below takes far less.
     let ns = Netns::new("ct");

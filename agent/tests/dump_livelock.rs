@@ -340,6 +340,7 @@ fn with_generation_rate<T>(nft: &mut Nftables, f: impl FnOnce(&mut Nftables) -> 
 
 #[test]
 fn a_large_table_reads_back_while_another_table_changes_every_millisecond() {
+    nftproxy_tests::require_root!();
     let ns = Netns::new("livelock");
     let n = services();
     let mut nft = program(&ns, cluster(n));
@@ -405,6 +406,7 @@ fn a_large_table_reads_back_while_another_table_changes_every_millisecond() {
 
 #[test]
 fn chains_added_and_deleted_elsewhere_do_not_disturb_the_read() {
+    nftproxy_tests::require_root!();
     // Another ip table whose chains come and go: the chain dump, which the kernel does not
     // filter by table, is the one that could skip or repeat ours.
     let ns = Netns::new("livelock");
@@ -447,6 +449,7 @@ fn chains_added_and_deleted_elsewhere_do_not_disturb_the_read() {
 
 #[test]
 fn commits_to_our_own_table_make_the_read_start_again() {
+    nftproxy_tests::require_root!();
     let ns = Netns::new("livelock");
     let mut nft = program(&ns, cluster(200));
     let quiet = reads(&mut nft, 5);

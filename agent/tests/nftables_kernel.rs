@@ -731,16 +731,19 @@ fn check_full_table(family: Family) {
 
 #[test]
 fn full_table_ipv4_lists_as_rendered_and_reads_back_idempotently() {
+    nftproxy_tests::require_root!();
     check_full_table(Family::V4);
 }
 
 #[test]
 fn full_table_ipv6_lists_as_rendered_and_reads_back_idempotently() {
+    nftproxy_tests::require_root!();
     check_full_table(Family::V6);
 }
 
 #[test]
 fn flush_delete_and_element_changes_round_trip() {
+    nftproxy_tests::require_root!();
     let family = Family::V4;
     let ns = Netns::new("nl");
     let mut nft = ns.open();
@@ -953,16 +956,19 @@ fn check_endpoint_region_changes(family: Family) {
 
 #[test]
 fn endpoint_region_changes_ipv4() {
+    nftproxy_tests::require_root!();
     check_endpoint_region_changes(Family::V4);
 }
 
 #[test]
 fn endpoint_region_changes_ipv6() {
+    nftproxy_tests::require_root!();
     check_endpoint_region_changes(Family::V6);
 }
 
 #[test]
 fn failing_op_is_named_and_leaves_the_table_untouched() {
+    nftproxy_tests::require_root!();
     let family = Family::V6;
     let ns = Netns::new("nl");
     let mut nft = ns.open();
@@ -1108,6 +1114,7 @@ fn many_services(family: Family, services: u32) -> Table {
 
 #[test]
 fn large_transaction_20k_services() {
+    nftproxy_tests::require_root!();
     let family = Family::V4;
     let ns = Netns::new("nl");
     let mut nft = ns.open();
@@ -1167,6 +1174,7 @@ fn cold_start_in_parts(family: Family) -> (Table, Vec<Transaction>) {
 
 #[test]
 fn a_split_cold_start_commits_in_parts_and_a_retry_completes_it() {
+    nftproxy_tests::require_root!();
     let family = Family::V4;
     let ns = Netns::new("split");
     let mut nft = ns.open();
@@ -1197,6 +1205,7 @@ fn a_split_cold_start_commits_in_parts_and_a_retry_completes_it() {
 
 #[test]
 fn parts_applied_together_commit_in_order_and_stop_at_the_first_failure() {
+    nftproxy_tests::require_root!();
     let family = Family::V4;
     let ns = Netns::new("parts");
     let mut nft = ns.open();
@@ -1239,6 +1248,7 @@ fn parts_applied_together_commit_in_order_and_stop_at_the_first_failure() {
 
 #[test]
 fn paused_notifications_still_reveal_commits_by_others() {
+    nftproxy_tests::require_root!();
     let family = Family::V4;
     let ns = Netns::new("quiet");
     let mut nft = ns.open();

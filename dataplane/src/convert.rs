@@ -27,24 +27,82 @@ pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
 /// Why an object was not converted. `Ignored` objects are valid but not proxied.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Skip {
-    #[error("{0}")]
-    Invalid(String),
+    /// What is wrong (its metric label), and the message that says where.
+    #[error("{1}")]
+    Invalid(Invalid, String),
     #[error("not proxied: {0}")]
     Ignored(&'static str),
 }
 
 impl Skip {
-    /// Short machine-readable reason, for metric labels.
-    pub fn reason(&self) -> &'static str {
+    /// Short machine-readable reason, for metric labels (`nftproxy_invalid_objects`'s
+    /// `reason` for invalid objects).
+    pub fn label(&self) -> &'static str {
         match self {
-            Skip::Invalid(_) => "invalid",
+            Skip::Invalid(kind, _) => kind.label(),
             Skip::Ignored(r) => r,
+        }
+    }
+
+    /// The same problem, said of a part of the object (`at: message`).
+    fn at(self, at: &str) -> Skip {
+        match self {
+            Skip::Invalid(kind, m) => Skip::Invalid(kind, format!("{at}: {m}")),
+            ignored => ignored,
         }
     }
 }
 
-fn invalid<T>(msg: impl Into<String>) -> Result<T, Skip> {
-    Err(Skip::Invalid(msg.into()))
+/// The kinds of invalid object, each with its metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Invalid {
+    Ip,
+    Cidr,
+    /// A port, or another bounded number, out of its range.
+    OutOfRange,
+    UnknownProtocol,
+    DuplicatePort,
+    /// The object does not parse as its kind.
+    Schema,
+    MissingField,
+    /// An enumerated field holds a value Kubernetes does not define.
+    UnknownValue,
+    Other,
+}
+
+impl Invalid {
+    /// The `reason` label of `nftproxy_invalid_objects`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Invalid::Ip => "invalid_ip",
+            Invalid::Cidr => "invalid_cidr",
+            // The label predates other ranges (session affinity timeouts) counted with it.
+            Invalid::OutOfRange => "port_out_of_range",
+            Invalid::UnknownProtocol => "unknown_protocol",
+            Invalid::DuplicatePort => "duplicate_port",
+            Invalid::Schema => "schema",
+            Invalid::MissingField => "missing_field",
+            Invalid::UnknownValue => "unknown_value",
+            Invalid::Other => "other",
+        }
+    }
+
+    /// Every kind (metric tests).
+    pub const ALL: [Invalid; 9] = [
+        Invalid::Ip,
+        Invalid::Cidr,
+        Invalid::OutOfRange,
+        Invalid::UnknownProtocol,
+        Invalid::DuplicatePort,
+        Invalid::Schema,
+        Invalid::MissingField,
+        Invalid::UnknownValue,
+        Invalid::Other,
+    ];
+}
+
+fn invalid<T>(kind: Invalid, msg: impl Into<String>) -> Result<T, Skip> {
+    Err(Skip::Invalid(kind, msg.into()))
 }
 
 /// Parses an IP address the way Kubernetes' `ParseIPSloppy` does: IPv4 parts with leading zeros
@@ -82,14 +140,20 @@ pub fn parse_protocol(p: Option<&str>) -> Result<Proto, Skip> {
         "TCP" => Ok(Proto::Tcp),
         "UDP" => Ok(Proto::Udp),
         "SCTP" => Ok(Proto::Sctp),
-        other => invalid(format!("unknown protocol {other:?}")),
+        other => invalid(
+            Invalid::UnknownProtocol,
+            format!("unknown protocol {other:?}"),
+        ),
     }
 }
 
 fn parse_port(what: &str, p: i32) -> Result<u16, Skip> {
     match u16::try_from(p) {
         Ok(v) if v > 0 => Ok(v),
-        _ => invalid(format!("{what} {p} is out of range 1-65535")),
+        _ => invalid(
+            Invalid::OutOfRange,
+            format!("{what} {p} is out of range 1-65535"),
+        ),
     }
 }
 
@@ -145,25 +209,30 @@ fn bad_name(what: &str, value: &str) -> Option<String> {
 pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
     let name = object_name(&svc.metadata);
     if name.name.is_empty() {
-        return invalid("metadata.name is empty");
+        return invalid(Invalid::MissingField, "metadata.name is empty");
     }
     if let Some(reason) = bad_name("metadata.namespace", &name.namespace)
         .or_else(|| bad_name("metadata.name", &name.name))
     {
-        return invalid(reason);
+        return invalid(Invalid::Other, reason);
     }
     if !handled_by(&svc.metadata, proxy_name) {
         return Err(Skip::Ignored("service-proxy-name"));
     }
     let Some(spec) = &svc.spec else {
-        return invalid("spec is missing");
+        return invalid(Invalid::MissingField, "spec is missing");
     };
     let service_type = match spec.type_.as_deref().unwrap_or("ClusterIP") {
         "ClusterIP" => ServiceType::ClusterIp,
         "NodePort" => ServiceType::NodePort,
         "LoadBalancer" => ServiceType::LoadBalancer,
         "ExternalName" => return Err(Skip::Ignored("external-name")),
-        other => return invalid(format!("unknown spec.type {other:?}")),
+        other => {
+            return invalid(
+                Invalid::UnknownValue,
+                format!("unknown spec.type {other:?}"),
+            );
+        }
     };
     let mut raw_ips: Vec<&str> = spec
         .cluster_ips
@@ -181,15 +250,16 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
     let mut cluster_ips = Vec::new();
     for raw in raw_ips {
         let Some(ip) = parse_ip_sloppy(raw) else {
-            return invalid(format!("spec.clusterIPs: invalid IP {raw:?}"));
+            return invalid(Invalid::Ip, format!("spec.clusterIPs: invalid IP {raw:?}"));
         };
         if cluster_ips
             .iter()
             .any(|c: &IpAddr| Family::of(c) == Family::of(&ip))
         {
-            return invalid(format!(
-                "spec.clusterIPs: two addresses of the same family ({raw})"
-            ));
+            return invalid(
+                Invalid::Other,
+                format!("spec.clusterIPs: two addresses of the same family ({raw})"),
+            );
         }
         cluster_ips.push(ip);
     }
@@ -197,7 +267,7 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
     for raw in spec.external_ips.iter().flatten() {
         match parse_ip_sloppy(raw) {
             Some(ip) => external_ips.push(ip),
-            None => return invalid(format!("spec.externalIPs: invalid IP {raw:?}")),
+            None => return invalid(Invalid::Ip, format!("spec.externalIPs: invalid IP {raw:?}")),
         }
     }
     let mut load_balancer_ips = Vec::new();
@@ -215,7 +285,10 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
                 match parse_ip_sloppy(raw) {
                     Some(ip) => load_balancer_ips.push(ip),
                     None => {
-                        return invalid(format!("status.loadBalancer.ingress: invalid IP {raw:?}"));
+                        return invalid(
+                            Invalid::Ip,
+                            format!("status.loadBalancer.ingress: invalid IP {raw:?}"),
+                        );
                     }
                 }
             }
@@ -226,16 +299,17 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
         match parse_cidr_sloppy(raw) {
             Some(net) => load_balancer_source_ranges.push(net),
             None => {
-                return invalid(format!(
-                    "spec.loadBalancerSourceRanges: invalid CIDR {raw:?}"
-                ));
+                return invalid(
+                    Invalid::Cidr,
+                    format!("spec.loadBalancerSourceRanges: invalid CIDR {raw:?}"),
+                );
             }
         }
     }
     let mut ports = Vec::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
-        let protocol = parse_protocol(p.protocol.as_deref())
-            .map_err(|e| Skip::Invalid(format!("spec.ports[{i}]: {e}")))?;
+        let protocol =
+            parse_protocol(p.protocol.as_deref()).map_err(|e| e.at(&format!("spec.ports[{i}]")))?;
         let port = parse_port(&format!("spec.ports[{i}].port"), p.port)?;
         let node_port = match (service_type, p.node_port) {
             (ServiceType::ClusterIp, _) | (_, None) | (_, Some(0)) => None,
@@ -243,19 +317,25 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
         };
         let name = p.name.clone().unwrap_or_default();
         if let Some(reason) = bad_name(&format!("spec.ports[{i}].name"), &name) {
-            return invalid(reason);
+            return invalid(Invalid::Other, reason);
         }
         if ports
             .iter()
             .any(|q: &ServicePort| q.name == name && q.protocol == protocol)
         {
-            return invalid(format!("spec.ports[{i}]: duplicate port name {name:?}"));
+            return invalid(
+                Invalid::DuplicatePort,
+                format!("spec.ports[{i}]: duplicate port name {name:?}"),
+            );
         }
         if ports
             .iter()
             .any(|q: &ServicePort| q.port == port && q.protocol == protocol)
         {
-            return invalid(format!("spec.ports[{i}]: duplicate port {port}/{protocol}"));
+            return invalid(
+                Invalid::DuplicatePort,
+                format!("spec.ports[{i}]: duplicate port {port}/{protocol}"),
+            );
         }
         ports.push(ServicePort {
             name,
@@ -286,14 +366,22 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
                 None => Some(DEFAULT_AFFINITY_TIMEOUT),
                 Some(t) if (1..=86400).contains(&t) => Some(t as u32),
                 Some(t) => {
-                    return invalid(format!(
-                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range 1-86400"
-                    ));
+                    return invalid(
+                        Invalid::OutOfRange,
+                        format!(
+                            "spec.sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range 1-86400"
+                        ),
+                    );
                 }
             }
         }
         None | Some("None") | Some("") => None,
-        Some(other) => return invalid(format!("unknown spec.sessionAffinity {other:?}")),
+        Some(other) => {
+            return invalid(
+                Invalid::UnknownValue,
+                format!("unknown spec.sessionAffinity {other:?}"),
+            );
+        }
     };
     Ok(Service {
         name,
@@ -334,12 +422,17 @@ pub fn endpoint_slice(
         "IPv4" => Family::V4,
         "IPv6" => Family::V6,
         "FQDN" => return Err(Skip::Ignored("fqdn")),
-        other => return invalid(format!("unknown addressType {other:?}")),
+        other => {
+            return invalid(
+                Invalid::UnknownValue,
+                format!("unknown addressType {other:?}"),
+            );
+        }
     };
     let mut ports = Vec::new();
     for (i, p) in slice.ports.iter().flatten().enumerate() {
-        let protocol = parse_protocol(p.protocol.as_deref())
-            .map_err(|e| Skip::Invalid(format!("ports[{i}]: {e}")))?;
+        let protocol =
+            parse_protocol(p.protocol.as_deref()).map_err(|e| e.at(&format!("ports[{i}]")))?;
         let Some(port) = p.port else {
             // A port without a number means "all ports"; the proxy cannot use it.
             continue;
@@ -357,13 +450,19 @@ pub fn endpoint_slice(
             continue;
         };
         let Some(addr) = parse_ip_sloppy(raw) else {
-            return invalid(format!("endpoints[{i}]: invalid address {raw:?}"));
+            return invalid(
+                Invalid::Ip,
+                format!("endpoints[{i}]: invalid address {raw:?}"),
+            );
         };
         if Family::of(&addr) != family {
-            return invalid(format!(
-                "endpoints[{i}]: address {raw} does not match addressType {}",
-                slice.address_type
-            ));
+            return invalid(
+                Invalid::Other,
+                format!(
+                    "endpoints[{i}]: address {raw} does not match addressType {}",
+                    slice.address_type
+                ),
+            );
         }
         let c = ep.conditions.as_ref();
         let hints = ep.hints.as_ref();
@@ -401,7 +500,7 @@ pub fn endpoint_slice(
 pub fn node(node: &core::Node) -> Result<Node, Skip> {
     let name = node.metadata.name.clone().unwrap_or_default();
     if name.is_empty() {
-        return invalid("metadata.name is empty");
+        return invalid(Invalid::MissingField, "metadata.name is empty");
     }
     let spec = node.spec.as_ref();
     let mut pod_cidrs = Vec::new();
@@ -412,7 +511,12 @@ pub fn node(node: &core::Node) -> Result<Node, Skip> {
     for raw in raw_cidrs {
         match parse_cidr_sloppy(raw) {
             Some(n) => pod_cidrs.push(n),
-            None => return invalid(format!("spec.podCIDRs: invalid CIDR {raw:?}")),
+            None => {
+                return invalid(
+                    Invalid::Cidr,
+                    format!("spec.podCIDRs: invalid CIDR {raw:?}"),
+                );
+            }
         }
     }
     let mut addresses = Vec::new();
@@ -453,7 +557,7 @@ pub fn service_cidr(cidr: &networking::ServiceCIDR) -> Result<(String, Vec<IpNet
     {
         match parse_cidr_sloppy(raw) {
             Some(n) => nets.push(n),
-            None => return invalid(format!("spec.cidrs: invalid CIDR {raw:?}")),
+            None => return invalid(Invalid::Cidr, format!("spec.cidrs: invalid CIDR {raw:?}")),
         }
     }
     Ok((name, nets))
@@ -567,7 +671,10 @@ fn collect(value: serde_json::Value, out: &mut impl FnMut(Object), skipped: &mut
             Ok(Some(object)) => out(object),
             Ok(None) => {}
             Err(e) => skipped.push(Skipped {
-                skip: Skip::Invalid(format!("does not match the {kind} schema: {e}")),
+                skip: Skip::Invalid(
+                    Invalid::Schema,
+                    format!("does not match the {kind} schema: {e}"),
+                ),
                 kind,
                 name,
             }),
@@ -586,7 +693,7 @@ pub fn cluster(
     let mut node_names = NodeNames::default();
     let mut skipped = Vec::new();
     let mut report = |kind: &str, name: ObjectName, skip: Skip| {
-        if let Skip::Invalid(_) = skip {
+        if let Skip::Invalid(..) = skip {
             skipped.push(Skipped {
                 kind: kind.to_string(),
                 name: name.to_string(),
@@ -641,6 +748,7 @@ pub fn slices_by_service(slices: &Slices) -> BTreeMap<&ObjectName, Vec<&Endpoint
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn sloppy_ips_parse_leading_zeros_as_decimal() {
@@ -753,6 +861,88 @@ items:
             text.iter()
                 .any(|t| t.contains("ns/port0") && t.contains("out of range"))
         );
+    }
+
+    /// Each kind of invalid object carries its metric label (`nftproxy_invalid_objects`'s
+    /// `reason`), whatever its message says.
+    #[test]
+    fn invalid_objects_carry_their_metric_label() {
+        let service = |spec: serde_json::Value| -> Skip {
+            let svc: core::Service = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web", "namespace": "ns"},
+                "spec": spec,
+            }))
+            .unwrap();
+            service(&svc, "").unwrap_err()
+        };
+        let port =
+            |p: serde_json::Value| serde_json::json!({"clusterIP": "172.30.0.1", "ports": [p]});
+        let cases = [
+            (
+                service(serde_json::json!({"clusterIP": "1.2.3"})),
+                "invalid_ip",
+            ),
+            (
+                service(
+                    serde_json::json!({"clusterIP": "172.30.0.1", "externalIPs": ["unknown protocol"]}),
+                ),
+                "invalid_ip",
+            ),
+            (
+                service(
+                    serde_json::json!({"clusterIP": "172.30.0.1", "loadBalancerSourceRanges": ["x"]}),
+                ),
+                "invalid_cidr",
+            ),
+            (
+                service(port(serde_json::json!({"port": 0}))),
+                "port_out_of_range",
+            ),
+            (
+                service(port(serde_json::json!({"port": 80, "protocol": "ICMP"}))),
+                "unknown_protocol",
+            ),
+            (
+                service(
+                    serde_json::json!({"clusterIP": "172.30.0.1", "ports": [{"port": 80, "name": "a"}, {"port": 80, "name": "b"}]}),
+                ),
+                "duplicate_port",
+            ),
+            (
+                service(serde_json::json!({"type": "Weird", "clusterIP": "172.30.0.1"})),
+                "unknown_value",
+            ),
+            (
+                service(serde_json::json!({"clusterIPs": ["172.30.0.1", "172.30.0.2"]})),
+                "other",
+            ),
+            (
+                service(
+                    serde_json::json!({"clusterIP": "172.30.0.1", "sessionAffinity": "ClientIP",
+                    "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}}}),
+                ),
+                "port_out_of_range",
+            ),
+        ];
+        for (skip, label) in cases {
+            assert!(matches!(skip, Skip::Invalid(..)), "{skip}");
+            assert_eq!(skip.label(), label, "{skip}");
+        }
+        let no_spec: core::Service =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "web"}})).unwrap();
+        assert_eq!(service_label(&no_spec), "missing_field");
+        let (_, skipped) = parse_yaml(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: eighty}]}\n",
+        )
+        .unwrap();
+        assert_eq!(skipped[0].skip.label(), "schema");
+        assert_eq!(Skip::Ignored("headless").label(), "headless");
+        let labels: BTreeSet<&str> = Invalid::ALL.iter().map(|k| k.label()).collect();
+        assert_eq!(labels.len(), Invalid::ALL.len());
+    }
+
+    fn service_label(svc: &core::Service) -> &'static str {
+        service(svc, "").unwrap_err().label()
     }
 
     #[test]

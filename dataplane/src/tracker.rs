@@ -186,7 +186,7 @@ impl Tracker {
     ) -> Option<Skipped> {
         let key = (kind, name.clone());
         match skip {
-            Some(skip @ Skip::Invalid(_)) => {
+            Some(skip @ Skip::Invalid(..)) => {
                 let fresh = self.invalid.get(&key) != Some(&skip);
                 self.invalid.insert(key, skip.clone());
                 fresh.then(|| Skipped {

@@ -196,30 +196,6 @@ fn seconds_since_epoch(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A short, fixed reason for an invalid object, from the converter's message (metric label).
-pub fn invalid_reason(message: &str) -> &'static str {
-    let m = message;
-    if m.contains("invalid IP") || m.contains("invalid address") {
-        "invalid_ip"
-    } else if m.contains("invalid CIDR") {
-        "invalid_cidr"
-    } else if m.contains("out of range") {
-        "port_out_of_range"
-    } else if m.contains("unknown protocol") {
-        "unknown_protocol"
-    } else if m.contains("duplicate port") {
-        "duplicate_port"
-    } else if m.contains("schema") {
-        "schema"
-    } else if m.contains("is empty") || m.contains("is missing") {
-        "missing_field"
-    } else if m.contains("unknown ") {
-        "unknown_value"
-    } else {
-        "other"
-    }
-}
-
 impl Metrics {
     /// A fresh set of metrics in its own registry (tests; the agent uses [`metrics`]).
     pub fn new() -> Metrics {
@@ -933,26 +909,7 @@ kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"
     }
 
     #[test]
-    fn invalid_reasons_are_short() {
-        for (msg, want) in [
-            ("spec.clusterIPs: invalid IP \"1.2.3\"", "invalid_ip"),
-            ("endpoints[0]: invalid address \"x\"", "invalid_ip"),
-            (
-                "spec.ports[0]: port 0 is out of range 1-65535",
-                "port_out_of_range",
-            ),
-            (
-                "spec.ports[0]: unknown protocol \"FOO\"",
-                "unknown_protocol",
-            ),
-            ("spec.podCIDRs: invalid CIDR \"x\"", "invalid_cidr"),
-            ("does not match the Service schema: x", "schema"),
-            ("metadata.name is empty", "missing_field"),
-            ("unknown spec.type \"X\"", "unknown_value"),
-            ("something else", "other"),
-        ] {
-            assert_eq!(invalid_reason(msg), want, "{msg}");
-        }
+    fn invalid_objects_and_conflicts() {
         let m = Metrics::new();
         m.set_invalid_objects([("Service", "invalid_ip", 2)]);
         m.set_invalid_objects([("Service", "schema", 1)]);

@@ -34,6 +34,7 @@ pub mod cluster;
 pub mod connect_loop;
 pub mod lab;
 pub mod pod;
+pub mod privilege;
 pub mod probe;
 pub mod sctp;
 pub mod sock;

@@ -209,6 +209,7 @@ fn print_log(log: &[RequestLog], since: Instant) {
 
 #[test]
 fn a_blackholed_api_server_never_interrupts_traffic_and_changes_follow_its_return() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let agent = with_web(&t);
     let prober = prober(&t);
@@ -276,6 +277,7 @@ fn a_blackholed_api_server_never_interrupts_traffic_and_changes_follow_its_retur
 
 #[test]
 fn a_service_created_while_the_api_server_refuses_connections_follows_within_5s() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let _agent = with_web(&t);
     let prober = prober(&t);
@@ -299,6 +301,7 @@ fn a_service_created_while_the_api_server_refuses_connections_follows_within_5s(
 
 #[test]
 fn after_an_outage_with_compacted_history_changes_follow_within_5s() {
+    nftproxy_tests::require_root!();
     let t = topology();
     apply_service(&t, "gone", "172.30.0.11", "10.180.2.1");
     let _agent = with_web(&t);
@@ -356,6 +359,7 @@ fn after_an_outage_with_compacted_history_changes_follow_within_5s() {
 
 #[test]
 fn lists_come_from_the_watch_cache_in_pages_of_500() {
+    nftproxy_tests::require_root!();
     let t = topology();
     // 1,200 Services: three pages.
     for i in 0..1200 {
@@ -407,6 +411,7 @@ fn lists_come_from_the_watch_cache_in_pages_of_500() {
 
 #[test]
 fn a_watch_gone_silent_is_restarted_by_the_watchdog() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let agent = with_web(&t);
     // Let the agent learn the bookmark cadence (1 s).
@@ -450,6 +455,7 @@ fn a_watch_gone_silent_is_restarted_by_the_watchdog() {
 
 #[test]
 fn retry_after_is_honoured() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let _agent = with_web(&t);
     t.api.set_retry_after(Some(Duration::from_secs(4)));

@@ -30,9 +30,8 @@ struct Env {
 }
 
 fn env() -> Env {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+    assert!(
+        nftproxy_tests::privilege::is_root(),
         "the namespace tests need root"
     );
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
@@ -82,6 +81,7 @@ fn names<K: ResourceExt>(objs: &[K]) -> Vec<String> {
 
 #[test]
 fn list_pages_selectors_and_writes() {
+    nftproxy_tests::require_root!();
     let env = env();
     let api = &env.api;
     for i in 0..5 {
@@ -305,6 +305,7 @@ async fn until(events: &mut Events, want: impl Fn(&str) -> bool) -> String {
 
 #[test]
 fn watcher_follows_changes_and_survives_faults() {
+    nftproxy_tests::require_root!();
     let env = env();
     let api = &env.api;
     api.set_bookmark_interval(Duration::from_millis(200));
@@ -399,6 +400,7 @@ fn watcher_follows_changes_and_survives_faults() {
 
 #[test]
 fn bookmarks_streaming_lists_and_expired_watches() {
+    nftproxy_tests::require_root!();
     let env = env();
     let api = &env.api;
     api.set_bookmark_interval(Duration::from_millis(200));

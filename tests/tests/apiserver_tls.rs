@@ -31,9 +31,8 @@ struct Env {
 }
 
 fn env() -> Env {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+    assert!(
+        nftproxy_tests::privilege::is_root(),
         "the namespace tests need root"
     );
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
@@ -115,6 +114,7 @@ fn api_code<T: std::fmt::Debug>(r: kube::Result<T>) -> Option<u16> {
 
 #[test]
 fn tls_with_token_lists_and_watches() {
+    nftproxy_tests::require_root!();
     let env = env();
     let api = &tls_server(&env);
     assert_eq!(api.url(), format!("https://{API_IP}:6443"));
@@ -160,6 +160,7 @@ fn tls_with_token_lists_and_watches() {
 
 #[test]
 fn requests_without_the_token_get_401() {
+    nftproxy_tests::require_root!();
     let env = env();
     let api = &tls_server(&env);
     on_node(&env, &api.kubeconfig(), |config| async move {
@@ -190,6 +191,7 @@ fn requests_without_the_token_get_401() {
 
 #[test]
 fn a_client_that_does_not_trust_the_ca_fails() {
+    nftproxy_tests::require_root!();
     let env = env();
     let api = &tls_server(&env);
     // Another cluster's CA (same addresses, different key).
@@ -221,6 +223,7 @@ fn a_client_that_does_not_trust_the_ca_fails() {
 
 #[test]
 fn service_account_files_and_a_kubeadm_kubeconfig() {
+    nftproxy_tests::require_root!();
     let env = env();
     let api = &tls_server(&env);
     let sa = api.service_account_dir().to_path_buf();
@@ -294,6 +297,7 @@ fn service_account_files_and_a_kubeadm_kubeconfig() {
 
 #[test]
 fn tls_on_ipv6_and_plain_http_on_a_chosen_port() {
+    nftproxy_tests::require_root!();
     let env = env();
     let tls6 = ApiServer::builder()
         .netns(env.cp.name())
@@ -326,6 +330,7 @@ fn tls_on_ipv6_and_plain_http_on_a_chosen_port() {
 
 #[test]
 fn list_delay_answers_late_with_the_state_then() {
+    nftproxy_tests::require_root!();
     let env = env();
     let api = &tls_server(&env);
     api.apply(svc("a")).unwrap();
@@ -368,6 +373,7 @@ fn list_delay_answers_late_with_the_state_then() {
 
 #[test]
 fn failing_resources_get_their_status() {
+    nftproxy_tests::require_root!();
     let env = env();
     let api = &tls_server(&env);
     api.apply(node_obj("n1")).unwrap();

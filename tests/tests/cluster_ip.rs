@@ -143,6 +143,7 @@ fn expect(
 
 #[test]
 fn cluster_ip_general_ipv4() {
+    nftproxy_tests::require_root!();
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
     use Proto::*;
@@ -209,6 +210,7 @@ fn cluster_ip_general_ipv4() {
 
 #[test]
 fn cluster_ip_general_ipv6() {
+    nftproxy_tests::require_root!();
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
     use Proto::*;
@@ -271,6 +273,7 @@ fn cluster_ip_general_ipv6() {
 
 #[test]
 fn dual_stack_service_on_both_cluster_ips() {
+    nftproxy_tests::require_root!();
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
     let c = &t.client;
@@ -296,6 +299,7 @@ fn dual_stack_service_on_both_cluster_ips() {
 
 #[test]
 fn random_choice_spreads_over_three_endpoints() {
+    nftproxy_tests::require_root!();
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
     assert_spread(&t, "172.30.0.45:80", 300, 3, 60..=141);
@@ -326,6 +330,7 @@ fn assert_spread(
 
 #[test]
 fn a_service_with_more_endpoints_than_the_lists_take_spreads_over_all_of_them() {
+    nftproxy_tests::require_root!();
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
     // Eighteen endpoints: its own Service chain, endpoints chosen from an endpoint map.
@@ -341,6 +346,7 @@ fn a_service_with_more_endpoints_than_the_lists_take_spreads_over_all_of_them() 
 
 #[test]
 fn a_long_endpoint_list_spreads_over_all_of_its_endpoints() {
+    nftproxy_tests::require_root!();
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
     // Twelve endpoints: no chain, one list in the map for lists of twelve.
@@ -369,6 +375,7 @@ fn listing(ns: &Ns) -> String {
 
 #[test]
 fn render_loads_and_listings_reload_identically() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let out = nftproxy(
         &t.node,
@@ -431,6 +438,7 @@ fn committed_ops(stderr: &str) -> Vec<usize> {
 
 #[test]
 fn second_run_sends_nothing() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let first = run_once(&t.node, "cluster-ip.yaml");
     let sent = committed_ops(&String::from_utf8_lossy(&first.stderr));
@@ -487,6 +495,7 @@ fn regions(listing: &str) -> Vec<(String, String)> {
 
 #[test]
 fn a_restart_keeps_every_other_services_endpoint_region() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let dir = tempfile::tempdir().unwrap();
     let first = dir.path().join("first.yaml");
@@ -557,6 +566,7 @@ fn a_restart_keeps_every_other_services_endpoint_region() {
 
 #[test]
 fn malformed_services_are_skipped_and_the_rest_works() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let out = run_once(&t.node, "malformed.yaml");
     let log = String::from_utf8_lossy(&out.stderr);
@@ -598,6 +608,7 @@ fn malformed_services_are_skipped_and_the_rest_works() {
 
 #[test]
 fn cleanup_removes_both_tables() {
+    nftproxy_tests::require_root!();
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
     let out = nftproxy(&t.node, &["cleanup"]);

@@ -47,7 +47,10 @@ struct World {
 }
 
 fn world() -> World {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "namespace tests need root");
+    assert!(
+        nftproxy_tests::privilege::is_root(),
+        "namespace tests need root"
+    );
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let ext = lab
@@ -221,26 +224,31 @@ fn hijack_suite(mode: &str, load_balancer: bool) {
 
 #[test]
 fn an_external_ip_equal_to_kube_dns_cluster_ip_gets_no_dns_traffic() {
+    nftproxy_tests::require_root!();
     hijack_suite("nftables", false);
 }
 
 #[test]
 fn an_external_ip_equal_to_kube_dns_cluster_ip_gets_no_dns_traffic_iptables() {
+    nftproxy_tests::require_root!();
     hijack_suite("iptables", false);
 }
 
 #[test]
 fn a_load_balancer_ip_equal_to_kube_dns_cluster_ip_gets_no_dns_traffic() {
+    nftproxy_tests::require_root!();
     hijack_suite("nftables", true);
 }
 
 #[test]
 fn a_load_balancer_ip_equal_to_kube_dns_cluster_ip_gets_no_dns_traffic_iptables() {
+    nftproxy_tests::require_root!();
     hijack_suite("iptables", true);
 }
 
 #[test]
 fn trace_names_the_conflict_and_the_service_that_gets_the_traffic() {
+    nftproxy_tests::require_root!();
     let w = world();
     std::fs::write(w.path("cluster.yaml"), hijack(2, 1, false).to_yaml()).unwrap();
     let config = w.write_config();
@@ -315,11 +323,13 @@ fn twins_suite(mode: &str) {
 
 #[test]
 fn of_two_services_with_one_cluster_ip_the_older_gets_the_traffic() {
+    nftproxy_tests::require_root!();
     twins_suite("nftables");
 }
 
 #[test]
 fn of_two_services_with_one_cluster_ip_the_older_gets_the_traffic_iptables() {
+    nftproxy_tests::require_root!();
     twins_suite("iptables");
 }
 
@@ -477,6 +487,7 @@ const CLUSTER: &str = "nftproxy_frontend_conflicts{kind=\"cluster-ip\"}";
 
 #[test]
 fn the_daemon_counts_logs_and_ends_conflicts_with_partial_syncs() {
+    nftproxy_tests::require_root!();
     let w = world();
     let kube_dns = || {
         vec![

@@ -185,6 +185,7 @@ fn empty_ruleset(ns: &Ns) {
 
 #[test]
 fn the_packaged_install_boots_on_an_empty_node() {
+    nftproxy_tests::require_root!();
     let site = site();
     empty_ruleset(&site.node);
     let mut packaging = Packaging::load().unwrap();
@@ -253,6 +254,7 @@ fn set_cluster_cidr(packaging: &mut Packaging) {
 
 #[test]
 fn without_the_endpoint_edit_the_log_and_healthz_name_the_problem() {
+    nftproxy_tests::require_root!();
     let site = site();
     let mut packaging = Packaging::load().unwrap();
     set_cluster_cidr(&mut packaging);
@@ -318,6 +320,7 @@ users:
 
 #[test]
 fn kubeadms_own_configmap_works_unchanged() {
+    nftproxy_tests::require_root!();
     let site = site();
     let pod = pod_env(&site.api);
     // kubeadm's DaemonSet: the ConfigMap at /var/lib/kube-proxy, the node name from the
@@ -440,6 +443,7 @@ fn agent_with(site: &Site, sync_period: &str) -> Proc {
 
 #[test]
 fn a_late_node_and_a_failing_node_watch_never_break_node_ports() {
+    nftproxy_tests::require_root!();
     let site = site();
     site.api.delete("Node", "", NODE).unwrap();
     let mut agent = agent_with(&site, "30s");
@@ -499,6 +503,7 @@ fn a_late_node_and_a_failing_node_watch_never_break_node_ports() {
 
 #[test]
 fn a_slow_initial_list_does_not_fail_livez() {
+    nftproxy_tests::require_root!();
     let site = site();
     // Services are listed at once; EndpointSlices only after 3 x syncPeriod.
     site.api.set_fail("endpointslices", Some(500));
@@ -528,6 +533,7 @@ fn a_slow_initial_list_does_not_fail_livez() {
 
 #[test]
 fn healthz_answers_on_ipv6_with_the_default_bind_address() {
+    nftproxy_tests::require_root!();
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let ext = lab

@@ -28,6 +28,7 @@ fn leftovers(pid: u32) -> Vec<String> {
 
 #[test]
 fn demo_runs_agrees_with_trace_and_cleans_up() {
+    nftproxy_tests::require_root!();
     let bin = target_binary("nftproxy").expect("build nftproxy first");
     let out = Command::new(&bin).arg("demo").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -143,6 +143,7 @@ fn get(ns: &Ns, addr: &str, path: &str) -> String {
 
 #[test]
 fn a_service_the_kernel_refuses_is_quarantined_and_the_rest_keeps_working() {
+    nftproxy_tests::require_root!();
     let w = world();
     // The kernel refuses whatever names bad's ClusterIP.
     let agent = start(&w, &[("NFTPROXY_TEST_REFUSE", "172.30.0.99")]);
@@ -193,6 +194,7 @@ fn a_service_the_kernel_refuses_is_quarantined_and_the_rest_keeps_working() {
 
 #[test]
 fn a_failing_family_leaves_the_other_syncing() {
+    nftproxy_tests::require_root!();
     let w = world();
     let agent = start(&w, &[("NFTPROXY_TEST_FAIL_FAMILY", "IPv6")]);
     answers(
@@ -241,6 +243,7 @@ fn a_failing_family_leaves_the_other_syncing() {
 
 #[test]
 fn a_panic_ends_the_process() {
+    nftproxy_tests::require_root!();
     let w = world();
     let mut agent = start(&w, &[("NFTPROXY_TEST_PANIC", "sync")]);
     let status = agent

@@ -27,9 +27,8 @@ struct World {
 }
 
 fn world() -> Result<World> {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+    assert!(
+        nftproxy_tests::privilege::is_root(),
         "the namespace tests need root"
     );
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest"))?;
@@ -66,6 +65,7 @@ fn endpoints(set: &[SocketAddr], masqueraded: bool) -> Verdict {
 
 #[test]
 fn node_is_a_router() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     assert_eq!(w.node.sysctl_get("net.ipv4.ip_forward")?, "1");
     assert_eq!(w.node.sysctl_get("net.ipv6.conf.all.forwarding")?, "1");
@@ -83,6 +83,7 @@ fn node_is_a_router() -> Result<()> {
 
 #[test]
 fn pod_to_pod_is_answered_unmasqueraded() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     for proto in Proto::ALL {
         for (dst, src) in [(B4, A4), (B6, A6)] {
@@ -112,6 +113,7 @@ fn pod_to_pod_is_answered_unmasqueraded() -> Result<()> {
 
 #[test]
 fn explicit_source_address() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     // A second address on the client, used as the source on request.
     w.client.add_addr("eth0", ip("203.0.113.9"), 32)?;
@@ -140,6 +142,7 @@ fn explicit_source_address() -> Result<()> {
 
 #[test]
 fn no_listener_is_refused() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     for proto in Proto::ALL {
         for dst in [B4, B6] {
@@ -152,6 +155,7 @@ fn no_listener_is_refused() -> Result<()> {
 
 #[test]
 fn nft_drop_is_a_timeout_and_reject_is_refused() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     // Filtering happens in prerouting: without a route, forwarding would answer with an
     // ICMP "network unreachable" before any forward chain sees the packet.
@@ -188,6 +192,7 @@ fn nft_drop_is_a_timeout_and_reject_is_refused() -> Result<()> {
 /// so they stay at their defaults: more attempts would turn into timeouts.
 #[test]
 fn unrouted_is_an_error_not_a_drop() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     for proto in Proto::ALL {
         for dst in ["10.97.0.1", "fd00:97::1"] {
@@ -206,6 +211,7 @@ fn unrouted_is_an_error_not_a_drop() -> Result<()> {
 /// DNAT for all three protocols (SCTP goes through conntrack/NAT as raw packets).
 #[test]
 fn dnat_from_pod_and_masquerade_from_outside() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     let to_b = w.b.node_link().unwrap();
     w.node.nft(&format!(
@@ -254,6 +260,7 @@ fn dnat_from_pod_and_masquerade_from_outside() -> Result<()> {
 /// Many attempts are fast, and random load balancing shows up in the per-endpoint counts.
 #[test]
 fn many_connections_spread_over_endpoints() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     w.node.nft(&format!(
         "table ip nat {{
@@ -281,6 +288,7 @@ fn many_connections_spread_over_endpoints() -> Result<()> {
 
 #[test]
 fn spawn_run_and_stop() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     let out = w
         .node
@@ -318,6 +326,7 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn drop_removes_namespaces_and_processes() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     let prefix = w.lab.prefix().to_string();
     let mut pids = vec![w.echo.pid];
@@ -362,6 +371,7 @@ fn drop_removes_namespaces_and_processes() -> Result<()> {
 
 #[test]
 fn addresses_are_usable() -> Result<()> {
+    nftproxy_tests::require_root!(Ok(()));
     let w = world()?;
     let a4: IpAddr = ip(A4);
     assert_eq!(w.a.ipv4(), Some(a4));

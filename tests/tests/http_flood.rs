@@ -401,6 +401,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[test]
 fn listeners_survive_a_connection_flood() {
+    nftproxy_tests::require_root!();
     let fd_limit = raise_fd_limit();
     assert!(
         fd_limit as usize > FLOOD + 500,

@@ -45,7 +45,10 @@ struct World {
 }
 
 fn world() -> World {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "namespace tests need root");
+    assert!(
+        nftproxy_tests::privilege::is_root(),
+        "namespace tests need root"
+    );
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let ext = lab
@@ -263,6 +266,7 @@ fn check_flows(w: &World) -> Vec<String> {
 
 #[test]
 fn flows_through_iptables_nft() {
+    nftproxy_tests::require_root!();
     let w = world();
     let log = w.run_once("iptables", &cluster());
     assert!(log.contains("using iptables-nft"), "{log}");
@@ -296,6 +300,7 @@ fn flows_through_iptables_nft() {
 
 #[test]
 fn legacy_variant_follows_kubelets_hint() {
+    nftproxy_tests::require_root!();
     let w = world();
     // kubelet marks the variant it uses with an empty chain in mangle.
     w.node
@@ -331,6 +336,7 @@ fn legacy_variant_follows_kubelets_hint() {
 
 #[test]
 fn switching_modes_leaves_nothing_of_the_other_mode() {
+    nftproxy_tests::require_root!();
     let w = world();
     let objects = cluster();
     let log = w.run_once("nftables", &objects);
@@ -378,6 +384,7 @@ fn switching_modes_leaves_nothing_of_the_other_mode() {
 
 #[test]
 fn cleanup_removes_kube_proxys_leftovers() {
+    nftproxy_tests::require_root!();
     let w = world();
     // What kube-proxy leaves: its nftables tables, and iptables-mode chains in both variants
     // (plus kubelet's chains and a CNI chain still using KUBE-MARK-MASQ, which stay).
@@ -520,6 +527,7 @@ fn many(n: usize, moved: Option<usize>) -> Objects {
 
 #[test]
 fn partial_restore_among_5000_services_rewrites_only_the_change() {
+    nftproxy_tests::require_root!();
     const N: usize = 5000;
     let w = world();
     std::fs::write(w.path("config.yaml"), CONFIG).unwrap();
@@ -641,6 +649,7 @@ fn partial_restore_among_5000_services_rewrites_only_the_change() {
 
 #[test]
 fn canary_brings_flushed_rules_back() {
+    nftproxy_tests::require_root!();
     let w = world();
     std::fs::write(w.path("config.yaml"), CONFIG).unwrap();
     std::fs::write(w.path("cluster.yaml"), cluster().to_yaml()).unwrap();
@@ -703,6 +712,7 @@ fn canary_brings_flushed_rules_back() {
 
 #[test]
 fn drop_policy_firewall_lets_health_checks_and_node_ports_in() {
+    nftproxy_tests::require_root!();
     let w = world();
     std::fs::write(w.path("config.yaml"), CONFIG).unwrap();
     std::fs::write(w.path("cluster.yaml"), cluster().to_yaml()).unwrap();
@@ -804,6 +814,7 @@ fn sorted_rules(save: &str) -> Vec<String> {
 /// rules a full restore of the end state writes, in both variants.
 #[test]
 fn partial_restores_converge_to_a_full_restore() {
+    nftproxy_tests::require_root!();
     for variant in ["legacy", "nft"] {
         let w = world();
         if variant == "legacy" {

@@ -154,6 +154,7 @@ fn committed_messages(agent: &Proc, from: usize) -> Vec<usize> {
 
 #[test]
 fn changes_through_the_api_reach_the_kernel() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let _agent = start_agent(&t);
     // A slice that another proxy handles (the EndpointSlice controller copies the Service's
@@ -226,6 +227,7 @@ fn changes_through_the_api_reach_the_kernel() {
 
 #[test]
 fn api_outage_and_compacted_history() {
+    nftproxy_tests::require_root!();
     let t = topology();
     t.api.apply(service("web", "172.30.0.10", 80, 80)).unwrap();
     t.api.apply(slice("web", 80, &["10.180.0.1"])).unwrap();
@@ -302,6 +304,7 @@ fn api_outage_and_compacted_history() {
 
 #[test]
 fn restarts_do_not_interrupt_traffic() {
+    nftproxy_tests::require_root!();
     let t = topology();
     t.api.apply(service("web", "172.30.0.10", 80, 80)).unwrap();
     t.api
@@ -347,6 +350,7 @@ fn restarts_do_not_interrupt_traffic() {
 
 #[test]
 fn tampering_is_repaired_within_two_seconds() {
+    nftproxy_tests::require_root!();
     let t = topology();
     t.api.apply(service("web", "172.30.0.10", 80, 80)).unwrap();
     t.api.apply(slice("web", 80, &["10.180.0.1"])).unwrap();
@@ -408,6 +412,7 @@ fn one_change_at_scale(n: usize) -> usize {
 
 #[test]
 fn one_slice_change_costs_the_same_at_10000_services() {
+    nftproxy_tests::require_root!();
     let small = one_change_at_scale(10);
     let large = one_change_at_scale(10_000);
     eprintln!("messages for one EndpointSlice change: {small} at 10 Services, {large} at 10,000");
@@ -417,6 +422,7 @@ fn one_slice_change_costs_the_same_at_10000_services() {
 
 #[test]
 fn invalid_objects_are_skipped_and_named() {
+    nftproxy_tests::require_root!();
     let t = topology();
     t.api.apply(service("web", "172.30.0.10", 80, 80)).unwrap();
     t.api.apply(slice("web", 80, &["10.180.0.1"])).unwrap();

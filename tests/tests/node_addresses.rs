@@ -55,6 +55,7 @@ fn wait_for(lab: &Lab, from: &Ns, dst: &str, want: impl Fn(&Verdict) -> bool) ->
 
 #[test]
 fn node_ports_follow_address_changes() {
+    nftproxy_tests::require_root!();
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let ext = lab

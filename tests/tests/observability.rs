@@ -527,6 +527,7 @@ fn promtool_accepts(exposition: &str) {
 
 #[test]
 fn prometheus_scrapes_kube_proxy_metrics() {
+    nftproxy_tests::require_root!();
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let agent = Agent::start(&node, &format!("{}{INVALID}", itp_local_cluster(false)));
@@ -614,6 +615,7 @@ fn health(node: &Ns, path: &str) -> Result<(u16, Value, HttpResponse), String> {
 
 #[test]
 fn healthz_and_livez_follow_syncs_node_deletion_and_failures() {
+    nftproxy_tests::require_root!();
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let agent = Agent::start(&node, &itp_local_cluster(false));
@@ -779,6 +781,7 @@ fn assert_hc_answer(r: &HttpResponse, status: u16, count: usize) {
 
 #[test]
 fn health_check_node_port_counts_local_ready_endpoints() {
+    nftproxy_tests::require_root!();
     let (_lab, node, prober) = lb_lab();
     let agent = Agent::start(&node, &lb_cluster(NODE, false, true));
 
@@ -828,6 +831,7 @@ fn health_check_node_port_counts_local_ready_endpoints() {
 
 #[test]
 fn health_check_node_port_withstands_bad_clients() {
+    nftproxy_tests::require_root!();
     raise_fd_limit();
     let (_lab, node, prober) = lb_lab();
     let agent = Agent::start(&node, &lb_cluster(NODE, false, true));

@@ -58,6 +58,9 @@ fn manifests() -> Vec<PathBuf> {
 
 #[test]
 fn manifests_validate_against_kubernetes_schemas() {
+    if nftproxy_tests::privilege::skip_without_tool("kubernetes-validate") {
+        return;
+    }
     let files = manifests();
     assert!(files.len() >= 4, "{files:?}");
     let out = Command::new("kubernetes-validate")
@@ -146,6 +149,7 @@ fn needed(method: &str, uri: &str) -> Option<(String, String, String)> {
 
 #[test]
 fn cluster_role_grants_exactly_what_the_agent_uses() {
+    nftproxy_tests::require_root!();
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let api = ApiServer::start_in(&node).unwrap();

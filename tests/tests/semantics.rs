@@ -119,10 +119,12 @@ macro_rules! in_both_modes {
         mod $suite {
             #[test]
             fn nftables() {
+                nftproxy_tests::require_root!();
                 super::$suite(super::Mode::Nftables)
             }
             #[test]
             fn iptables() {
+                nftproxy_tests::require_root!();
                 super::$suite(super::Mode::Iptables)
             }
         }
@@ -415,7 +417,10 @@ fn addresses(ns: &Ns) -> Vec<IpAddr> {
 }
 
 fn world(mode: Mode, opts: Opts) -> World {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "namespace tests need root");
+    assert!(
+        nftproxy_tests::privilege::is_root(),
+        "namespace tests need root"
+    );
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let ext = lab

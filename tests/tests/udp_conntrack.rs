@@ -219,6 +219,7 @@ fn entries(t: &Topology, proto: &str, sport: u16) -> Vec<String> {
 
 #[test]
 fn udp_flows_follow_endpoint_changes() {
+    nftproxy_tests::require_root!();
     let t = topology();
     let c = &t.client;
     let cip = format!("{CLUSTER_IP}:53");
@@ -318,6 +319,7 @@ fn udp_flows_follow_endpoint_changes() {
 
 #[test]
 fn second_run_without_changes_cleans_nothing() {
+    nftproxy_tests::require_root!();
     let t = topology();
     sync(&t, Some(&[0, 1]));
     let x = one_endpoint(&pinned(

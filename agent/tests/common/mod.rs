@@ -15,10 +15,8 @@ pub struct Netns {
 impl Netns {
     /// `kind` goes into the name (`nftp-KIND-PID-N`) so leftovers say which test made them.
     pub fn new(kind: &str) -> Netns {
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
+        assert!(
+            nftproxy_tests::privilege::is_root(),
             "the kernel tests need root (they create network namespaces)"
         );
         let name = format!(
