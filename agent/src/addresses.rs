@@ -278,26 +278,28 @@ pub fn follow(shared: &LocalAddresses, changed: impl Fn()) {
     };
     shared.publish(Some(watch.addresses()));
     loop {
-        match watch.wait() {
-            Ok(()) => {
-                shared.publish(Some(watch.addresses()));
-                changed();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "address change watch failed; reopening it");
-                shared.publish(None);
-                std::thread::sleep(Duration::from_secs(1));
-                match AddressWatch::open() {
-                    Ok(w) => {
-                        watch = w;
-                        shared.publish(Some(watch.addresses()));
-                        // What changed while the watch was down is not known: look again.
-                        changed();
-                    }
-                    Err(e) => tracing::warn!(error = %e, "cannot reopen the address watch"),
-                }
-            }
+        // After a failure, what changed while the watch was down is not known: the reopened
+        // watch's dump counts as a change.
+        if let Err(e) = watch.wait() {
+            tracing::warn!(error = %e, "address change watch failed; reopening it");
+            shared.publish(None);
+            watch = reopen();
         }
+        shared.publish(Some(watch.addresses()));
+        changed();
+    }
+}
+
+/// Opens the watch again, retrying with growing pauses (1 s to a minute).
+fn reopen() -> AddressWatch {
+    let mut pause = Duration::from_secs(1);
+    loop {
+        std::thread::sleep(pause);
+        match AddressWatch::open() {
+            Ok(w) => return w,
+            Err(e) => tracing::warn!(error = %e, "cannot reopen the address watch"),
+        }
+        pause = (pause * 2).min(Duration::from_secs(60));
     }
 }
 

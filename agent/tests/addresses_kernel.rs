@@ -15,7 +15,9 @@ use common::Netns;
 /// A namespace with `lo` up and a veth pair, `d0` holding a few addresses.
 fn namespace() -> Netns {
     let ns = Netns::new("addr");
-    ns.exec(&["ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"]);
+    ns.exec(&[
+        "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1",
+    ]);
     ns.exec(&["ip", "link", "set", "d0", "up"]);
     ns.exec(&["ip", "link", "set", "d1", "up"]);
     ns.exec(&["ip", "addr", "add", "192.0.2.7/24", "dev", "d0"]);
