@@ -48,7 +48,9 @@ fn skipped(why: &str) {
     let thread = std::thread::current();
     // The test harness runs each test on a thread named after it.
     let test = thread.name().unwrap_or("<unnamed test>");
-    let _ = writeln!(std::io::stderr(), "SKIPPED ({why}): {test}");
+    // One write, so that the line is not split by the harness's own output.
+    let line = format!("SKIPPED ({why}): {test}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// Returns from the calling test (with the given value, for tests returning a `Result`) if
