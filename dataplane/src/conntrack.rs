@@ -27,8 +27,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use crate::build::port_endpoints;
 use crate::conflicts::{Suppressed, suppressed};
+use crate::decision::{self, Frontend, port_endpoints};
 use crate::model::{Cluster, EndpointSlice, ObjectName, Service};
 use crate::plan::TableState;
 use crate::ruleset::{Family, Key, Proto};
@@ -74,27 +74,21 @@ impl Frontends {
         if svc.cluster_ip(family).is_none() {
             return out;
         }
-        let cluster_ip = suppressed.cluster_ip(svc, family);
         for port in svc.ports.iter().filter(|p| p.protocol == Proto::Udp) {
-            let addrs: Vec<IpAddr> = cluster_ip
-                .into_iter()
-                .chain(suppressed.kept(&svc.external_ips, port, family))
-                .chain(suppressed.kept(&svc.load_balancer_ips, port, family))
-                .collect();
+            let frontends = decision::frontends(svc, port, family, suppressed);
+            let kept = frontends.iter().filter(|f| f.kept);
             // The node name only decides `local`, which does not matter here.
             let serving: BTreeSet<IpAddr> = port_endpoints(slices, port, family, "")
                 .into_iter()
                 .filter(|e| e.serving)
                 .map(|e| e.addr)
                 .collect();
-            for addr in &addrs {
-                out.addrs
-                    .entry((*addr, port.port))
-                    .or_default()
-                    .extend(&serving);
-            }
-            if let Some(np) = port.node_port {
-                out.node_ports.entry(np).or_default().extend(&serving);
+            for frontend in kept {
+                let eps = match frontend.frontend {
+                    Frontend::Addr(addr, port) => out.addrs.entry((addr, port)).or_default(),
+                    Frontend::NodePort(np) => out.node_ports.entry(np).or_default(),
+                };
+                eps.extend(&serving);
             }
         }
         out

@@ -2,8 +2,8 @@
 //! that turns them into full or partial `iptables-restore` input, and the reading of
 //! `iptables-save` output (stale chains, jump rules, cleanup of leftovers).
 //!
-//! The decisions are [`crate::build`]'s (endpoint categorisation, traffic policies, masquerade,
-//! load-balancer source ranges); the rule shapes are those of kube-proxy's `pkg/proxy/iptables`
+//! The decisions are [`crate::decision`]'s (frontends, endpoint categorisation, traffic
+//! policies, masquerade, load-balancer source ranges), as for nftables mode; the rule shapes are those of kube-proxy's `pkg/proxy/iptables`
 //! (`TestOverallIPTablesRules`), in chains of nftproxy's own, jumped to from the built-in chains.
 //!
 //! # Where iptables mode differs from the nftables ruleset (as kube-proxy's two modes do)
@@ -42,18 +42,16 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use data_encoding::BASE32;
-use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
-use crate::build::{
-    BuildConfig, LocalDetector, NoLocalEndpoints, NodePortIps, node_port_ips, port_endpoints,
-    port_usage,
-};
-use crate::conflicts::{Suppressed, suppressed};
+use crate::build::{BuildConfig, NodePortIps, node_port_ips};
+use crate::conflicts::suppressed;
 use crate::convert::slices_by_service;
+use crate::decision::{DecisionEnv, LocalTraffic, NoLocalEndpoints, service_decisions};
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
 use crate::ruleset::{Family, Proto};
-use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
+
+mod port;
 
 /// Every chain nftproxy creates in iptables mode starts with this.
 pub const PREFIX: &str = "NFTPROXY-";
@@ -291,29 +289,18 @@ fn host(ip: IpAddr) -> String {
     ip.to_string()
 }
 
-/// Local-traffic detection for one family as iptables fragments: (is local, is not local).
-fn detector(config: &BuildConfig, cluster: &Cluster, family: Family) -> Option<(String, String)> {
-    let from_cidrs = |cidrs: &[IpNet]| {
-        cidrs
-            .iter()
-            .find(|c| Family::of_net(c) == family)
-            .map(|net| (format!("-s {net}"), format!("! -s {net}")))
-    };
-    match &config.local_detector {
-        LocalDetector::None => None,
-        LocalDetector::ClusterCidr(cidrs) => from_cidrs(cidrs),
-        LocalDetector::NodeCidr => from_cidrs(
-            cluster
-                .node
-                .as_ref()
-                .map(|n| n.pod_cidrs.as_slice())
-                .unwrap_or(&[]),
-        ),
-        LocalDetector::BridgeInterface(name) => {
+/// Local-traffic detection as iptables fragments: (is local, is not local).
+fn detector(local: &LocalTraffic) -> Option<(String, String)> {
+    match local {
+        LocalTraffic::Unknown => None,
+        LocalTraffic::Cidr(net) => Some((format!("-s {net}"), format!("! -s {net}"))),
+        LocalTraffic::Interface { name, prefix } => {
+            let name = if *prefix {
+                format!("{name}+")
+            } else {
+                name.clone()
+            };
             Some((format!("-i {name}"), format!("! -i {name}")))
-        }
-        LocalDetector::InterfaceNamePrefix(prefix) => {
-            Some((format!("-i {prefix}+"), format!("! -i {prefix}+")))
         }
     }
 }
@@ -542,13 +529,9 @@ pub fn build(
     family: Family,
 ) -> IptRuleset {
     let mut r = base(config, options, family);
-    let det = detector(config, cluster, family);
+    let env = DecisionEnv::new(cluster, config, family);
+    let det = detector(&env.local_traffic);
     let by_service = slices_by_service(&cluster.slices);
-    let topo = NodeTopology {
-        node_name: &config.node_name,
-        zone: cluster.node.as_ref().and_then(|n| n.zone()),
-    };
-    let node_ip = cluster.node.as_ref().and_then(|n| n.primary_ip(family));
     for svc in cluster.services.values() {
         // Not proxied in a family it has no ClusterIP of.
         if svc.cluster_ip(family).is_none() {
@@ -556,23 +539,9 @@ pub fn build(
         }
         // The frontends other Services keep (the same decision as nftables mode's).
         let sup = suppressed(&cluster.services, svc);
-        let cluster_ip = sup.cluster_ip(svc, family);
         let slices: &[&EndpointSlice] = by_service.get(&svc.name).map(Vec::as_slice).unwrap_or(&[]);
-        for port in &svc.ports {
-            let endpoints = port_endpoints(slices, port, family, &config.node_name);
-            let usage = port_usage(svc, port, cluster_ip, &sup);
-            let cat = categorize(&endpoints, usage, &topo);
-            let ctx = PortRules {
-                svc,
-                port,
-                family,
-                cluster_ip,
-                suppressed: &sup,
-                config,
-                det: det.as_ref(),
-                node_ip,
-            };
-            ctx.add(&mut r, &cat, usage);
+        for decision in service_decisions(svc, slices, &sup, &env) {
+            port::add(&mut r, &decision, det.as_ref());
         }
     }
 
@@ -605,405 +574,6 @@ pub fn build(
     services.kind = ChainKind::Dispatch { tail: tail.len() };
     services.rules.extend(tail);
     r
-}
-
-struct PortRules<'a> {
-    svc: &'a Service,
-    port: &'a ServicePort,
-    family: Family,
-    /// The Service's ClusterIP of the family, unless another Service keeps it.
-    cluster_ip: Option<IpAddr>,
-    /// The frontends other Services keep.
-    suppressed: &'a Suppressed,
-    config: &'a BuildConfig,
-    /// (is local, is not local), if a detector is configured for this family.
-    det: Option<&'a (String, String)>,
-    /// The Node's primary IP of this family (for the load-balancer source-range exception).
-    node_ip: Option<IpAddr>,
-}
-
-impl PortRules<'_> {
-    /// `ips` of the family that this port keeps (see [`crate::conflicts`]).
-    fn kept(&self, ips: &[IpAddr]) -> Vec<IpAddr> {
-        self.suppressed.kept(ips, self.port, self.family).collect()
-    }
-
-    /// The rules of one Service port: dispatch rules, filter verdicts and its own chains
-    /// (kube-proxy's `syncProxyRules` loop body).
-    fn add(&self, r: &mut IptRuleset, cat: &Categorized, usage: Usage) {
-        use IptTable::{Filter, Nat};
-        let svc = self.svc;
-        let name = port_name_string(svc, self.port);
-        let p = self.port.protocol;
-        let port = self.port.port;
-        let hash = port_proto_hash(&name, p.name());
-        let cluster_chain = chain_name("SVC", &hash);
-        let local_chain = chain_name("SVL", &hash);
-        let external_chain = chain_name("EXT", &hash);
-        let fw_chain = chain_name("FW", &hash);
-
-        let has_endpoints = cat.has_any;
-        let uses_cluster_chain = !cat.cluster.is_empty() && usage.uses_cluster;
-        let uses_local_chain = !cat.local.is_empty() && usage.uses_local;
-        let (internal_chain, has_internal) = if svc.internal_policy_local {
-            (&local_chain, has_endpoints && !cat.local.is_empty())
-        } else {
-            (&cluster_chain, has_endpoints)
-        };
-        let (external_policy_chain, has_external) = if svc.external_policy_local {
-            (&local_chain, has_endpoints && !cat.local.is_empty())
-        } else {
-            (&cluster_chain, has_endpoints)
-        };
-        let externally_accessible = self.suppressed.externally_accessible(svc, self.port);
-        if self.cluster_ip.is_none() && !externally_accessible {
-            return;
-        }
-        let uses_external_chain = has_endpoints && externally_accessible;
-        let external_ips = self.kept(&svc.external_ips);
-        let lb_ips = self.kept(&svc.load_balancer_ips);
-        let ranges: Vec<IpNet> = svc
-            .load_balancer_source_ranges
-            .iter()
-            .copied()
-            .filter(|n| Family::of_net(n) == self.family && n.prefix_len() > 0)
-            .collect();
-        let uses_fw_chain = has_endpoints && !lb_ips.is_empty() && !ranges.is_empty();
-        let lb_chain = if uses_fw_chain {
-            &fw_chain
-        } else {
-            &external_chain
-        };
-
-        let (internal_target, internal_comment, external_target, external_comment) =
-            if !has_endpoints {
-                let c = format!("{name} has no endpoints");
-                ("REJECT", c.clone(), "REJECT", c)
-            } else {
-                let c = format!("{name} has no local endpoints");
-                ("DROP", c.clone(), "DROP", c)
-            };
-        if has_endpoints && !has_internal && self.cluster_ip.is_some() {
-            r.no_local_endpoints.internal += 1;
-        }
-        if has_endpoints && externally_accessible && !has_external {
-            r.no_local_endpoints.external += 1;
-        }
-        let to = |ip: IpAddr| format!("{} -d {} --dport {port}", proto(p), host(ip));
-
-        // The ClusterIP, unless another Service keeps it.
-        if let Some(cluster_ip) = self.cluster_ip {
-            if has_internal {
-                r.push(
-                    Nat,
-                    SERVICES,
-                    format!(
-                        "{} {} -j {internal_chain}",
-                        comment(&format!("{name} cluster IP")),
-                        to(cluster_ip)
-                    ),
-                );
-            } else {
-                r.push(
-                    Filter,
-                    SERVICES,
-                    format!(
-                        "{} {} -j {internal_target}",
-                        comment(&internal_comment),
-                        to(cluster_ip)
-                    ),
-                );
-            }
-        }
-
-        // External IPs.
-        for ip in &external_ips {
-            if has_endpoints {
-                r.push(
-                    Nat,
-                    SERVICES,
-                    format!(
-                        "{} {} -j {external_chain}",
-                        comment(&format!("{name} external IP")),
-                        to(*ip)
-                    ),
-                );
-            }
-            if !has_external {
-                r.push(
-                    Filter,
-                    EXTERNAL_SERVICES,
-                    format!(
-                        "{} {} -j {external_target}",
-                        comment(&external_comment),
-                        to(*ip)
-                    ),
-                );
-            }
-        }
-
-        // Load-balancer IPs.
-        for ip in &lb_ips {
-            if has_endpoints {
-                r.push(
-                    Nat,
-                    SERVICES,
-                    format!(
-                        "{} {} -j {lb_chain}",
-                        comment(&format!("{name} loadbalancer IP")),
-                        to(*ip)
-                    ),
-                );
-            }
-            if uses_fw_chain {
-                r.push(
-                    Filter,
-                    PROXY_FIREWALL,
-                    format!(
-                        "{} {} -j DROP",
-                        comment(&format!("{name} traffic not accepted by {fw_chain}")),
-                        to(*ip)
-                    ),
-                );
-            }
-        }
-        if !has_external {
-            for ip in &lb_ips {
-                r.push(
-                    Filter,
-                    EXTERNAL_SERVICES,
-                    format!(
-                        "{} {} -j {external_target}",
-                        comment(&external_comment),
-                        to(*ip)
-                    ),
-                );
-            }
-        }
-
-        // The NodePort (not subject to loadBalancerSourceRanges, as in kube-proxy).
-        if let Some(np) = self.port.node_port {
-            if has_endpoints {
-                r.push(
-                    Nat,
-                    NODEPORTS,
-                    format!(
-                        "{} {} --dport {np} -j {external_chain}",
-                        comment(&name),
-                        proto(p)
-                    ),
-                );
-            }
-            if !has_external {
-                r.push(
-                    Filter,
-                    EXTERNAL_SERVICES,
-                    format!(
-                        "{} -m addrtype --dst-type LOCAL {} --dport {np} -j {external_target}",
-                        comment(&external_comment),
-                        proto(p)
-                    ),
-                );
-            }
-        }
-
-        // The health-check node port is let in, local endpoints or not.
-        if let Some(hc) = svc.health_check_node_port {
-            r.push(
-                Filter,
-                NODEPORTS,
-                format!(
-                    "{} {} --dport {hc} -j ACCEPT",
-                    comment(&format!("{name} health check node port")),
-                    proto(Proto::Tcp)
-                ),
-            );
-        }
-
-        // Internal traffic: masquerade what does not come from local pods.
-        if has_internal && let Some(cluster_ip) = self.cluster_ip {
-            let head = format!(
-                "{} {}",
-                comment(&format!("{name} cluster IP")),
-                to(cluster_ip)
-            );
-            let masq = if self.config.masquerade_all {
-                Some(format!("{head} -j {MARK_MASQ}"))
-            } else {
-                self.det
-                    .map(|(_, not_local)| format!("{head} {not_local} -j {MARK_MASQ}"))
-            };
-            if let Some(rule) = masq {
-                r.push(Nat, internal_chain, rule);
-            }
-        }
-
-        // External traffic: NodePorts, external IPs, load-balancer IPs.
-        if uses_external_chain {
-            let ext = external_chain.as_str();
-            r.chain(Nat, ext);
-            if !svc.external_policy_local {
-                r.push(
-                    Nat,
-                    ext,
-                    format!(
-                        "{} -j {MARK_MASQ}",
-                        comment(&format!(
-                            "masquerade traffic for {name} external destinations"
-                        ))
-                    ),
-                );
-            } else {
-                if let Some((local, _)) = self.det
-                    && uses_cluster_chain
-                {
-                    // Pods reaching a Service's external address go to any endpoint, as if
-                    // they had gone out to the load balancer and come back.
-                    r.push(
-                        Nat,
-                        ext,
-                        format!(
-                            "{} {local} -j {cluster_chain}",
-                            comment(&format!("pod traffic for {name} external destinations"))
-                        ),
-                    );
-                }
-                // The host's own traffic is masqueraded (its source is a local address that
-                // the endpoint could not answer) and goes to any endpoint.
-                r.push(
-                    Nat,
-                    ext,
-                    format!(
-                        "{} -m addrtype --src-type LOCAL -j {MARK_MASQ}",
-                        comment(&format!(
-                            "masquerade LOCAL traffic for {name} external destinations"
-                        ))
-                    ),
-                );
-                if uses_cluster_chain {
-                    r.push(
-                        Nat,
-                        ext,
-                        format!(
-                            "{} -m addrtype --src-type LOCAL -j {cluster_chain}",
-                            comment(&format!(
-                                "route LOCAL traffic for {name} external destinations"
-                            ))
-                        ),
-                    );
-                }
-            }
-            let policy_exists = if svc.external_policy_local {
-                uses_local_chain
-            } else {
-                uses_cluster_chain
-            };
-            if has_external && policy_exists {
-                r.push(Nat, ext, format!("-j {external_policy_chain}"));
-            }
-        }
-
-        // loadBalancerSourceRanges: allowed sources continue to the external chain; the rest
-        // is left alone here and dropped by filter NFTPROXY-PROXY-FIREWALL (not DNATed).
-        if uses_fw_chain {
-            let head = comment(&format!("{name} loadbalancer IP"));
-            let mut allowed: Vec<String> = ranges.iter().map(ToString::to_string).collect();
-            if self
-                .node_ip
-                .is_some_and(|ip| ranges.iter().any(|n| n.contains(&ip)))
-            {
-                // Node traffic to an LB IP may come back SNATed to that IP.
-                allowed.extend(lb_ips.iter().map(|ip| host(*ip)));
-            }
-            for src in allowed {
-                r.push(
-                    Nat,
-                    &fw_chain,
-                    format!("{head} -s {src} -j {external_chain}"),
-                );
-            }
-            r.push(
-                Nat,
-                &fw_chain,
-                comment(&format!(
-                    "other traffic to {name} will be dropped by {PROXY_FIREWALL}"
-                )),
-            );
-        }
-
-        // Policy chains.
-        let sep = |e: &PortEndpoint| {
-            let addr = SocketAddr::new(e.addr, e.port);
-            (
-                chain_name("SEP", &endpoint_hash(&name, p.name(), addr)),
-                addr,
-            )
-        };
-        let dispatch = |r: &mut IptRuleset, chain: &str, eps: &[PortEndpoint]| {
-            r.chain(Nat, chain);
-            if let Some(timeout) = svc.affinity_timeout {
-                for e in eps {
-                    let (sep_chain, addr) = sep(e);
-                    r.push(
-                        Nat,
-                        chain,
-                        format!(
-                            "{} -m recent --name {sep_chain} --rcheck --seconds {timeout} --reap -j {sep_chain}",
-                            comment(&format!("{name} -> {addr}"))
-                        ),
-                    );
-                }
-            }
-            let n = eps.len();
-            for (i, e) in eps.iter().enumerate() {
-                let (sep_chain, addr) = sep(e);
-                let statistic = if i + 1 < n {
-                    format!(
-                        " -m statistic --mode random --probability {:.10}",
-                        1.0 / (n - i) as f64
-                    )
-                } else {
-                    String::new()
-                };
-                r.push(
-                    Nat,
-                    chain,
-                    format!(
-                        "{}{statistic} -j {sep_chain}",
-                        comment(&format!("{name} -> {addr}"))
-                    ),
-                );
-            }
-        };
-        if uses_cluster_chain {
-            dispatch(r, &cluster_chain, &cat.cluster);
-        }
-        if uses_local_chain {
-            dispatch(r, &local_chain, &cat.local);
-        }
-
-        // Endpoint chains.
-        for e in &cat.all_reachable {
-            let (sep_chain, addr) = sep(e);
-            let c = comment(&name);
-            // Hairpin: an endpoint reaching itself through the Service.
-            r.push(
-                Nat,
-                &sep_chain,
-                format!("{c} -s {} -j {MARK_MASQ}", host(e.addr)),
-            );
-            let recent = if svc.affinity_timeout.is_some() {
-                format!(" -m recent --name {sep_chain} --set")
-            } else {
-                String::new()
-            };
-            r.push(
-                Nat,
-                &sep_chain,
-                format!("{c}{recent} {} -j DNAT --to-destination {addr}", proto(p)),
-            );
-        }
-    }
 }
 
 // ------------------------------------------------------------------------------------------
