@@ -555,3 +555,6 @@ pub fn local_ready_endpoints(
         .collect::<BTreeSet<IpAddr>>()
         .len()
 }
+
+#[cfg(test)]
+mod tests;
