@@ -327,6 +327,9 @@ pub struct PortDecision<'a> {
     pub affinity_timeout: Option<u32>,
     /// What this port adds to the no-local-endpoints counts.
     pub no_local_endpoints: NoLocalEndpoints,
+    /// The Service's health-check node port (LoadBalancer with externalTrafficPolicy Local),
+    /// answered per Service by [`health_check`].
+    pub health_check_node_port: Option<u16>,
 }
 
 impl<'a> PortDecision<'a> {
@@ -482,6 +485,7 @@ pub fn decide<'a>(
         firewall,
         affinity_timeout: svc.affinity_timeout,
         no_local_endpoints,
+        health_check_node_port: svc.health_check_node_port,
     }
 }
 

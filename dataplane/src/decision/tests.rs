@@ -204,6 +204,10 @@ fn terminating(external_local: bool, cases: Vec<TerminatingCase>) {
     for case in cases {
         let d = decide_one(&svc, &case.endpoints);
         let name = case.name;
+        assert_eq!(
+            d.health_check_node_port, svc.health_check_node_port,
+            "{name}"
+        );
         assert_eq!(d.internal, Some(case.pod.0), "{name}: P");
         assert_eq!(
             reached(&d, case.pod.0).unwrap_or_default(),

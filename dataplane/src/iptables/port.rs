@@ -185,7 +185,7 @@ pub(super) fn add(r: &mut IptRuleset, d: &PortDecision<'_>, det: Option<&(String
     }
 
     // The health-check node port is let in, local endpoints or not.
-    if let Some(hc) = svc.health_check_node_port {
+    if let Some(hc) = d.health_check_node_port {
         r.push(
             Filter,
             NODEPORTS,
@@ -271,7 +271,7 @@ pub(super) fn add(r: &mut IptRuleset, d: &PortDecision<'_>, det: Option<&(String
                 );
             }
         }
-        let policy_exists = if svc.external_policy_local {
+        let policy_exists = if d.external_local() {
             uses_local_chain
         } else {
             uses_cluster_chain
