@@ -309,6 +309,9 @@ pub struct PortDecision<'a> {
     pub frontends: Vec<PortFrontend>,
     /// NodePorts, or external or load-balancer IPs that another Service does not keep, in any
     /// family (as [`Suppressed::externally_accessible`]): the port takes external traffic.
+    /// kube-proxy's per-family ServicePort counts only the family's addresses; an external
+    /// address of the other family alone therefore still makes a port "accessible" here
+    /// (endpoint lists and counts as for external traffic, with no external frontend).
     pub externally_accessible: bool,
     /// Which endpoint lists the port needs.
     pub usage: Usage,

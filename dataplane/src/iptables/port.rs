@@ -35,6 +35,8 @@ pub(super) fn add(r: &mut IptRuleset, d: &PortDecision<'_>, det: Option<&(String
     let fw_chain = chain_name("FW", &hash);
 
     let cluster_ip = d.cluster_ip();
+    // (nftables mode also skips a port whose only external frontends are of the other family:
+    // see `PortDecision::externally_accessible`.)
     if cluster_ip.is_none() && !d.externally_accessible {
         return;
     }
