@@ -26,8 +26,7 @@
 //! - ClusterIP traffic from outside the pod network is marked for masquerade by one rule in
 //!   `services` (`ip daddr @cluster-ips`) instead of one rule per Service chain.
 
-use std::cell::LazyCell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -37,13 +36,21 @@ use sha2::{Digest, Sha256};
 
 use crate::conflicts::{Suppressed, suppressed};
 use crate::convert::slices_by_service;
+use crate::decision::{DecisionEnv, LocalTraffic, service_decisions};
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
 use crate::ruleset::{
-    Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
-    SLOT_MAX_ENDPOINTS, Set, SetDecl, Table, Value, Verdict, slot_elements, slot_offset,
+    Action, Chain, ChainName, Family, Key, KeyType, Match, Proto, Rule, Set, SetDecl, Table, Value,
+    Verdict,
 };
 use crate::slots::{SlotSource, Slots};
-use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
+use crate::topology::PortEndpoint;
+
+pub use crate::decision::{NoLocalEndpoints, port_endpoints};
+
+mod base;
+mod port;
+
+pub use base::base_table;
 
 /// How to tell traffic that comes from pods on this node (kube-proxy's `detectLocalMode`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -227,10 +234,6 @@ fn endpoint_base(svc: &Service, port: &ServicePort, ep: &PortEndpoint) -> String
     ))
 }
 
-fn host_net(ip: IpAddr) -> IpNet {
-    IpNet::from(ip)
-}
-
 fn jump(chain: &str) -> Action {
     Action::Verdict(Verdict::Jump(chain.into()))
 }
@@ -238,18 +241,6 @@ fn jump(chain: &str) -> Action {
 /// A `goto` that shares the target's name with the chain's table entry.
 fn goto(chain: &ChainName) -> Action {
     Action::Verdict(Verdict::Goto(chain.clone()))
-}
-
-fn base(chain_type: ChainType, hook: Hook, priority: i32) -> Chain {
-    Chain {
-        base: Some(BaseChain {
-            chain_type,
-            hook,
-            priority,
-        }),
-        comment: None,
-        rules: Arc::default(),
-    }
 }
 
 /// `[MATCHES] meta l4proto P dnat to EP`.
@@ -290,62 +281,39 @@ fn endpoint_map(key: KeyType) -> Set {
     empty_set(SetDecl::new(key))
 }
 
-fn set(key: KeyType, is_vmap: bool, comment: &str) -> Set {
-    empty_set(SetDecl {
-        is_vmap,
-        comment: Some(comment.into()),
-        ..SetDecl::new(key)
-    })
-}
-
 /// Local-traffic detection resolved for one family: (source is local, source is not local).
 struct Detector {
     is_local: Option<Match>,
     is_not_local: Option<Match>,
 }
 
-fn detector(config: &BuildConfig, cluster: &Cluster, family: Family) -> Detector {
-    let from_cidrs = |cidrs: &[IpNet]| match cidrs.iter().find(|c| Family::of_net(c) == family) {
-        Some(net) => Detector {
-            is_local: Some(Match::Saddr {
-                net: *net,
-                negate: false,
-            }),
-            is_not_local: Some(Match::Saddr {
-                net: *net,
-                negate: true,
-            }),
-        },
-        None => Detector {
-            is_local: None,
-            is_not_local: None,
-        },
-    };
-    let iif = |name: &str, prefix: bool| Detector {
-        is_local: Some(Match::IifName {
-            name: name.to_string(),
-            prefix,
-            negate: false,
-        }),
-        is_not_local: Some(Match::IifName {
-            name: name.to_string(),
-            prefix,
-            negate: true,
-        }),
-    };
-    match &config.local_detector {
-        LocalDetector::None => from_cidrs(&[]),
-        LocalDetector::ClusterCidr(cidrs) => from_cidrs(cidrs),
-        LocalDetector::NodeCidr => {
-            let cidrs = cluster
-                .node
-                .as_ref()
-                .map(|n| n.pod_cidrs.clone())
-                .unwrap_or_default();
-            from_cidrs(&cidrs)
+impl Detector {
+    fn of(local: &LocalTraffic) -> Detector {
+        let (is_local, is_not_local) = match local {
+            LocalTraffic::Unknown => (None, None),
+            LocalTraffic::Cidr(net) => (
+                Some(Match::Saddr {
+                    net: *net,
+                    negate: false,
+                }),
+                Some(Match::Saddr {
+                    net: *net,
+                    negate: true,
+                }),
+            ),
+            LocalTraffic::Interface { name, prefix } => {
+                let iif = |negate| Match::IifName {
+                    name: name.clone(),
+                    prefix: *prefix,
+                    negate,
+                };
+                (Some(iif(false)), Some(iif(true)))
+            }
+        };
+        Detector {
+            is_local,
+            is_not_local,
         }
-        LocalDetector::BridgeInterface(name) => iif(name, false),
-        LocalDetector::InterfaceNamePrefix(prefix) => iif(prefix, true),
     }
 }
 
@@ -403,324 +371,6 @@ impl NodePortIps {
     }
 }
 
-/// The static part of the table: base chains, helper chains and the (empty) shared maps.
-pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Table {
-    let mut t = Table::new(family);
-    let mark = 1u32 << config.masquerade_bit;
-    let c = &mut t.chains;
-    c.insert(
-        "filter-prerouting-pre-dnat".into(),
-        base(ChainType::Filter, Hook::Prerouting, -110),
-    );
-    c.insert(
-        "filter-output-pre-dnat".into(),
-        base(ChainType::Filter, Hook::Output, -110),
-    );
-    c.insert(
-        "nat-prerouting".into(),
-        base(ChainType::Nat, Hook::Prerouting, -100),
-    );
-    c.insert(
-        "nat-output".into(),
-        base(ChainType::Nat, Hook::Output, -100),
-    );
-    c.insert(
-        "filter-input".into(),
-        base(ChainType::Filter, Hook::Input, 0),
-    );
-    c.insert(
-        "filter-forward".into(),
-        base(ChainType::Filter, Hook::Forward, 0),
-    );
-    c.insert(
-        "filter-output".into(),
-        base(ChainType::Filter, Hook::Output, 0),
-    );
-    c.insert(
-        "nat-postrouting".into(),
-        base(ChainType::Nat, Hook::Postrouting, 100),
-    );
-
-    let new_jump = |target: &str| Rule::new(vec![Match::CtStateNew], jump(target));
-    let push = |c: &mut BTreeMap<ChainName, Chain>, chain: &str, rule: Rule| {
-        Arc::make_mut(&mut c.get_mut(chain).expect("base chain").rules).push(rule)
-    };
-    push(c, "filter-prerouting-pre-dnat", new_jump(FIREWALL_CHECK));
-    push(c, "filter-output-pre-dnat", new_jump(FIREWALL_CHECK));
-    push(c, "filter-input", new_jump(NODEPORT_ENDPOINTS_CHECK));
-    push(c, "filter-input", new_jump(SERVICE_ENDPOINTS_CHECK));
-    push(c, "filter-forward", new_jump(SERVICE_ENDPOINTS_CHECK));
-    push(c, "filter-forward", new_jump(CLUSTER_IPS_CHECK));
-    push(c, "filter-output", new_jump(SERVICE_ENDPOINTS_CHECK));
-    push(c, "filter-output", new_jump(CLUSTER_IPS_CHECK));
-    push(c, "nat-prerouting", Rule::new(vec![], jump(SERVICES)));
-    push(c, "nat-output", Rule::new(vec![], jump(SERVICES)));
-    push(c, "nat-postrouting", Rule::new(vec![], jump(MASQUERADING)));
-
-    c.insert(
-        MARK_FOR_MASQUERADE.into(),
-        regular(vec![Rule::new(vec![], Action::MarkOr(mark))]),
-    );
-    c.insert(
-        MASQUERADING.into(),
-        regular(vec![
-            Rule::new(
-                vec![
-                    Match::CtStatusDnat,
-                    Match::SaddrDaddrInSet {
-                        set: HAIRPIN_ENDPOINTS.into(),
-                    },
-                ],
-                Action::MarkOr(mark),
-            ),
-            Rule::new(
-                vec![Match::MarkUnset { mask: mark }],
-                Action::Verdict(Verdict::Return),
-            ),
-            Rule::new(vec![], Action::MarkXor(mark)),
-            Rule::new(vec![], Action::Masquerade),
-        ]),
-    );
-    c.insert(
-        REJECT_CHAIN.into(),
-        Chain {
-            base: None,
-            comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports".into()),
-            rules: Arc::new(vec![Rule::new(vec![], Action::Reject)]),
-        },
-    );
-    c.insert(
-        FIREWALL_CHECK.into(),
-        regular(vec![Rule::new(
-            vec![],
-            Action::VmapAddrProtoPort {
-                map: FIREWALL_IPS.into(),
-            },
-        )]),
-    );
-    c.insert(
-        SERVICE_ENDPOINTS_CHECK.into(),
-        regular(vec![Rule::new(
-            vec![],
-            Action::VmapAddrProtoPort {
-                map: NO_ENDPOINT_SERVICES.into(),
-            },
-        )]),
-    );
-
-    let loopback = Match::Daddr {
-        net: family.loopback(),
-        negate: true,
-    };
-    let (nodeport_match, nodeport_check_match) =
-        match node_port_ips(config, cluster, family).without_loopback() {
-            NodePortIps::All => (vec![Match::FibDaddrLocal, loopback.clone()], vec![loopback]),
-            NodePortIps::List(ips) => {
-                let mut s = set(KeyType::Addr, false, "IPs that accept NodePort traffic");
-                s.elements = ips.into_iter().map(|ip| (Key::Addr(ip), None)).collect();
-                t.sets.insert(NODEPORT_IPS.into(), s);
-                let m = Match::DaddrInSet {
-                    set: NODEPORT_IPS.into(),
-                };
-                (vec![m.clone()], vec![m])
-            }
-        };
-    let det = detector(config, cluster, family);
-    // ClusterIP traffic from outside the pod network (or all of it with masqueradeAll) is
-    // masqueraded: one rule for every ClusterIP instead of one per Service chain.
-    let cluster_ip = Match::DaddrInSet {
-        set: CLUSTER_IPS.into(),
-    };
-    let masquerade = if config.masquerade_all {
-        Some(vec![cluster_ip])
-    } else {
-        det.is_not_local.clone().map(|m| vec![cluster_ip, m])
-    };
-    let mut services = Vec::new();
-    if let Some(matches) = masquerade {
-        services.push(Rule::new(matches, jump(MARK_FOR_MASQUERADE)));
-    }
-    let frontend_in = |set: &str| Match::AddrProtoPortInSet { set: set.into() };
-    let nodeport_in = |set: &str| Match::ProtoPortInSet { set: set.into() };
-    services.extend([
-        Rule::new(
-            vec![],
-            Action::VmapAddrProtoPort {
-                map: SERVICE_IPS.into(),
-            },
-        ),
-        Rule::new(
-            vec![frontend_in(LOCAL_POLICY_SERVICES)],
-            goto(&LOCAL_POLICY_SERVICES.into()),
-        ),
-        Rule::new(
-            vec![frontend_in(MASQUERADE_SERVICES)],
-            jump(MARK_FOR_MASQUERADE),
-        ),
-        Rule::new(vec![], jump(EndpointLists::ClusterServices.chain())),
-        Rule::new(vec![], jump(EndpointLists::LocalServices.chain())),
-        Rule::new(nodeport_match, jump(NODEPORTS)),
-    ]);
-    let nodeports = vec![
-        Rule::new(
-            vec![],
-            Action::VmapProtoPort {
-                map: SERVICE_NODEPORTS.into(),
-            },
-        ),
-        Rule::new(
-            vec![nodeport_in(LOCAL_POLICY_NODEPORTS)],
-            goto(&LOCAL_POLICY_NODEPORTS.into()),
-        ),
-        Rule::new(
-            vec![nodeport_in(MASQUERADE_NODEPORTS)],
-            jump(MARK_FOR_MASQUERADE),
-        ),
-        Rule::new(
-            vec![],
-            goto(&EndpointLists::ClusterNodePorts.chain().into()),
-        ),
-    ];
-    // External traffic to a Service with externalTrafficPolicy Local (what each such
-    // Service's external chain does in kube-proxy, shared).
-    let local_policy = |cluster: EndpointLists, local: EndpointLists| {
-        regular(local_policy_rules(
-            &det,
-            &cluster.chain().into(),
-            Some(&local.chain().into()),
-        ))
-    };
-    let c = &mut t.chains;
-    c.insert(SERVICES.into(), regular(services));
-    c.insert(NODEPORTS.into(), regular(nodeports));
-    c.insert(
-        LOCAL_POLICY_SERVICES.into(),
-        local_policy(EndpointLists::ClusterServices, EndpointLists::LocalServices),
-    );
-    c.insert(
-        LOCAL_POLICY_NODEPORTS.into(),
-        local_policy(
-            EndpointLists::ClusterNodePorts,
-            EndpointLists::LocalNodePorts,
-        ),
-    );
-    for lists in EndpointLists::ALL {
-        let rules = (1..=LIST_MAX_ENDPOINTS)
-            .map(|k| {
-                Rule::new(
-                    vec![],
-                    Action::DnatIndexed {
-                        map: lists.map(k).into(),
-                        nodeport: lists.nodeport(),
-                        modulus: k as u32,
-                    },
-                )
-            })
-            .collect();
-        c.insert(lists.chain().into(), regular(rules));
-    }
-    c.insert(
-        NODEPORT_ENDPOINTS_CHECK.into(),
-        regular(vec![Rule::new(
-            nodeport_check_match,
-            Action::VmapProtoPort {
-                map: NO_ENDPOINT_NODEPORTS.into(),
-            },
-        )]),
-    );
-    let mut cluster_ips_check = vec![
-        Rule::new(
-            vec![Match::DaddrInSet {
-                set: CLUSTER_IPS.into(),
-            }],
-            Action::Reject,
-        )
-        .with_comment("Reject traffic to invalid ports of ClusterIPs"),
-    ];
-    for cidr in cluster.service_cidrs(family) {
-        cluster_ips_check.push(
-            Rule::new(
-                vec![Match::Daddr {
-                    net: cidr,
-                    negate: false,
-                }],
-                Action::Verdict(Verdict::Drop),
-            )
-            .with_comment("Drop traffic to unallocated ClusterIPs"),
-        );
-    }
-    c.insert(CLUSTER_IPS_CHECK.into(), regular(cluster_ips_check));
-
-    t.sets.insert(
-        CLUSTER_IPS.into(),
-        set(KeyType::Addr, false, "Active ClusterIPs"),
-    );
-    t.sets.insert(
-        HAIRPIN_ENDPOINTS.into(),
-        set(
-            KeyType::AddrPair,
-            false,
-            "endpoints masqueraded when they reach themselves through a Service",
-        ),
-    );
-    for (name, key, comment) in [
-        (
-            SERVICE_IPS,
-            KeyType::AddrProtoPort,
-            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
-        ),
-        (SERVICE_NODEPORTS, KeyType::ProtoPort, "NodePort traffic"),
-        (
-            NO_ENDPOINT_SERVICES,
-            KeyType::AddrProtoPort,
-            "vmap to drop or reject packets to services with no endpoints",
-        ),
-        (
-            NO_ENDPOINT_NODEPORTS,
-            KeyType::ProtoPort,
-            "vmap to drop or reject packets to service nodeports with no endpoints",
-        ),
-        (
-            FIREWALL_IPS,
-            KeyType::AddrProtoPort,
-            "destinations that are subject to LoadBalancerSourceRanges",
-        ),
-    ] {
-        t.sets.insert(name.into(), set(key, true, comment));
-    }
-    for (name, key, comment) in [
-        (
-            MASQUERADE_SERVICES,
-            KeyType::AddrProtoPort,
-            "external IPs and load-balancer IPs of Services with externalTrafficPolicy Cluster",
-        ),
-        (
-            MASQUERADE_NODEPORTS,
-            KeyType::ProtoPort,
-            "NodePorts of Services with externalTrafficPolicy Cluster",
-        ),
-        (
-            LOCAL_POLICY_SERVICES,
-            KeyType::AddrProtoPort,
-            "external IPs and load-balancer IPs of Services with externalTrafficPolicy Local",
-        ),
-        (
-            LOCAL_POLICY_NODEPORTS,
-            KeyType::ProtoPort,
-            "NodePorts of Services with externalTrafficPolicy Local",
-        ),
-    ] {
-        t.sets.insert(name.into(), set(key, false, comment));
-    }
-    for lists in EndpointLists::ALL {
-        for k in 1..=LIST_MAX_ENDPOINTS {
-            t.sets
-                .insert(lists.map(k).into(), endpoint_map(lists.key_type()));
-        }
-    }
-    t
-}
-
 /// What kube-proxy's external chain of a Service with externalTrafficPolicy Local does: pod and
 /// host sources go to all endpoints (`cluster`, host sources masqueraded), the rest to this
 /// node's (`local`, if it has any).
@@ -741,25 +391,6 @@ fn local_policy_rules(det: &Detector, cluster: &ChainName, local: Option<&ChainN
     rules
 }
 
-/// Per-sync counts that feed kube-proxy's `no_local_endpoints` metric.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NoLocalEndpoints {
-    pub internal: u64,
-    pub external: u64,
-}
-
-impl NoLocalEndpoints {
-    pub fn add(&mut self, other: NoLocalEndpoints) {
-        self.internal += other.internal;
-        self.external += other.external;
-    }
-
-    pub fn sub(&mut self, other: NoLocalEndpoints) {
-        self.internal = self.internal.saturating_sub(other.internal);
-        self.external = self.external.saturating_sub(other.external);
-    }
-}
-
 /// The result of building one family's table.
 #[derive(Clone, Debug)]
 pub struct Built {
@@ -767,65 +398,18 @@ pub struct Built {
     pub no_local_endpoints: NoLocalEndpoints,
 }
 
-/// The endpoints of one Service port in one family, merged across slices (first wins).
-pub fn port_endpoints(
-    slices: &[&EndpointSlice],
-    port: &ServicePort,
-    family: Family,
-    node_name: &str,
-) -> Vec<PortEndpoint> {
-    let mut seen = BTreeSet::new();
-    let mut out = Vec::new();
-    for slice in slices.iter().filter(|s| s.family == family) {
-        let Some(sp) = slice
-            .ports
-            .iter()
-            .find(|p| p.name == port.name && p.protocol == port.protocol)
-        else {
-            continue;
-        };
-        for e in &slice.endpoints {
-            if !seen.insert((e.addr, sp.port)) {
-                continue;
-            }
-            out.push(PortEndpoint {
-                addr: e.addr,
-                port: sp.port,
-                ready: e.ready,
-                serving: e.serving,
-                terminating: e.terminating,
-                local: e.node_name.as_deref() == Some(node_name) && !node_name.is_empty(),
-                zone_hints: e.zone_hints.to_vec(),
-                node_hints: e.node_hints.to_vec(),
-            });
-        }
-    }
-    out
-}
-
 /// What one family's table needs from the cluster beyond the Service itself, resolved once per
 /// build.
-pub struct BuildEnv<'a> {
-    config: &'a BuildConfig,
-    family: Family,
+pub struct BuildEnv {
+    decision: DecisionEnv,
     det: Detector,
-    zone: Option<String>,
-    node_ip: Option<IpAddr>,
 }
 
-impl<'a> BuildEnv<'a> {
-    pub fn new(cluster: &Cluster, config: &'a BuildConfig, family: Family) -> BuildEnv<'a> {
-        BuildEnv {
-            config,
-            family,
-            det: detector(config, cluster, family),
-            zone: cluster
-                .node
-                .as_ref()
-                .and_then(|n| n.zone())
-                .map(str::to_string),
-            node_ip: cluster.node.as_ref().and_then(|n| n.primary_ip(family)),
-        }
+impl BuildEnv {
+    pub fn new(cluster: &Cluster, config: &BuildConfig, family: Family) -> BuildEnv {
+        let decision = DecisionEnv::new(cluster, config, family);
+        let det = Detector::of(&decision.local_traffic);
+        BuildEnv { decision, det }
     }
 }
 
@@ -875,64 +459,24 @@ impl Part {
     }
 }
 
-/// What a Service port needs its endpoints for, with only the frontends it keeps (see
-/// [`crate::conflicts`]): without its ClusterIP (another Service keeps it), only for external
-/// traffic.
-pub fn port_usage(
-    svc: &Service,
-    port: &ServicePort,
-    cluster_ip: Option<IpAddr>,
-    suppressed: &Suppressed,
-) -> Usage {
-    let external = suppressed.externally_accessible(svc, port);
-    match cluster_ip {
-        Some(_) => Usage::new(
-            svc.internal_policy_local,
-            svc.external_policy_local,
-            external,
-        ),
-        None => Usage {
-            uses_cluster: external,
-            uses_local: svc.external_policy_local && external,
-        },
-    }
-}
-
 /// The part of `family`'s table that Service `svc` (with its EndpointSlices) accounts for.
 /// `slots` gives the Service chains their endpoint-map regions; `suppressed` says which of its
 /// frontends other Services keep ([`crate::conflicts::suppressed`] in the Service's cluster).
 pub fn service_part<'s>(
     svc: &Service,
     slices: impl IntoIterator<Item = &'s EndpointSlice>,
-    env: &BuildEnv<'_>,
+    env: &BuildEnv,
     slots: &mut SlotSource<'_>,
     suppressed: &Suppressed,
 ) -> Part {
     let mut part = Part::default();
     // Not proxied in a family it has no ClusterIP of.
-    if svc.cluster_ip(env.family).is_none() {
+    if svc.cluster_ip(env.decision.family).is_none() {
         return part;
     }
-    let cluster_ip = suppressed.cluster_ip(svc, env.family);
     let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
-    let topo = NodeTopology {
-        node_name: &env.config.node_name,
-        zone: env.zone.as_deref(),
-    };
-    for port in &svc.ports {
-        let endpoints = port_endpoints(&slices, port, env.family, &env.config.node_name);
-        let ctx = PortContext {
-            svc,
-            port,
-            family: env.family,
-            cluster_ip,
-            suppressed,
-            det: &env.det,
-            node_ip: env.node_ip,
-        };
-        let usage = port_usage(svc, port, cluster_ip, suppressed);
-        let cat = categorize(&endpoints, usage, &topo);
-        ctx.add(&mut part, &cat, usage, slots);
+    for decision in service_decisions(svc, &slices, suppressed, &env.decision) {
+        port::add(&mut part, &decision, &env.det, slots);
     }
     part
 }
@@ -958,43 +502,6 @@ pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Built {
     }
 }
 
-struct PortContext<'a> {
-    svc: &'a Service,
-    port: &'a ServicePort,
-    family: Family,
-    /// The Service's ClusterIP of the family, unless another Service keeps it.
-    cluster_ip: Option<IpAddr>,
-    /// The frontends other Services keep.
-    suppressed: &'a Suppressed,
-    det: &'a Detector,
-    /// The Node's primary IP of this family (for the load-balancer source-range exception).
-    node_ip: Option<IpAddr>,
-}
-
-fn insert_element(part: &mut Part, set: &'static str, key: Key, value: Option<Verdict>) {
-    part.elements.insert((set, key), value.map(Value::Verdict));
-}
-
-/// The chains a Service port may have.
-struct ChainNames {
-    cluster: ChainName,
-    local: ChainName,
-    external: ChainName,
-    firewall: ChainName,
-}
-
-impl ChainNames {
-    fn of(svc: &Service, port: &ServicePort) -> ChainNames {
-        let base = service_port_base(svc, port);
-        ChainNames {
-            cluster: format!("service-{base}").into(),
-            local: format!("local-{base}").into(),
-            external: format!("external-{base}").into(),
-            firewall: format!("firewall-{base}").into(),
-        }
-    }
-}
-
 /// `ns/name:port` (`ns/name` for an unnamed port): how chain comments and traces name a
 /// Service port.
 pub fn port_label(svc: &Service, port: &ServicePort) -> String {
@@ -1002,334 +509,6 @@ pub fn port_label(svc: &Service, port: &ServicePort) -> String {
         svc.name.to_string()
     } else {
         format!("{}:{}", svc.name, port.name)
-    }
-}
-
-/// Where external or internal traffic reaches a Service port.
-#[derive(Clone, Copy, Debug)]
-enum Frontend {
-    /// A ClusterIP, external IP or load-balancer IP, and the port.
-    Addr(IpAddr, u16),
-    /// A node port on the node's NodePort addresses.
-    NodePort(u16),
-}
-
-impl Frontend {
-    fn key(self, proto: Proto) -> Key {
-        match self {
-            Frontend::Addr(ip, port) => Key::AddrProtoPort(ip, proto, port),
-            Frontend::NodePort(port) => Key::ProtoPort(proto, port),
-        }
-    }
-
-    /// `services` for an address, `nodeports` for a node port.
-    fn pick(self, services: &'static str, nodeports: &'static str) -> &'static str {
-        match self {
-            Frontend::Addr(..) => services,
-            Frontend::NodePort(_) => nodeports,
-        }
-    }
-}
-
-/// Adds the endpoint list of `frontend` (at most [`LIST_MAX_ENDPOINTS`] endpoints): entry i of
-/// the map for k endpoints DNATs to endpoint i.
-fn list_elements(
-    part: &mut Part,
-    frontend: Frontend,
-    proto: Proto,
-    local: bool,
-    eps: &[PortEndpoint],
-) {
-    let lists = EndpointLists::of(local, matches!(frontend, Frontend::NodePort(_)));
-    let map = lists.map(eps.len());
-    for (i, ep) in (0u8..).zip(eps) {
-        let key = frontend
-            .key(proto)
-            .list_entry(i)
-            .expect("a destination key");
-        part.elements
-            .insert((map, key), Some(Value::Endpoint(ep.addr, ep.port)));
-    }
-}
-
-impl PortContext<'_> {
-    fn comment(&self) -> String {
-        port_label(self.svc, self.port)
-    }
-
-    fn add(&self, part: &mut Part, cat: &Categorized, usage: Usage, slots: &mut SlotSource<'_>) {
-        let proto = self.port.protocol;
-        let port = self.port.port;
-        let svc = self.svc;
-        // The names cost a SHA-256, and most Service ports have no chain.
-        let names = LazyCell::new(|| ChainNames::of(svc, self.port));
-        let reject = Some(Verdict::Goto(REJECT_CHAIN.into()));
-        let sup = self.suppressed;
-        let lb_ips: Vec<IpAddr> = sup
-            .kept(&svc.load_balancer_ips, self.port, self.family)
-            .collect();
-        // Where external traffic reaches the port (the frontends it keeps).
-        let mut frontends: Vec<Frontend> = sup
-            .kept(&svc.external_ips, self.port, self.family)
-            .chain(lb_ips.iter().copied())
-            .map(|ip| Frontend::Addr(ip, port))
-            .collect();
-        frontends.extend(self.port.node_port.map(Frontend::NodePort));
-        if self.cluster_ip.is_none() && frontends.is_empty() {
-            return;
-        }
-        let cip_key = self
-            .cluster_ip
-            .map(|ip| Key::AddrProtoPort(ip, proto, port));
-        if let Some(ip) = self.cluster_ip {
-            insert_element(part, CLUSTER_IPS, Key::Addr(ip), None);
-        }
-
-        if !cat.has_any {
-            if let Some(key) = cip_key {
-                insert_element(part, NO_ENDPOINT_SERVICES, key, reject.clone());
-            }
-            for frontend in &frontends {
-                let map = frontend.pick(NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS);
-                insert_element(part, map, frontend.key(proto), reject.clone());
-            }
-            return;
-        }
-
-        // Endpoints are DNATed to straight from the cascade; with session affinity each gets
-        // an endpoint chain that also records the client.
-        let affinity_chains: BTreeMap<(IpAddr, u16), (ChainName, String)> =
-            match svc.affinity_timeout {
-                None => BTreeMap::new(),
-                Some(timeout) => cat
-                    .all_reachable
-                    .iter()
-                    .map(|ep| {
-                        let eb = endpoint_base(svc, self.port, ep);
-                        let name: ChainName = format!("endpoint-{eb}").into();
-                        let affinity = format!("affinity-{eb}");
-                        let mut chain = regular(vec![
-                            Rule::new(
-                                vec![],
-                                Action::UpdateSaddr {
-                                    set: affinity.clone(),
-                                },
-                            ),
-                            dnat_rule(vec![], proto, ep),
-                        ]);
-                        chain.comment = Some(
-                            format!(
-                                "{} -> {}",
-                                self.comment(),
-                                std::net::SocketAddr::new(ep.addr, ep.port)
-                            )
-                            .into(),
-                        );
-                        part.chains.insert(name.clone(), chain);
-                        part.sets.insert(
-                            affinity.clone(),
-                            empty_set(SetDecl {
-                                timeout_secs: Some(timeout),
-                                ..SetDecl::new(KeyType::Addr)
-                            }),
-                        );
-                        ((ep.addr, ep.port), (name, affinity))
-                    })
-                    .collect(),
-            };
-        for ep in &cat.all_reachable {
-            insert_element(part, HAIRPIN_ENDPOINTS, Key::AddrPair(ep.addr), None);
-        }
-        let dispatch = |part: &mut Part,
-                        chain: &ChainName,
-                        eps: &[PortEndpoint],
-                        slots: &mut SlotSource<'_>|
-         -> Vec<Rule> {
-            if affinity_chains.is_empty()
-                && eps.len() <= SLOT_MAX_ENDPOINTS
-                && let Some(slot) = slots.pick(chain)
-            {
-                let offset = slot_offset(slot.region);
-                let targets: Vec<(IpAddr, u16)> = eps.iter().map(|ep| (ep.addr, ep.port)).collect();
-                for (key, value) in slot_elements(offset, &targets) {
-                    part.elements.insert((slot.map_name(), key), Some(value));
-                }
-                return vec![Rule::new(
-                    vec![Match::L4Proto(proto)],
-                    Action::DnatSlot {
-                        map: slot.map_name(),
-                        offset,
-                    },
-                )];
-            }
-            let mut rules = Vec::new();
-            for ep in eps {
-                if let Some((chain, affinity)) = affinity_chains.get(&(ep.addr, ep.port)) {
-                    rules.push(Rule::new(
-                        vec![Match::SaddrInSet {
-                            set: affinity.clone(),
-                        }],
-                        goto(chain),
-                    ));
-                }
-            }
-            let n = eps.len();
-            for (i, ep) in eps.iter().enumerate() {
-                let remaining = (n - i) as u32;
-                let matches = if remaining > 1 {
-                    vec![Match::Numgen {
-                        modulus: remaining,
-                        value: 0,
-                    }]
-                } else {
-                    vec![]
-                };
-                rules.push(match affinity_chains.get(&(ep.addr, ep.port)) {
-                    Some((chain, _)) => Rule::new(matches, goto(chain)),
-                    None => dnat_rule(matches, proto, ep),
-                });
-            }
-            rules
-        };
-
-        let uses_cluster_chain = !cat.cluster.is_empty() && usage.uses_cluster;
-        let uses_local_chain = !cat.local.is_empty() && usage.uses_local;
-        // Without session affinity and with short enough endpoint lists, the Service port
-        // needs no chain: its frontends' endpoint lists are map elements that the shared
-        // `…-endpoints` chains DNAT to.
-        let direct = affinity_chains.is_empty()
-            && cat.cluster.len() <= LIST_MAX_ENDPOINTS
-            && cat.local.len() <= LIST_MAX_ENDPOINTS;
-        if !direct && uses_cluster_chain {
-            let mut chain = regular(dispatch(part, &names.cluster, &cat.cluster, slots));
-            chain.comment = Some(self.comment().into());
-            part.chains.insert(names.cluster.clone(), chain);
-        }
-        if !direct && uses_local_chain {
-            let mut chain = regular(dispatch(part, &names.local, &cat.local, slots));
-            chain.comment = Some(self.comment().into());
-            part.chains.insert(names.local.clone(), chain);
-        }
-        let list = |part: &mut Part, frontend: Frontend, local: bool| {
-            let (eps, used) = if local {
-                (&cat.local, uses_local_chain)
-            } else {
-                (&cat.cluster, uses_cluster_chain)
-            };
-            if used {
-                list_elements(part, frontend, proto, local, eps);
-            }
-        };
-
-        // Internal (ClusterIP) traffic, unless another Service keeps the ClusterIP.
-        let has_internal = !(svc.internal_policy_local && cat.local.is_empty());
-        if let (Some(cluster_ip), Some(cip_key)) = (self.cluster_ip, cip_key) {
-            if has_internal {
-                if direct {
-                    list(
-                        part,
-                        Frontend::Addr(cluster_ip, port),
-                        svc.internal_policy_local,
-                    );
-                } else {
-                    let internal_chain = if svc.internal_policy_local {
-                        &names.local
-                    } else {
-                        &names.cluster
-                    };
-                    insert_element(
-                        part,
-                        SERVICE_IPS,
-                        cip_key,
-                        Some(Verdict::Goto(internal_chain.clone())),
-                    );
-                }
-            } else {
-                part.no_local_endpoints.internal += 1;
-                insert_element(part, NO_ENDPOINT_SERVICES, cip_key, Some(Verdict::Drop));
-            }
-        }
-
-        // External (NodePort, external IP, load balancer IP) traffic.
-        if !sup.externally_accessible(svc, self.port) {
-            return;
-        }
-        let has_external = !(svc.external_policy_local && cat.local.is_empty());
-        if direct {
-            for frontend in &frontends {
-                let policy = if svc.external_policy_local {
-                    frontend.pick(LOCAL_POLICY_SERVICES, LOCAL_POLICY_NODEPORTS)
-                } else {
-                    frontend.pick(MASQUERADE_SERVICES, MASQUERADE_NODEPORTS)
-                };
-                insert_element(part, policy, frontend.key(proto), None);
-                list(part, *frontend, false);
-                if svc.external_policy_local {
-                    list(part, *frontend, true);
-                }
-            }
-        } else {
-            let rules = if svc.external_policy_local {
-                let local = uses_local_chain.then_some(&names.local);
-                local_policy_rules(self.det, &names.cluster, local)
-            } else {
-                vec![
-                    Rule::new(vec![], jump(MARK_FOR_MASQUERADE)),
-                    Rule::new(vec![], goto(&names.cluster)),
-                ]
-            };
-            let mut chain = regular(rules);
-            chain.comment = Some(self.comment().into());
-            part.chains.insert(names.external.clone(), chain);
-            let to_external = Some(Verdict::Goto(names.external.clone()));
-            for frontend in &frontends {
-                let map = frontend.pick(SERVICE_IPS, SERVICE_NODEPORTS);
-                insert_element(part, map, frontend.key(proto), to_external.clone());
-            }
-        }
-        if !has_external {
-            for frontend in &frontends {
-                let map = frontend.pick(NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS);
-                insert_element(part, map, frontend.key(proto), Some(Verdict::Drop));
-            }
-            part.no_local_endpoints.external += 1;
-        }
-
-        // loadBalancerSourceRanges, checked before DNAT.
-        let ranges: Vec<IpNet> = svc
-            .load_balancer_source_ranges
-            .iter()
-            .copied()
-            .filter(|r| Family::of_net(r) == self.family && r.prefix_len() > 0)
-            .collect();
-        if !lb_ips.is_empty() && !ranges.is_empty() {
-            let mut allowed = ranges.clone();
-            let node_ip = self.node_ip;
-            if node_ip.is_some_and(|ip| ranges.iter().any(|r| r.contains(&ip))) {
-                allowed.extend(lb_ips.iter().map(|ip| host_net(*ip)));
-            }
-            let mut rules: Vec<Rule> = allowed
-                .into_iter()
-                .map(|net| {
-                    Rule::new(
-                        vec![Match::Saddr { net, negate: false }],
-                        Action::Verdict(Verdict::Return),
-                    )
-                })
-                .collect();
-            rules.push(Rule::new(vec![], Action::Verdict(Verdict::Drop)));
-            let mut chain = regular(rules);
-            chain.comment = Some(self.comment().into());
-            part.chains.insert(names.firewall.clone(), chain);
-            for ip in &lb_ips {
-                insert_element(
-                    part,
-                    FIREWALL_IPS,
-                    Key::AddrProtoPort(*ip, proto, port),
-                    Some(Verdict::Goto(names.firewall.clone())),
-                );
-            }
-        }
     }
 }
 

@@ -5,6 +5,7 @@ pub mod build;
 pub mod conflicts;
 pub mod conntrack;
 pub mod convert;
+pub mod decision;
 pub mod desired;
 pub mod iptables;
 pub mod model;

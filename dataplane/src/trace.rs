@@ -11,7 +11,8 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::build::port_label;
-use crate::conflicts::{self, Conflict, Frontend, suppressed};
+use crate::conflicts::{self, Conflict, suppressed};
+use crate::decision::{self, Frontend};
 use crate::model::Cluster;
 use crate::ruleset::{
     Action, Chain, Family, Key, Match, Proto, Table, Value, Verdict, slot_region,
@@ -96,23 +97,25 @@ impl Trace {
     /// a frontend, the one [`crate::conflicts`] gives it to owns it, and the conflicts over
     /// the packet's destination go to [`Trace::conflicts`].
     pub fn name_services(&mut self, cluster: &Cluster, family: Family) {
-        for svc in cluster.services.values() {
+        let services = cluster.services.values();
+        for svc in services.filter(|_| !self.frontends.is_empty()) {
             if svc.cluster_ip(family).is_none() {
                 continue;
             }
             let sup = std::cell::LazyCell::new(|| suppressed(&cluster.services, svc));
             for port in &svc.ports {
+                let kept: Vec<Frontend> = decision::frontends(svc, port, family, &sup)
+                    .into_iter()
+                    .filter(|f| f.kept)
+                    .map(|f| f.frontend)
+                    .collect();
                 let owns = |key: &Key| match *key {
                     Key::AddrProtoPort(ip, proto, p) => {
-                        proto == port.protocol
-                            && p == port.port
-                            && svc.frontend_addrs(family).any(|a| a == ip)
-                            && (sup.cluster_ip(svc, family) == Some(ip)
-                                || ((svc.external_ips.contains(&ip)
-                                    || svc.load_balancer_ips.contains(&ip))
-                                    && !sup.external(ip, proto, p)))
+                        proto == port.protocol && kept.contains(&Frontend::Addr(ip, p))
                     }
-                    Key::ProtoPort(proto, p) => proto == port.protocol && port.node_port == Some(p),
+                    Key::ProtoPort(proto, p) => {
+                        proto == port.protocol && kept.contains(&Frontend::NodePort(p))
+                    }
                     _ => false,
                 };
                 if self.frontends.iter().any(owns) {
@@ -121,9 +124,11 @@ impl Trace {
             }
         }
         if let Some((dst, proto)) = self.destination {
-            let hit = |f: &Frontend| match *f {
-                Frontend::ClusterIp(ip) => ip == dst.ip(),
-                Frontend::Addr(ip, p, port) => ip == dst.ip() && p == proto && port == dst.port(),
+            let hit = |f: &conflicts::Frontend| match *f {
+                conflicts::Frontend::ClusterIp(ip) => ip == dst.ip(),
+                conflicts::Frontend::Addr(ip, p, port) => {
+                    ip == dst.ip() && p == proto && port == dst.port()
+                }
             };
             self.conflicts = conflicts::conflicts(&cluster.services)
                 .into_iter()

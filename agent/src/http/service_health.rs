@@ -9,7 +9,8 @@
 //!
 //! The answer (any method, any path) carries the number of distinct local ready endpoint IPs of
 //! the listener's IP family, in the body and in `X-Load-Balancing-Endpoint-Weight`; it is 200
-//! when that number is not 0 and the proxy is healthy (see [`super::health`]), else 503.
+//! when that number is not 0 and the proxy is healthy (see [`super::health`]), else 503. The
+//! ports and counts are `dataplane::decision::health_check`'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dataplane::build::{BuildConfig, NodePortIps, node_port_ips};
+use dataplane::decision::{HealthCheck, health_check};
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::ruleset::Family;
 use http_body_util::Full;
@@ -98,27 +100,6 @@ pub fn answer(name: &ObjectName, count: usize, proxy_healthy: bool) -> Response<
     )
 }
 
-/// Distinct IPs of the Service's local ready endpoints of `family` (kube-proxy's
-/// `LocalReadyEndpoints`; terminating endpoints are not ready).
-pub fn local_ready_endpoints(
-    cluster: &Cluster,
-    name: &ObjectName,
-    family: Family,
-    node_name: &str,
-) -> usize {
-    if node_name.is_empty() {
-        return 0;
-    }
-    cluster
-        .slices_of(name)
-        .filter(|s| s.family == family && !s.ports.is_empty())
-        .flat_map(|s| s.endpoints.iter())
-        .filter(|e| e.ready && e.node_name.as_deref() == Some(node_name))
-        .map(|e| e.addr)
-        .collect::<BTreeSet<IpAddr>>()
-        .len()
-}
-
 /// The addresses a health-check node port listens on: the node addresses `nodePortAddresses`
 /// selects, or the family's wildcard address when it selects them all.
 pub fn listen_addresses(cluster: &Cluster, config: &BuildConfig, port: u16) -> Vec<SocketAddr> {
@@ -160,19 +141,20 @@ impl ServiceHealth {
 
     /// After a successful sync: opens and closes listeners, updates the endpoint counts.
     pub fn sync(&mut self, cluster: &Cluster, config: &BuildConfig) {
-        let desired: BTreeMap<&ObjectName, u16> = cluster
+        let desired: BTreeMap<&ObjectName, HealthCheck> = cluster
             .services
             .values()
-            .filter_map(|s| s.health_check_node_port.map(|p| (&s.name, p)))
+            .filter_map(|s| health_check(cluster, s, &config.node_name).map(|h| (&s.name, h)))
             .collect();
         self.services.retain(|name, entry| {
-            let keep = desired.get(name) == Some(&entry.port);
+            let keep = desired.get(name).map(|h| h.node_port) == Some(entry.port);
             if !keep {
                 tracing::info!(service = %name, port = entry.port, "closing health-check node port");
             }
             keep
         });
-        for (name, port) in desired {
+        for (name, check) in desired {
+            let port = check.node_port;
             let entry = self.services.entry(name.clone()).or_insert_with(|| Entry {
                 port,
                 counts: Arc::new(Counts {
@@ -183,7 +165,7 @@ impl ServiceHealth {
                 warned: BTreeSet::new(),
             });
             for family in Family::ALL {
-                let n = local_ready_endpoints(cluster, name, family, &config.node_name);
+                let n = check.local_ready(family);
                 entry.counts.local_ready[family_index(family)].store(n, Ordering::Relaxed);
             }
             let addrs: BTreeSet<SocketAddr> = listen_addresses(cluster, config, port)

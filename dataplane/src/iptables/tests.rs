@@ -1,6 +1,7 @@
 use super::*;
 use crate::build::{LocalDetector, NodePortAddresses};
 use crate::convert;
+use std::fmt::Write as _;
 
 /// The Services of kube-proxy's `TestOverallIPTablesRules` (reference §1.14 / §1.16).
 const OVERALL: &str = r#"

@@ -1,0 +1,361 @@
+//! The static part of a family's nftables table: base chains (kube-proxy's hooks and
+//! priorities), helper chains, the shared dispatch maps and sets, and the fixed chains that
+//! DNAT through the endpoint lists.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::{
+    BuildConfig, CLUSTER_IPS, CLUSTER_IPS_CHECK, Detector, EndpointLists, FIREWALL_CHECK,
+    FIREWALL_IPS, HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS,
+    LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES,
+    MASQUERADING, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, NODEPORT_ENDPOINTS_CHECK,
+    NODEPORT_IPS, NODEPORTS, NodePortIps, REJECT_CHAIN, SERVICE_ENDPOINTS_CHECK, SERVICE_IPS,
+    SERVICE_NODEPORTS, SERVICES, empty_set, endpoint_map, goto, jump, local_policy_rules,
+    node_port_ips, regular,
+};
+use crate::decision::{DecisionEnv, InternalMasquerade};
+use crate::model::Cluster;
+use crate::ruleset::{
+    Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Rule, Set,
+    SetDecl, Table, Verdict,
+};
+
+/// The static part of the table: base chains, helper chains and the (empty) shared maps.
+pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Table {
+    let mut t = Table::new(family);
+    let mark = 1u32 << config.masquerade_bit;
+    let c = &mut t.chains;
+    c.insert(
+        "filter-prerouting-pre-dnat".into(),
+        base(ChainType::Filter, Hook::Prerouting, -110),
+    );
+    c.insert(
+        "filter-output-pre-dnat".into(),
+        base(ChainType::Filter, Hook::Output, -110),
+    );
+    c.insert(
+        "nat-prerouting".into(),
+        base(ChainType::Nat, Hook::Prerouting, -100),
+    );
+    c.insert(
+        "nat-output".into(),
+        base(ChainType::Nat, Hook::Output, -100),
+    );
+    c.insert(
+        "filter-input".into(),
+        base(ChainType::Filter, Hook::Input, 0),
+    );
+    c.insert(
+        "filter-forward".into(),
+        base(ChainType::Filter, Hook::Forward, 0),
+    );
+    c.insert(
+        "filter-output".into(),
+        base(ChainType::Filter, Hook::Output, 0),
+    );
+    c.insert(
+        "nat-postrouting".into(),
+        base(ChainType::Nat, Hook::Postrouting, 100),
+    );
+
+    let new_jump = |target: &str| Rule::new(vec![Match::CtStateNew], jump(target));
+    let push = |c: &mut BTreeMap<ChainName, Chain>, chain: &str, rule: Rule| {
+        Arc::make_mut(&mut c.get_mut(chain).expect("base chain").rules).push(rule)
+    };
+    push(c, "filter-prerouting-pre-dnat", new_jump(FIREWALL_CHECK));
+    push(c, "filter-output-pre-dnat", new_jump(FIREWALL_CHECK));
+    push(c, "filter-input", new_jump(NODEPORT_ENDPOINTS_CHECK));
+    push(c, "filter-input", new_jump(SERVICE_ENDPOINTS_CHECK));
+    push(c, "filter-forward", new_jump(SERVICE_ENDPOINTS_CHECK));
+    push(c, "filter-forward", new_jump(CLUSTER_IPS_CHECK));
+    push(c, "filter-output", new_jump(SERVICE_ENDPOINTS_CHECK));
+    push(c, "filter-output", new_jump(CLUSTER_IPS_CHECK));
+    push(c, "nat-prerouting", Rule::new(vec![], jump(SERVICES)));
+    push(c, "nat-output", Rule::new(vec![], jump(SERVICES)));
+    push(c, "nat-postrouting", Rule::new(vec![], jump(MASQUERADING)));
+
+    c.insert(
+        MARK_FOR_MASQUERADE.into(),
+        regular(vec![Rule::new(vec![], Action::MarkOr(mark))]),
+    );
+    c.insert(
+        MASQUERADING.into(),
+        regular(vec![
+            Rule::new(
+                vec![
+                    Match::CtStatusDnat,
+                    Match::SaddrDaddrInSet {
+                        set: HAIRPIN_ENDPOINTS.into(),
+                    },
+                ],
+                Action::MarkOr(mark),
+            ),
+            Rule::new(
+                vec![Match::MarkUnset { mask: mark }],
+                Action::Verdict(Verdict::Return),
+            ),
+            Rule::new(vec![], Action::MarkXor(mark)),
+            Rule::new(vec![], Action::Masquerade),
+        ]),
+    );
+    c.insert(
+        REJECT_CHAIN.into(),
+        Chain {
+            base: None,
+            comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports".into()),
+            rules: Arc::new(vec![Rule::new(vec![], Action::Reject)]),
+        },
+    );
+    c.insert(
+        FIREWALL_CHECK.into(),
+        regular(vec![Rule::new(
+            vec![],
+            Action::VmapAddrProtoPort {
+                map: FIREWALL_IPS.into(),
+            },
+        )]),
+    );
+    c.insert(
+        SERVICE_ENDPOINTS_CHECK.into(),
+        regular(vec![Rule::new(
+            vec![],
+            Action::VmapAddrProtoPort {
+                map: NO_ENDPOINT_SERVICES.into(),
+            },
+        )]),
+    );
+
+    let loopback = Match::Daddr {
+        net: family.loopback(),
+        negate: true,
+    };
+    let (nodeport_match, nodeport_check_match) =
+        match node_port_ips(config, cluster, family).without_loopback() {
+            NodePortIps::All => (vec![Match::FibDaddrLocal, loopback.clone()], vec![loopback]),
+            NodePortIps::List(ips) => {
+                let mut s = set(KeyType::Addr, false, "IPs that accept NodePort traffic");
+                s.elements = ips.into_iter().map(|ip| (Key::Addr(ip), None)).collect();
+                t.sets.insert(NODEPORT_IPS.into(), s);
+                let m = Match::DaddrInSet {
+                    set: NODEPORT_IPS.into(),
+                };
+                (vec![m.clone()], vec![m])
+            }
+        };
+    let env = DecisionEnv::new(cluster, config, family);
+    let det = Detector::of(&env.local_traffic);
+    // ClusterIP traffic from outside the pod network (or all of it with masqueradeAll) is
+    // masqueraded: one rule for every ClusterIP instead of one per Service chain.
+    let cluster_ip = Match::DaddrInSet {
+        set: CLUSTER_IPS.into(),
+    };
+    let masquerade = match InternalMasquerade::of(&env) {
+        InternalMasquerade::All => Some(vec![cluster_ip]),
+        InternalMasquerade::NotFromPods => det.is_not_local.clone().map(|m| vec![cluster_ip, m]),
+        InternalMasquerade::None => None,
+    };
+    let mut services = Vec::new();
+    if let Some(matches) = masquerade {
+        services.push(Rule::new(matches, jump(MARK_FOR_MASQUERADE)));
+    }
+    let frontend_in = |set: &str| Match::AddrProtoPortInSet { set: set.into() };
+    let nodeport_in = |set: &str| Match::ProtoPortInSet { set: set.into() };
+    services.extend([
+        Rule::new(
+            vec![],
+            Action::VmapAddrProtoPort {
+                map: SERVICE_IPS.into(),
+            },
+        ),
+        Rule::new(
+            vec![frontend_in(LOCAL_POLICY_SERVICES)],
+            goto(&LOCAL_POLICY_SERVICES.into()),
+        ),
+        Rule::new(
+            vec![frontend_in(MASQUERADE_SERVICES)],
+            jump(MARK_FOR_MASQUERADE),
+        ),
+        Rule::new(vec![], jump(EndpointLists::ClusterServices.chain())),
+        Rule::new(vec![], jump(EndpointLists::LocalServices.chain())),
+        Rule::new(nodeport_match, jump(NODEPORTS)),
+    ]);
+    let nodeports = vec![
+        Rule::new(
+            vec![],
+            Action::VmapProtoPort {
+                map: SERVICE_NODEPORTS.into(),
+            },
+        ),
+        Rule::new(
+            vec![nodeport_in(LOCAL_POLICY_NODEPORTS)],
+            goto(&LOCAL_POLICY_NODEPORTS.into()),
+        ),
+        Rule::new(
+            vec![nodeport_in(MASQUERADE_NODEPORTS)],
+            jump(MARK_FOR_MASQUERADE),
+        ),
+        Rule::new(
+            vec![],
+            goto(&EndpointLists::ClusterNodePorts.chain().into()),
+        ),
+    ];
+    // External traffic to a Service with externalTrafficPolicy Local (what each such
+    // Service's external chain does in kube-proxy, shared).
+    let local_policy = |cluster: EndpointLists, local: EndpointLists| {
+        regular(local_policy_rules(
+            &det,
+            &cluster.chain().into(),
+            Some(&local.chain().into()),
+        ))
+    };
+    let c = &mut t.chains;
+    c.insert(SERVICES.into(), regular(services));
+    c.insert(NODEPORTS.into(), regular(nodeports));
+    c.insert(
+        LOCAL_POLICY_SERVICES.into(),
+        local_policy(EndpointLists::ClusterServices, EndpointLists::LocalServices),
+    );
+    c.insert(
+        LOCAL_POLICY_NODEPORTS.into(),
+        local_policy(
+            EndpointLists::ClusterNodePorts,
+            EndpointLists::LocalNodePorts,
+        ),
+    );
+    for lists in EndpointLists::ALL {
+        let rules = (1..=LIST_MAX_ENDPOINTS)
+            .map(|k| {
+                Rule::new(
+                    vec![],
+                    Action::DnatIndexed {
+                        map: lists.map(k).into(),
+                        nodeport: lists.nodeport(),
+                        modulus: k as u32,
+                    },
+                )
+            })
+            .collect();
+        c.insert(lists.chain().into(), regular(rules));
+    }
+    c.insert(
+        NODEPORT_ENDPOINTS_CHECK.into(),
+        regular(vec![Rule::new(
+            nodeport_check_match,
+            Action::VmapProtoPort {
+                map: NO_ENDPOINT_NODEPORTS.into(),
+            },
+        )]),
+    );
+    let mut cluster_ips_check = vec![
+        Rule::new(
+            vec![Match::DaddrInSet {
+                set: CLUSTER_IPS.into(),
+            }],
+            Action::Reject,
+        )
+        .with_comment("Reject traffic to invalid ports of ClusterIPs"),
+    ];
+    for cidr in cluster.service_cidrs(family) {
+        cluster_ips_check.push(
+            Rule::new(
+                vec![Match::Daddr {
+                    net: cidr,
+                    negate: false,
+                }],
+                Action::Verdict(Verdict::Drop),
+            )
+            .with_comment("Drop traffic to unallocated ClusterIPs"),
+        );
+    }
+    c.insert(CLUSTER_IPS_CHECK.into(), regular(cluster_ips_check));
+
+    t.sets.insert(
+        CLUSTER_IPS.into(),
+        set(KeyType::Addr, false, "Active ClusterIPs"),
+    );
+    t.sets.insert(
+        HAIRPIN_ENDPOINTS.into(),
+        set(
+            KeyType::AddrPair,
+            false,
+            "endpoints masqueraded when they reach themselves through a Service",
+        ),
+    );
+    for (name, key, comment) in [
+        (
+            SERVICE_IPS,
+            KeyType::AddrProtoPort,
+            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ),
+        (SERVICE_NODEPORTS, KeyType::ProtoPort, "NodePort traffic"),
+        (
+            NO_ENDPOINT_SERVICES,
+            KeyType::AddrProtoPort,
+            "vmap to drop or reject packets to services with no endpoints",
+        ),
+        (
+            NO_ENDPOINT_NODEPORTS,
+            KeyType::ProtoPort,
+            "vmap to drop or reject packets to service nodeports with no endpoints",
+        ),
+        (
+            FIREWALL_IPS,
+            KeyType::AddrProtoPort,
+            "destinations that are subject to LoadBalancerSourceRanges",
+        ),
+    ] {
+        t.sets.insert(name.into(), set(key, true, comment));
+    }
+    for (name, key, comment) in [
+        (
+            MASQUERADE_SERVICES,
+            KeyType::AddrProtoPort,
+            "external IPs and load-balancer IPs of Services with externalTrafficPolicy Cluster",
+        ),
+        (
+            MASQUERADE_NODEPORTS,
+            KeyType::ProtoPort,
+            "NodePorts of Services with externalTrafficPolicy Cluster",
+        ),
+        (
+            LOCAL_POLICY_SERVICES,
+            KeyType::AddrProtoPort,
+            "external IPs and load-balancer IPs of Services with externalTrafficPolicy Local",
+        ),
+        (
+            LOCAL_POLICY_NODEPORTS,
+            KeyType::ProtoPort,
+            "NodePorts of Services with externalTrafficPolicy Local",
+        ),
+    ] {
+        t.sets.insert(name.into(), set(key, false, comment));
+    }
+    for lists in EndpointLists::ALL {
+        for k in 1..=LIST_MAX_ENDPOINTS {
+            t.sets
+                .insert(lists.map(k).into(), endpoint_map(lists.key_type()));
+        }
+    }
+    t
+}
+
+fn base(chain_type: ChainType, hook: Hook, priority: i32) -> Chain {
+    Chain {
+        base: Some(BaseChain {
+            chain_type,
+            hook,
+            priority,
+        }),
+        comment: None,
+        rules: Arc::default(),
+    }
+}
+
+fn set(key: KeyType, is_vmap: bool, comment: &str) -> Set {
+    empty_set(SetDecl {
+        is_vmap,
+        comment: Some(comment.into()),
+        ..SetDecl::new(key)
+    })
+}

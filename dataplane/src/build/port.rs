@@ -1,0 +1,343 @@
+//! One Service port's part of the nftables table, from its [`PortDecision`]: chains, sets and
+//! map elements in nftproxy's shapes (see the module documentation of [`crate::build`]).
+
+use std::cell::LazyCell;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::{
+    CLUSTER_IPS, Detector, EndpointLists, FIREWALL_IPS, HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS,
+    LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS,
+    MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, Part, REJECT_CHAIN,
+    SERVICE_IPS, SERVICE_NODEPORTS, dnat_rule, empty_set, endpoint_base, goto, jump,
+    local_policy_rules, port_label, regular, service_port_base,
+};
+use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
+use crate::model::{Service, ServicePort};
+use crate::ruleset::{
+    Action, ChainName, Key, KeyType, Match, Proto, Rule, SLOT_MAX_ENDPOINTS, SetDecl, Value,
+    Verdict, slot_elements, slot_offset,
+};
+use crate::slots::SlotSource;
+use crate::topology::PortEndpoint;
+
+/// The chains a Service port may have.
+struct ChainNames {
+    cluster: ChainName,
+    local: ChainName,
+    external: ChainName,
+    firewall: ChainName,
+}
+
+impl ChainNames {
+    fn of(svc: &Service, port: &ServicePort) -> ChainNames {
+        let base = service_port_base(svc, port);
+        ChainNames {
+            cluster: format!("service-{base}").into(),
+            local: format!("local-{base}").into(),
+            external: format!("external-{base}").into(),
+            firewall: format!("firewall-{base}").into(),
+        }
+    }
+}
+
+/// The map key of `frontend`: `ADDR . PROTO . PORT`, or `PROTO . PORT` for a node port.
+fn key(frontend: Frontend, proto: Proto) -> Key {
+    match frontend {
+        Frontend::Addr(ip, port) => Key::AddrProtoPort(ip, proto, port),
+        Frontend::NodePort(port) => Key::ProtoPort(proto, port),
+    }
+}
+
+/// `services` for an address, `nodeports` for a node port.
+fn pick(frontend: Frontend, services: &'static str, nodeports: &'static str) -> &'static str {
+    match frontend {
+        Frontend::Addr(..) => services,
+        Frontend::NodePort(_) => nodeports,
+    }
+}
+
+fn insert_element(part: &mut Part, set: &'static str, key: Key, value: Option<Verdict>) {
+    part.elements.insert((set, key), value.map(Value::Verdict));
+}
+
+/// Adds the endpoint list of `frontend` (at most [`LIST_MAX_ENDPOINTS`] endpoints): entry i of
+/// the map for k endpoints DNATs to endpoint i.
+fn list_elements(
+    part: &mut Part,
+    frontend: Frontend,
+    proto: Proto,
+    local: bool,
+    eps: &[PortEndpoint],
+) {
+    let lists = EndpointLists::of(local, matches!(frontend, Frontend::NodePort(_)));
+    let map = lists.map(eps.len());
+    for (i, ep) in (0u8..).zip(eps) {
+        let key = key(frontend, proto)
+            .list_entry(i)
+            .expect("a destination key");
+        part.elements
+            .insert((map, key), Some(Value::Endpoint(ep.addr, ep.port)));
+    }
+}
+
+/// With session affinity, each endpoint gets a chain that records the client in its affinity
+/// set and DNATs: (endpoint) → (chain, affinity set).
+fn affinity_chains(
+    part: &mut Part,
+    d: &PortDecision<'_>,
+) -> BTreeMap<(IpAddr, u16), (ChainName, String)> {
+    let Some(timeout) = d.affinity_timeout else {
+        return BTreeMap::new();
+    };
+    let proto = d.port.protocol;
+    d.endpoints
+        .all_reachable
+        .iter()
+        .map(|ep| {
+            let eb = endpoint_base(d.svc, d.port, ep);
+            let name: ChainName = format!("endpoint-{eb}").into();
+            let affinity = format!("affinity-{eb}");
+            let mut chain = regular(vec![
+                Rule::new(
+                    vec![],
+                    Action::UpdateSaddr {
+                        set: affinity.clone(),
+                    },
+                ),
+                dnat_rule(vec![], proto, ep),
+            ]);
+            chain.comment = Some(
+                format!(
+                    "{} -> {}",
+                    port_label(d.svc, d.port),
+                    std::net::SocketAddr::new(ep.addr, ep.port)
+                )
+                .into(),
+            );
+            part.chains.insert(name.clone(), chain);
+            part.sets.insert(
+                affinity.clone(),
+                empty_set(SetDecl {
+                    timeout_secs: Some(timeout),
+                    ..SetDecl::new(KeyType::Addr)
+                }),
+            );
+            ((ep.addr, ep.port), (name, affinity))
+        })
+        .collect()
+}
+
+/// Adds what one Service port contributes to the table.
+pub(super) fn add(
+    part: &mut Part,
+    d: &PortDecision<'_>,
+    det: &Detector,
+    slots: &mut SlotSource<'_>,
+) {
+    let proto = d.port.protocol;
+    let svc = d.svc;
+    // The names cost a SHA-256, and most Service ports have no chain.
+    let names = LazyCell::new(|| ChainNames::of(svc, d.port));
+    let comment = || port_label(svc, d.port);
+    let reject = Some(Verdict::Goto(REJECT_CHAIN.into()));
+    let cluster_ip = d.cluster_ip();
+    if !d.has_frontends() {
+        return;
+    }
+    let frontends: Vec<Frontend> = d.external_frontends().collect();
+    let cip_key = cluster_ip.map(|ip| Key::AddrProtoPort(ip, proto, d.port.port));
+    if let Some(ip) = cluster_ip {
+        insert_element(part, CLUSTER_IPS, Key::Addr(ip), None);
+    }
+
+    if !d.has_endpoints() {
+        if let Some(key) = cip_key {
+            insert_element(part, NO_ENDPOINT_SERVICES, key, reject.clone());
+        }
+        for frontend in &frontends {
+            let map = pick(*frontend, NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS);
+            insert_element(part, map, key(*frontend, proto), reject.clone());
+        }
+        return;
+    }
+    part.no_local_endpoints.add(d.no_local_endpoints);
+
+    // Endpoints are DNATed to straight from the cascade; with session affinity each gets
+    // an endpoint chain that also records the client.
+    let affinity_chains = affinity_chains(part, d);
+    for ep in &d.endpoints.all_reachable {
+        insert_element(part, HAIRPIN_ENDPOINTS, Key::AddrPair(ep.addr), None);
+    }
+    let dispatch = |part: &mut Part,
+                    chain: &ChainName,
+                    eps: &[PortEndpoint],
+                    slots: &mut SlotSource<'_>|
+     -> Vec<Rule> {
+        if affinity_chains.is_empty()
+            && eps.len() <= SLOT_MAX_ENDPOINTS
+            && let Some(slot) = slots.pick(chain)
+        {
+            let offset = slot_offset(slot.region);
+            let targets: Vec<(IpAddr, u16)> = eps.iter().map(|ep| (ep.addr, ep.port)).collect();
+            for (key, value) in slot_elements(offset, &targets) {
+                part.elements.insert((slot.map_name(), key), Some(value));
+            }
+            return vec![Rule::new(
+                vec![Match::L4Proto(proto)],
+                Action::DnatSlot {
+                    map: slot.map_name(),
+                    offset,
+                },
+            )];
+        }
+        let mut rules = Vec::new();
+        for ep in eps {
+            if let Some((chain, affinity)) = affinity_chains.get(&(ep.addr, ep.port)) {
+                rules.push(Rule::new(
+                    vec![Match::SaddrInSet {
+                        set: affinity.clone(),
+                    }],
+                    goto(chain),
+                ));
+            }
+        }
+        let n = eps.len();
+        for (i, ep) in eps.iter().enumerate() {
+            let remaining = (n - i) as u32;
+            let matches = if remaining > 1 {
+                vec![Match::Numgen {
+                    modulus: remaining,
+                    value: 0,
+                }]
+            } else {
+                vec![]
+            };
+            rules.push(match affinity_chains.get(&(ep.addr, ep.port)) {
+                Some((chain, _)) => Rule::new(matches, goto(chain)),
+                None => dnat_rule(matches, proto, ep),
+            });
+        }
+        rules
+    };
+
+    let cluster_eps = d.cluster_endpoints();
+    let local_eps = d.local_endpoints();
+    // Without session affinity and with short enough endpoint lists, the Service port
+    // needs no chain: its frontends' endpoint lists are map elements that the shared
+    // `…-endpoints` chains DNAT to.
+    let direct = affinity_chains.is_empty()
+        && cluster_eps.len() <= LIST_MAX_ENDPOINTS
+        && local_eps.len() <= LIST_MAX_ENDPOINTS;
+    if !direct && !cluster_eps.is_empty() {
+        let mut chain = regular(dispatch(part, &names.cluster, cluster_eps, slots));
+        chain.comment = Some(comment().into());
+        part.chains.insert(names.cluster.clone(), chain);
+    }
+    if !direct && !local_eps.is_empty() {
+        let mut chain = regular(dispatch(part, &names.local, local_eps, slots));
+        chain.comment = Some(comment().into());
+        part.chains.insert(names.local.clone(), chain);
+    }
+    let list = |part: &mut Part, frontend: Frontend, local: bool| {
+        let eps = if local { local_eps } else { cluster_eps };
+        if !eps.is_empty() {
+            list_elements(part, frontend, proto, local, eps);
+        }
+    };
+
+    // Internal (ClusterIP) traffic, unless another Service keeps the ClusterIP.
+    if let (Some(cluster_ip), Some(cip_key), Some(target)) = (cluster_ip, cip_key, d.internal) {
+        match target {
+            Target::Cluster | Target::Local => {
+                let local = target == Target::Local;
+                if direct {
+                    list(part, Frontend::Addr(cluster_ip, d.port.port), local);
+                } else {
+                    let chain = if local { &names.local } else { &names.cluster };
+                    let to = Some(Verdict::Goto(chain.clone()));
+                    insert_element(part, SERVICE_IPS, cip_key, to);
+                }
+            }
+            Target::Drop => {
+                insert_element(part, NO_ENDPOINT_SERVICES, cip_key, Some(Verdict::Drop))
+            }
+            Target::Reject => unreachable!("a port without endpoints returned above"),
+        }
+    }
+
+    // External (NodePort, external IP, load balancer IP) traffic.
+    let Some(external) = d.external else {
+        return;
+    };
+    if direct {
+        for frontend in &frontends {
+            let policy = if external.short_circuit {
+                pick(*frontend, LOCAL_POLICY_SERVICES, LOCAL_POLICY_NODEPORTS)
+            } else {
+                pick(*frontend, MASQUERADE_SERVICES, MASQUERADE_NODEPORTS)
+            };
+            insert_element(part, policy, key(*frontend, proto), None);
+            list(part, *frontend, false);
+            if external.short_circuit {
+                list(part, *frontend, true);
+            }
+        }
+    } else {
+        let rules = if external.short_circuit {
+            let local = (!local_eps.is_empty()).then_some(&names.local);
+            local_policy_rules(det, &names.cluster, local)
+        } else {
+            vec![
+                Rule::new(vec![], jump(MARK_FOR_MASQUERADE)),
+                Rule::new(vec![], goto(&names.cluster)),
+            ]
+        };
+        let mut chain = regular(rules);
+        chain.comment = Some(comment().into());
+        part.chains.insert(names.external.clone(), chain);
+        let to_external = Some(Verdict::Goto(names.external.clone()));
+        for frontend in &frontends {
+            let map = pick(*frontend, SERVICE_IPS, SERVICE_NODEPORTS);
+            insert_element(part, map, key(*frontend, proto), to_external.clone());
+        }
+    }
+    if external.target == Target::Drop {
+        for frontend in &frontends {
+            let map = pick(*frontend, NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS);
+            insert_element(part, map, key(*frontend, proto), Some(Verdict::Drop));
+        }
+    }
+
+    // loadBalancerSourceRanges, checked before DNAT.
+    if let Some(fw) = &d.firewall {
+        let lb_ips: Vec<IpAddr> = d.kept_ips(FrontendKind::LoadBalancerIp).collect();
+        let mut allowed = fw.ranges.clone();
+        if fw.allow_lb_ips {
+            allowed.extend(lb_ips.iter().map(|ip| IpNet::from(*ip)));
+        }
+        let mut rules: Vec<Rule> = allowed
+            .into_iter()
+            .map(|net| {
+                Rule::new(
+                    vec![Match::Saddr { net, negate: false }],
+                    Action::Verdict(Verdict::Return),
+                )
+            })
+            .collect();
+        rules.push(Rule::new(vec![], Action::Verdict(Verdict::Drop)));
+        let mut chain = regular(rules);
+        chain.comment = Some(comment().into());
+        part.chains.insert(names.firewall.clone(), chain);
+        for ip in &lb_ips {
+            insert_element(
+                part,
+                FIREWALL_IPS,
+                Key::AddrProtoPort(*ip, proto, d.port.port),
+                Some(Verdict::Goto(names.firewall.clone())),
+            );
+        }
+    }
+}

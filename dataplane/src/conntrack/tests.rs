@@ -1,0 +1,521 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::model::{
+    Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
+};
+use crate::plan::SetState;
+use crate::ruleset::{KeyType, SetDecl, Verdict};
+
+const UDP: u8 = 17;
+const TCP: u8 = 6;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn service(name: &str, cluster_ips: &[&str], ports: &[(&str, Proto, u16, Option<u16>)]) -> Service {
+    Service {
+        name: ObjectName::new("ns", name),
+        service_type: ServiceType::ClusterIp,
+        cluster_ips: cluster_ips.iter().map(|s| ip(s)).collect(),
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+        affinity_timeout: None,
+        creation_timestamp: None,
+        ports: ports
+            .iter()
+            .map(|(n, protocol, port, node_port)| ServicePort {
+                name: n.to_string(),
+                protocol: *protocol,
+                port: *port,
+                node_port: *node_port,
+            })
+            .collect(),
+    }
+}
+
+fn endpoint(addr: &str, serving: bool) -> Endpoint {
+    Endpoint {
+        addr: ip(addr),
+        ready: serving,
+        serving,
+        terminating: false,
+        node_name: Some("other-node".into()),
+        zone_hints: Box::default(),
+        node_hints: Box::default(),
+    }
+}
+
+fn slice(svc: &str, name: &str, ports: &[(&str, Proto, u16)], eps: Vec<Endpoint>) -> EndpointSlice {
+    let family = Family::of(&eps.first().map(|e| e.addr).unwrap_or(ip("0.0.0.0")));
+    EndpointSlice {
+        name: ObjectName::new("ns", name),
+        service: ObjectName::new("ns", svc),
+        family,
+        ports: ports
+            .iter()
+            .map(|(n, protocol, port)| EndpointPort {
+                name: n.to_string(),
+                protocol: *protocol,
+                port: *port,
+            })
+            .collect(),
+        endpoints: eps,
+        trigger_time: None,
+    }
+}
+
+fn cluster(services: Vec<Service>, slices: Vec<EndpointSlice>) -> Cluster {
+    Cluster {
+        services: services.into_iter().map(|s| (s.name.clone(), s)).collect(),
+        slices: slices.into_iter().map(|s| (s.name.clone(), s)).collect(),
+        node: None,
+        service_cidrs: BTreeMap::new(),
+    }
+}
+
+fn tuple(proto: u8, src: &str, sport: u16, dst: &str, dport: u16) -> Tuple {
+    Tuple {
+        proto,
+        src: ip(src),
+        dst: ip(dst),
+        src_port: sport,
+        dst_port: dport,
+    }
+}
+
+/// An entry from `client` to `frontend`, translated to `endpoint` (reply tuple).
+fn entry(proto: u8, client: &str, frontend: (&str, u16), endpoint: (&str, u16)) -> (Tuple, Tuple) {
+    let orig = tuple(proto, client, 40000, frontend.0, frontend.1);
+    let reply = tuple(proto, endpoint.0, endpoint.1, client, 40000);
+    (orig, reply)
+}
+
+fn stale(e: &(Tuple, Tuple), current: &Frontends, previous: &Frontends) -> bool {
+    is_stale(&e.0, &e.1, current, previous)
+}
+
+fn set(ips: &[&str]) -> BTreeSet<IpAddr> {
+    ips.iter().map(|s| ip(s)).collect()
+}
+
+/// kube-proxy's TestCleanStaleEntries layout: a UDP Service with ClusterIP, external IP,
+/// LoadBalancer IP and NodePort, two endpoints of which one stopped serving.
+fn udp_cluster(serving_b: bool) -> Cluster {
+    let mut svc = service(
+        "dns",
+        &["172.30.0.10", "fd00:172:30::10"],
+        &[
+            ("dns", Proto::Udp, 53, Some(30053)),
+            ("dns-tcp", Proto::Tcp, 53, Some(30054)),
+        ],
+    );
+    svc.service_type = ServiceType::LoadBalancer;
+    svc.external_ips = vec![ip("192.0.2.10"), ip("2001:db8::10")];
+    svc.load_balancer_ips = vec![ip("198.51.100.10")];
+    let ports = [("dns", Proto::Udp, 5353), ("dns-tcp", Proto::Tcp, 5353)];
+    cluster(
+        vec![svc],
+        vec![
+            slice(
+                "dns",
+                "dns-v4",
+                &ports,
+                vec![endpoint("10.0.0.1", true), endpoint("10.0.0.2", serving_b)],
+            ),
+            slice("dns", "dns-v6", &ports, vec![endpoint("fd00:10::1", true)]),
+        ],
+    )
+}
+
+#[test]
+fn frontends_of_a_udp_service() {
+    let f = Frontends::of(&udp_cluster(false), Family::V4);
+    let a = set(&["10.0.0.1"]);
+    let want_addrs: BTreeMap<(IpAddr, u16), BTreeSet<IpAddr>> = [
+        ((ip("172.30.0.10"), 53), a.clone()),
+        ((ip("192.0.2.10"), 53), a.clone()),
+        ((ip("198.51.100.10"), 53), a.clone()),
+    ]
+    .into();
+    assert_eq!(f.addrs, want_addrs);
+    assert_eq!(f.node_ports, [(30053, a)].into());
+
+    let f6 = Frontends::of(&udp_cluster(false), Family::V6);
+    let want6: BTreeMap<(IpAddr, u16), BTreeSet<IpAddr>> = [
+        ((ip("fd00:172:30::10"), 53), set(&["fd00:10::1"])),
+        ((ip("2001:db8::10"), 53), set(&["fd00:10::1"])),
+    ]
+    .into();
+    assert_eq!(f6.addrs, want6);
+    assert_eq!(f6.node_ports, [(30053, set(&["fd00:10::1"]))].into());
+}
+
+#[test]
+fn serving_counts_not_ready_or_policy() {
+    let mut c = udp_cluster(true);
+    // Terminating but serving: still a valid target for existing flows.
+    let mut s = c.slices.values().next().unwrap().clone();
+    s.endpoints[1].ready = false;
+    s.endpoints[1].terminating = true;
+    c.slices.insert(s.name.clone(), s);
+    let mut svc = Service::clone(c.services.values().next().unwrap());
+    svc.internal_policy_local = true;
+    svc.external_policy_local = true;
+    c.services
+        .insert(svc.name.clone(), std::sync::Arc::new(svc));
+    let f = Frontends::of(&c, Family::V4);
+    assert_eq!(
+        f.addrs[&(ip("172.30.0.10"), 53)],
+        set(&["10.0.0.1", "10.0.0.2"])
+    );
+    // Not serving (e.g. failing readiness, not terminating): not a target.
+    let mut s = c.slices.values().next().unwrap().clone();
+    s.endpoints[1].serving = false;
+    s.endpoints[1].terminating = false;
+    c.slices.insert(s.name.clone(), s);
+    let f = Frontends::of(&c, Family::V4);
+    assert_eq!(f.addrs[&(ip("172.30.0.10"), 53)], set(&["10.0.0.1"]));
+}
+
+/// kube-proxy's cases: an entry to each frontend, one to a serving endpoint (kept) and one
+/// to the endpoint that stopped serving (deleted).
+#[test]
+fn kube_proxy_cases() {
+    let current = Frontends::of(&udp_cluster(false), Family::V4);
+    let previous = Frontends::of(&udp_cluster(true), Family::V4);
+    for frontend in [
+        ("172.30.0.10", 53),    // ClusterIP
+        ("198.51.100.10", 53),  // LoadBalancer VIP
+        ("192.0.2.10", 53),     // ExternalIP
+        ("192.168.0.2", 30053), // NodePort, on the node's address
+        ("127.0.0.1", 30053),   // NodePort, on any address
+    ] {
+        let good = entry(UDP, "10.0.5.5", frontend, ("10.0.0.1", 5353));
+        let gone = entry(UDP, "10.0.5.5", frontend, ("10.0.0.2", 5353));
+        assert!(
+            !stale(&good, &current, &previous),
+            "{frontend:?} to a serving endpoint"
+        );
+        assert!(
+            stale(&gone, &current, &previous),
+            "{frontend:?} to a gone endpoint"
+        );
+        // TCP is never touched, even to the gone endpoint.
+        let tcp = entry(TCP, "10.0.5.5", frontend, ("10.0.0.2", 5353));
+        assert!(!stale(&tcp, &current, &previous), "{frontend:?} TCP");
+    }
+    // Another port of the same address, and unrelated traffic: untouched.
+    let other_port = entry(UDP, "10.0.5.5", ("172.30.0.10", 54), ("10.0.0.2", 54));
+    assert!(!stale(&other_port, &current, &previous));
+    let unrelated = entry(UDP, "10.0.5.5", ("8.8.8.8", 53), ("8.8.8.8", 53));
+    assert!(!stale(&unrelated, &current, &previous));
+    // Pod to pod, bypassing the Service.
+    let direct = entry(UDP, "10.0.5.5", ("10.0.0.2", 5353), ("10.0.0.2", 5353));
+    assert!(!stale(&direct, &current, &previous));
+}
+
+#[test]
+fn untranslated_entry_to_a_frontend_is_stale() {
+    // Created before the Service had endpoints (or existed): it would keep the client's
+    // packets away from the new endpoints.
+    let current = Frontends::of(&udp_cluster(true), Family::V4);
+    let e = entry(UDP, "10.0.5.5", ("172.30.0.10", 53), ("172.30.0.10", 53));
+    assert!(stale(&e, &current, &Frontends::default()));
+    let np = entry(
+        UDP,
+        "203.0.113.9",
+        ("192.168.0.2", 30053),
+        ("192.168.0.2", 30053),
+    );
+    assert!(stale(&np, &current, &Frontends::default()));
+}
+
+#[test]
+fn scale_to_zero_cleans_every_entry() {
+    let previous = Frontends::of(&udp_cluster(true), Family::V4);
+    let mut c = udp_cluster(true);
+    c.slices.clear();
+    let current = Frontends::of(&c, Family::V4);
+    assert_eq!(current.addrs[&(ip("172.30.0.10"), 53)], BTreeSet::new());
+    for ep in ["10.0.0.1", "10.0.0.2"] {
+        for frontend in [("172.30.0.10", 53), ("192.168.0.2", 30053)] {
+            let e = entry(UDP, "10.0.5.5", frontend, (ep, 5353));
+            assert!(stale(&e, &current, &previous));
+        }
+    }
+    assert!(cleanup_needed(&previous, true, &current));
+}
+
+#[test]
+fn deleted_service_frontends_are_cleaned() {
+    let previous = Frontends::of(&udp_cluster(true), Family::V4);
+    let current = Frontends::of(&cluster(vec![], vec![]), Family::V4);
+    assert!(current.is_empty());
+    for frontend in [
+        ("172.30.0.10", 53),
+        ("198.51.100.10", 53),
+        ("192.0.2.10", 53),
+        ("192.168.0.2", 30053),
+    ] {
+        let e = entry(UDP, "10.0.5.5", frontend, ("10.0.0.1", 5353));
+        assert!(stale(&e, &current, &previous), "{frontend:?}");
+        // Not translated: somebody else's flow to that address now.
+        let plain = entry(UDP, "10.0.5.5", frontend, (frontend.0, frontend.1));
+        assert!(
+            !stale(&plain, &current, &previous),
+            "{frontend:?} untranslated"
+        );
+    }
+    assert!(cleanup_needed(&previous, true, &current));
+}
+
+#[test]
+fn address_frontend_decides_over_an_equal_node_port() {
+    // Service b listens on port 30053 of its ClusterIP, a has NodePort 30053.
+    let a = service("a", &["172.30.0.10"], &[("p", Proto::Udp, 53, Some(30053))]);
+    let b = service("b", &["172.30.0.11"], &[("p", Proto::Udp, 30053, None)]);
+    let c = cluster(
+        vec![a, b],
+        vec![
+            slice(
+                "a",
+                "a1",
+                &[("p", Proto::Udp, 53)],
+                vec![endpoint("10.0.0.1", true)],
+            ),
+            slice(
+                "b",
+                "b1",
+                &[("p", Proto::Udp, 30053)],
+                vec![endpoint("10.0.0.9", true)],
+            ),
+        ],
+    );
+    let f = Frontends::of(&c, Family::V4);
+    let to_b = entry(UDP, "10.0.5.5", ("172.30.0.11", 30053), ("10.0.0.9", 30053));
+    assert!(!stale(&to_b, &f, &f));
+    let via_np = entry(UDP, "10.0.5.5", ("192.168.0.2", 30053), ("10.0.0.9", 30053));
+    assert!(stale(&via_np, &f, &f));
+}
+
+#[test]
+fn a_shared_frontend_is_the_winners() {
+    let mut a = service("a", &["172.30.0.10"], &[("p", Proto::Udp, 53, None)]);
+    a.external_ips = vec![ip("192.0.2.10")];
+    let mut b = service("b", &["172.30.0.11"], &[("p", Proto::Udp, 53, None)]);
+    b.external_ips = vec![ip("192.0.2.10")];
+    let c = cluster(
+        vec![a, b],
+        vec![
+            slice(
+                "a",
+                "a1",
+                &[("p", Proto::Udp, 53)],
+                vec![endpoint("10.0.0.1", true)],
+            ),
+            slice(
+                "b",
+                "b1",
+                &[("p", Proto::Udp, 53)],
+                vec![endpoint("10.0.0.2", true)],
+            ),
+        ],
+    );
+    // ns/a wins the external IP (see crate::conflicts): entries that ns/b's endpoint
+    // answers are stale, as that endpoint no longer gets the frontend's traffic.
+    let f = Frontends::of(&c, Family::V4);
+    assert_eq!(f.addrs[&(ip("192.0.2.10"), 53)], set(&["10.0.0.1"]));
+    let to_b = entry(UDP, "10.0.5.5", ("192.0.2.10", 53), ("10.0.0.2", 53));
+    assert!(stale(&to_b, &f, &f));
+}
+
+#[test]
+fn tcp_only_services_have_no_frontends() {
+    let s = service(
+        "web",
+        &["172.30.0.20"],
+        &[("http", Proto::Tcp, 80, Some(30080))],
+    );
+    let c = cluster(
+        vec![s],
+        vec![slice(
+            "web",
+            "w",
+            &[("http", Proto::Tcp, 80)],
+            vec![endpoint("10.0.0.1", true)],
+        )],
+    );
+    assert!(Frontends::of(&c, Family::V4).is_empty());
+    assert!(!cleanup_needed(
+        &Frontends::default(),
+        false,
+        &Frontends::of(&c, Family::V4)
+    ));
+}
+
+#[test]
+fn cleanup_needed_on_changes_only() {
+    let a = Frontends::of(&udp_cluster(true), Family::V4);
+    let b = Frontends::of(&udp_cluster(false), Family::V4);
+    assert!(!cleanup_needed(&a, true, &a.clone()));
+    assert!(cleanup_needed(&a, true, &b));
+    assert!(cleanup_needed(&Frontends::default(), true, &a));
+    assert!(cleanup_needed(&a, true, &Frontends::default()));
+    assert!(!cleanup_needed(
+        &Frontends::default(),
+        true,
+        &Frontends::default()
+    ));
+    // Unknown endpoints: a cleanup whenever UDP is around, before or now.
+    assert!(cleanup_needed(&a, false, &a.clone()));
+    assert!(cleanup_needed(&Frontends::default(), false, &a));
+    assert!(cleanup_needed(&a, false, &Frontends::default()));
+    assert!(!cleanup_needed(
+        &Frontends::default(),
+        false,
+        &Frontends::default()
+    ));
+}
+
+#[test]
+fn frontends_from_a_table_read_back() {
+    let decl = |key| SetDecl {
+        key,
+        is_vmap: true,
+        comment: None,
+        timeout_secs: None,
+        size: None,
+    };
+    let goto = Some(crate::ruleset::Value::Verdict(Verdict::Goto(
+        "reject-chain".into(),
+    )));
+    let mut state = TableState::default();
+    state.sets.insert(
+        "service-ips".into(),
+        SetState {
+            decl: decl(KeyType::AddrProtoPort),
+            elements: [
+                (
+                    Key::AddrProtoPort(ip("172.30.0.10"), Proto::Udp, 53),
+                    goto.clone(),
+                ),
+                (
+                    Key::AddrProtoPort(ip("172.30.0.10"), Proto::Tcp, 53),
+                    goto.clone(),
+                ),
+            ]
+            .into(),
+        },
+    );
+    state.sets.insert(
+        "no-endpoint-nodeports".into(),
+        SetState {
+            decl: decl(KeyType::ProtoPort),
+            elements: [
+                (Key::ProtoPort(Proto::Udp, 30053), goto.clone()),
+                (Key::ProtoPort(Proto::Sctp, 30054), goto.clone()),
+            ]
+            .into(),
+        },
+    );
+    state.sets.insert(
+        "cluster-ips".into(),
+        SetState {
+            decl: SetDecl {
+                is_vmap: false,
+                ..decl(KeyType::Addr)
+            },
+            elements: [(Key::Addr(ip("172.30.0.10")), None)].into(),
+        },
+    );
+    // Services without chains are known by their endpoint lists.
+    let endpoint = Some(crate::ruleset::Value::Endpoint(ip("10.0.0.1"), 5353));
+    state.sets.insert(
+        "cluster-endpoints-1".into(),
+        SetState {
+            decl: SetDecl {
+                is_vmap: false,
+                ..decl(KeyType::AddrProtoPortIndex)
+            },
+            elements: [(
+                Key::AddrProtoPortIndex(ip("172.30.0.11"), Proto::Udp, 53, 0),
+                endpoint.clone(),
+            )]
+            .into(),
+        },
+    );
+    state.sets.insert(
+        "cluster-nodeport-endpoints-1".into(),
+        SetState {
+            decl: SetDecl {
+                is_vmap: false,
+                ..decl(KeyType::ProtoPortIndex)
+            },
+            elements: [(Key::ProtoPortIndex(Proto::Udp, 30055, 0), endpoint)].into(),
+        },
+    );
+    let f = Frontends::from_table_state(Some(&state));
+    assert_eq!(
+        f.addrs,
+        [
+            ((ip("172.30.0.10"), 53), BTreeSet::new()),
+            ((ip("172.30.0.11"), 53), BTreeSet::new())
+        ]
+        .into()
+    );
+    assert_eq!(
+        f.node_ports,
+        [(30053, BTreeSet::new()), (30055, BTreeSet::new())].into()
+    );
+    assert!(Frontends::from_table_state(None).is_empty());
+    // What a restarted agent makes of an entry to a Service deleted meanwhile.
+    let e = entry(UDP, "10.0.5.5", ("172.30.0.10", 53), ("10.0.0.1", 5353));
+    assert!(stale(&e, &Frontends::default(), &f));
+}
+
+#[test]
+fn index_updates_like_a_rebuild() {
+    let shared = |name: &str, cip: &str| {
+        let mut s = service(name, &[cip], &[("p", Proto::Udp, 53, Some(30053))]);
+        s.external_ips = vec![ip("192.0.2.10")];
+        s
+    };
+    let one_slice = |svc: &str, eps: &[&str]| {
+        slice(
+            svc,
+            &format!("{svc}1"),
+            &[("p", Proto::Udp, 53)],
+            eps.iter().map(|e| endpoint(e, true)).collect(),
+        )
+    };
+    let before = cluster(
+        vec![shared("a", "172.30.0.10"), shared("b", "172.30.0.11")],
+        vec![one_slice("a", &["10.0.0.1"]), one_slice("b", &["10.0.0.2"])],
+    );
+    let after = cluster(
+        vec![shared("b", "172.30.0.11")],
+        vec![one_slice("b", &["10.0.0.3"])],
+    );
+    let mut index = FrontendIndex::build(&before, Family::V4);
+    assert_eq!(index.current(), &Frontends::of(&before, Family::V4));
+    let (a, b) = (ObjectName::new("ns", "a"), ObjectName::new("ns", "b"));
+    let touched = index.update(&after, [&a, &b]);
+    assert_eq!(index.current(), &Frontends::of(&after, Family::V4));
+    assert_eq!(
+        index.current().addrs[&(ip("192.0.2.10"), 53)],
+        set(&["10.0.0.3"])
+    );
+    assert!(touched.addrs.contains(&(ip("172.30.0.10"), 53)));
+    assert!(touched.addrs.contains(&(ip("192.0.2.10"), 53)));
+    assert!(touched.node_ports.contains(&30053));
+    // Only what was touched is compared and carried over.
+    let mut previous = Frontends::of(&before, Family::V4);
+    previous.replace(&touched, index.current());
+    assert_eq!(&previous, index.current());
+}
