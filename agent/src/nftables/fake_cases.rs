@@ -1,0 +1,292 @@
+//! Transactions the kernel refuses, one per class the fake models, with the operation it
+//! names and its errno, and a few it accepts that a stricter fake might refuse. The fake's unit
+//! tests and the kernel test suite run the same list, so that the fake is held to the kernel.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use dataplane::plan::{Op, Transaction};
+use dataplane::ruleset::{
+    Action, ChainName, Family, Key, KeyType, Match, Proto, Rule, SetDecl, Value, Verdict,
+};
+
+/// One transaction sent on top of [`setup`].
+pub struct Case {
+    pub name: &'static str,
+    pub tx: Transaction,
+    /// `Some((index, errno))`: the kernel refuses operation `index` with `errno`.
+    pub refused: Option<(usize, i32)>,
+}
+
+fn ip(family: Family, n: u8) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::from([10, 0, 0, n]),
+        Family::V6 => IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, u16::from(n)]),
+    }
+}
+
+fn chain(name: &str) -> Op {
+    Op::AddChain {
+        name: name.into(),
+        base: None,
+        comment: None,
+        fingerprint: 0,
+    }
+}
+
+fn rules(chain: &str, rules: Vec<Rule>) -> Op {
+    Op::AddRules {
+        chain: chain.into(),
+        rules: Arc::new(rules),
+    }
+}
+
+fn goto(chain: &str) -> Option<Value> {
+    let name: ChainName = chain.into();
+    Some(Value::Verdict(Verdict::Goto(name)))
+}
+
+fn jump(chain: &str) -> Action {
+    Action::Verdict(Verdict::Jump(chain.into()))
+}
+
+fn frontend(family: Family, n: u8) -> Key {
+    Key::AddrProtoPort(ip(family, n), Proto::Tcp, 80)
+}
+
+fn vmap() -> SetDecl {
+    SetDecl {
+        is_vmap: true,
+        ..SetDecl::new(KeyType::AddrProtoPort)
+    }
+}
+
+/// The table every case starts from: set `s` (addresses, one element), verdict map `m` (one
+/// element leading to chain `c`), chain `a` whose rule looks `s` up and jumps to `b`, and the
+/// empty chains `b` and `c`.
+pub fn setup(family: Family) -> Transaction {
+    let ops = vec![
+        Op::AddTable,
+        Op::AddSet {
+            name: "s".into(),
+            decl: SetDecl::new(KeyType::Addr),
+        },
+        Op::AddSet {
+            name: "m".into(),
+            decl: vmap(),
+        },
+        chain("a"),
+        chain("b"),
+        chain("c"),
+        rules(
+            "a",
+            vec![Rule::new(
+                vec![Match::DaddrInSet { set: "s".into() }],
+                jump("b"),
+            )],
+        ),
+        Op::AddElements {
+            set: "m".into(),
+            elements: vec![(frontend(family, 1), goto("c"))],
+        },
+        Op::AddElements {
+            set: "s".into(),
+            elements: vec![(Key::Addr(ip(family, 9)), None)],
+        },
+    ];
+    Transaction { family, ops }
+}
+
+/// The cases, for `family`.
+pub fn cases(family: Family) -> Vec<Case> {
+    use libc::{EBUSY, EEXIST, ENOENT};
+    let case = |name, ops, refused| Case {
+        name,
+        tx: Transaction { family, ops },
+        refused,
+    };
+    let accept = |rule_action| vec![Rule::new(vec![], rule_action)];
+    vec![
+        case(
+            "a rule jumping to a missing chain",
+            vec![rules("a", accept(jump("nowhere")))],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "a rule looking up a missing set",
+            vec![rules(
+                "a",
+                vec![Rule::new(
+                    vec![Match::DaddrInSet {
+                        set: "nothing".into(),
+                    }],
+                    Action::Verdict(Verdict::Accept),
+                )],
+            )],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "a rule using a missing verdict map",
+            vec![rules(
+                "a",
+                accept(Action::VmapAddrProtoPort {
+                    map: "nothing".into(),
+                }),
+            )],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "a rule added to a missing chain",
+            vec![rules("nowhere", accept(Action::Verdict(Verdict::Accept)))],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "a map element leading to a missing chain",
+            vec![Op::AddElements {
+                set: "m".into(),
+                elements: vec![(frontend(family, 2), goto("nowhere"))],
+            }],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "elements of a missing set",
+            vec![Op::AddElements {
+                set: "nothing".into(),
+                elements: vec![(Key::Addr(ip(family, 3)), None)],
+            }],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "deleting a chain a rule jumps to",
+            vec![Op::DeleteChain { name: "b".into() }],
+            Some((0, EBUSY)),
+        ),
+        case(
+            "deleting a chain a map element leads to",
+            vec![Op::DeleteChain { name: "c".into() }],
+            Some((0, EBUSY)),
+        ),
+        case(
+            "deleting a set a rule looks up",
+            vec![Op::DeleteSet { name: "s".into() }],
+            Some((0, EBUSY)),
+        ),
+        case(
+            "deleting a missing chain",
+            vec![Op::DeleteChain {
+                name: "nowhere".into(),
+            }],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "flushing a missing chain",
+            vec![Op::FlushChain {
+                name: "nowhere".into(),
+            }],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "deleting a missing element",
+            vec![Op::DeleteElements {
+                set: "s".into(),
+                keys: vec![Key::Addr(ip(family, 7))],
+            }],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "adding an element that exists with other data",
+            vec![Op::AddElements {
+                set: "m".into(),
+                elements: vec![(frontend(family, 1), goto("b"))],
+            }],
+            Some((0, EEXIST)),
+        ),
+        case(
+            "re-adding a set with another type",
+            vec![Op::AddSet {
+                name: "s".into(),
+                decl: SetDecl::new(KeyType::AddrProtoPort),
+            }],
+            Some((0, EEXIST)),
+        ),
+        case(
+            "a rule jumping to a chain added later in the transaction",
+            vec![rules("a", accept(jump("d"))), chain("d")],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "an element leading to a chain added later in the transaction",
+            vec![
+                Op::AddElements {
+                    set: "m".into(),
+                    elements: vec![(frontend(family, 2), goto("d"))],
+                },
+                chain("d"),
+            ],
+            Some((0, ENOENT)),
+        ),
+        case(
+            "a refused last operation undoes the ones before it",
+            vec![
+                chain("d"),
+                Op::AddElements {
+                    set: "s".into(),
+                    elements: vec![(Key::Addr(ip(family, 4)), None)],
+                },
+                Op::FlushChain { name: "a".into() },
+                rules("d", accept(jump("nowhere"))),
+            ],
+            Some((3, ENOENT)),
+        ),
+        case(
+            "re-adding what exists, with the same data",
+            vec![
+                Op::AddTable,
+                chain("a"),
+                Op::AddSet {
+                    name: "s".into(),
+                    decl: SetDecl {
+                        comment: Some("another comment".into()),
+                        ..SetDecl::new(KeyType::Addr)
+                    },
+                },
+                Op::AddElements {
+                    set: "m".into(),
+                    elements: vec![(frontend(family, 1), goto("c"))],
+                },
+            ],
+            None,
+        ),
+        case(
+            "deleting a chain with rules that nothing refers to",
+            vec![Op::DeleteChain { name: "a".into() }],
+            None,
+        ),
+        case(
+            "a flush and a deletion dropping the last references first",
+            vec![
+                Op::FlushChain { name: "a".into() },
+                Op::DeleteChain { name: "b".into() },
+                Op::DeleteElements {
+                    set: "m".into(),
+                    keys: vec![frontend(family, 1)],
+                },
+                Op::DeleteChain { name: "c".into() },
+                Op::DeleteSet { name: "s".into() },
+            ],
+            None,
+        ),
+        case(
+            "chains added before the rules and elements that refer to them",
+            vec![
+                chain("d"),
+                rules("d", accept(jump("b"))),
+                Op::AddElements {
+                    set: "m".into(),
+                    elements: vec![(frontend(family, 2), goto("d"))],
+                },
+            ],
+            None,
+        ),
+    ]
+}
