@@ -113,6 +113,8 @@ pub enum Phase {
     StateUpdate,
     /// Planning and committing the deletion of chains nothing refers to any more.
     Cleanup,
+    /// Freeing the transactions and the change's scope.
+    Free,
     /// The sync is over (successful or not).
     Done,
 }

@@ -102,6 +102,7 @@ impl<K: NftKernel> NftProxier<K> {
         } else {
             commit(&mut self.kernel)
         }?;
+        drop(scope);
         self.committed = Some(Some(state));
         let (chains, rules, sets, set_elements) = desired.object_counts();
         let report = FamilyReport {
@@ -345,6 +346,7 @@ fn commit_and_clean_up<K: NftKernel>(
             }
         }
     }
+    probe.enter(family, Phase::Free);
     Ok(Sent {
         ops: ops + cleanup.ops.len(),
         stats,

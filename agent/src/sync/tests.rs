@@ -190,6 +190,7 @@ fn a_probe_sees_each_phase_of_a_sync() {
             Commit,
             StateUpdate,
             Cleanup,
+            Free,
             Conntrack,
             Done
         ]
