@@ -96,7 +96,7 @@ impl Proxier for IptablesProxier {
         match Nftables::open().and_then(|mut nft| nft.delete_named_table(family, TABLE)) {
             Ok(true) => tracing::info!(
                 table = format!("{} {TABLE}", family.nft_name()),
-                "deleted table left by nftables mode"
+                "deleted table"
             ),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "cannot remove nftables-mode leftovers"),
