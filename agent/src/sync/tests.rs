@@ -197,3 +197,97 @@ fn a_probe_sees_each_phase_of_a_sync() {
     );
     assert!(probe.0.iter().all(|(f, _)| *f == Family::V4));
 }
+
+mod property {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::sync::testkit::service;
+    use dataplane::tracker::{Kind, Tracker};
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// Service `svc{id}` with this many endpoints (created or changed).
+        Set {
+            id: u8,
+            endpoints: u8,
+            dual: bool,
+        },
+        Delete {
+            id: u8,
+        },
+        /// The next sync of IPv4 fails in the kernel.
+        BreakV4,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (1..10u8, 1..24u8, any::<bool>())
+                .prop_map(|(id, endpoints, dual)| Step::Set { id, endpoints, dual }),
+            2 => (1..10u8).prop_map(|id| Step::Delete { id }),
+            1 => Just(Step::BreakV4),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Partial syncs of any sequence of changes, with failures among them, are accepted
+        /// by the fake kernel (no dangling reference, no deletion of what is in use, no
+        /// element clash) and leave the kernel where a full sync finds nothing to do.
+        #[test]
+        fn partial_syncs_on_the_fake_kernel_converge(steps in prop::collection::vec(step(), 1..16)) {
+            let fake = FakeKernel::new();
+            let mut syncer = fake_syncer(&fake);
+            let mut tracker = Tracker::new(testkit::NODE, "");
+            for i in 1..=3 {
+                testkit::apply(&mut tracker, &service(i, 2, true));
+            }
+            tracker.take_changes();
+            syncer.sync(tracker.cluster(), &config(), true).expect("cold sync");
+            for step in steps {
+                let mut broken = false;
+                match step {
+                    Step::Set { id, endpoints, dual } => {
+                        // A single-stack Service loses its IPv6 slice.
+                        tracker.delete(
+                            Kind::EndpointSlice,
+                            &ObjectName::new("ns", &format!("svc{id}-ipv6")),
+                        );
+                        testkit::apply(&mut tracker, &service(id, endpoints, dual));
+                    }
+                    Step::Delete { id } => {
+                        tracker.delete(Kind::Service, &ObjectName::new("ns", &format!("svc{id}")));
+                    }
+                    Step::BreakV4 => {
+                        fake.break_family(Family::V4, Some(libc::EIO));
+                        broken = true;
+                    }
+                }
+                let changes = tracker.take_changes();
+                let changed = if changes.all {
+                    Changed::All
+                } else {
+                    Changed::Services(&changes.services)
+                };
+                let all = Family::ALL.iter().map(|f| (*f, false)).collect();
+                let results = syncer.sync_families(tracker.cluster(), &config(), &all, changed);
+                for (family, result) in results {
+                    // (A sync with nothing to send does not reach the broken kernel.)
+                    let may_fail = broken && family == Family::V4;
+                    prop_assert!(result.is_ok() || may_fail, "{:?}: {:?}", family, result.err());
+                }
+                fake.break_family(Family::V4, None);
+            }
+            for record in fake.transactions() {
+                prop_assert!(
+                    record.refused.is_none() || record.refused == Some(libc::EIO),
+                    "refused: {}", dataplane::render::transaction_text(&record.tx)
+                );
+            }
+            for (family, report) in syncer.sync(tracker.cluster(), &config(), true).expect("a full sync") {
+                prop_assert_eq!(report.ops, 0, "{:?}: a full sync still finds work", family);
+            }
+        }
+    }
+}
