@@ -46,11 +46,6 @@ impl<K: NftKernel> NftProxier<K> {
         }
     }
 
-    /// The kernel interface (tests inspect the fake through it).
-    pub fn kernel(&mut self) -> &mut K {
-        &mut self.kernel
-    }
-
     fn try_sync(
         &mut self,
         cluster: &Cluster,
