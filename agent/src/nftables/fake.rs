@@ -9,8 +9,9 @@
 //! - deleting, flushing or adding to something that does not exist: `ENOENT`;
 //! - deleting a chain or set still referenced by a rule or a verdict-map element: `EBUSY`;
 //! - adding an element that exists with other data, or a set that exists with another type:
-//!   `EEXIST` (adding an existing chain, table, set of the same type or element with the same
-//!   data is not an error: the agent sends `NLM_F_CREATE` without `NLM_F_EXCL`).
+//!   `EEXIST`; a hook for a chain that exists with another hook or priority (or none):
+//!   `EOPNOTSUPP`. Adding an existing table, chain, set of the same type or element with the
+//!   same data is not an error: the agent sends `NLM_F_CREATE` without `NLM_F_EXCL`.
 //!
 //! A refused transaction changes nothing. The kernel test suite (`tests/nftables_kernel.rs`)
 //! sends the same refused transactions to the real kernel and checks it refuses them alike.
@@ -292,8 +293,9 @@ fn apply_op(table: &mut Option<Table>, family: Family, op: &Op) -> Result<(), i3
             comment,
             ..
         } => match t.chains.get(name) {
-            // The kernel cannot turn a chain into another kind of chain.
-            Some(c) if c.base.is_some() != base.is_some() => return Err(EEXIST),
+            // A regular chain cannot become a base chain, nor a base chain change its hook,
+            // type or priority (without a hook, a base chain is left as it is).
+            Some(c) if base.is_some() && c.base != *base => return Err(libc::EOPNOTSUPP),
             // The kernel keeps the chain, its rules and its first comment.
             Some(_) => {}
             None => {

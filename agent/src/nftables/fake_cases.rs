@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use dataplane::plan::{Op, Transaction};
 use dataplane::ruleset::{
-    Action, ChainName, Family, Key, KeyType, Match, Proto, Rule, SetDecl, Value, Verdict,
+    Action, BaseChain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
+    SetDecl, Value, Verdict,
 };
 
 /// One transaction sent on top of [`setup`].
@@ -29,6 +30,19 @@ fn chain(name: &str) -> Op {
     Op::AddChain {
         name: name.into(),
         base: None,
+        comment: None,
+        fingerprint: 0,
+    }
+}
+
+fn base_chain(name: &str, priority: i32) -> Op {
+    Op::AddChain {
+        name: name.into(),
+        base: Some(BaseChain {
+            chain_type: ChainType::Filter,
+            hook: Hook::Input,
+            priority,
+        }),
         comment: None,
         fingerprint: 0,
     }
@@ -62,8 +76,8 @@ fn vmap() -> SetDecl {
 }
 
 /// The table every case starts from: set `s` (addresses, one element), verdict map `m` (one
-/// element leading to chain `c`), chain `a` whose rule looks `s` up and jumps to `b`, and the
-/// empty chains `b` and `c`.
+/// element leading to chain `c`), chain `a` whose rule looks `s` up and jumps to `b`, the
+/// empty chains `b` and `c`, and the empty base chain `in` (filter input, priority 0).
 pub fn setup(family: Family) -> Transaction {
     let ops = vec![
         Op::AddTable,
@@ -78,6 +92,7 @@ pub fn setup(family: Family) -> Transaction {
         chain("a"),
         chain("b"),
         chain("c"),
+        base_chain("in", 0),
         rules(
             "a",
             vec![Rule::new(
@@ -208,6 +223,21 @@ pub fn cases(family: Family) -> Vec<Case> {
                 decl: SetDecl::new(KeyType::AddrProtoPort),
             }],
             Some((0, EEXIST)),
+        ),
+        case(
+            "re-adding a regular chain with a hook",
+            vec![base_chain("a", 0)],
+            Some((0, libc::EOPNOTSUPP)),
+        ),
+        case(
+            "re-adding a base chain with another priority",
+            vec![base_chain("in", 10)],
+            Some((0, libc::EOPNOTSUPP)),
+        ),
+        case(
+            "re-adding a base chain without its hook, or with the same one",
+            vec![chain("in"), base_chain("in", 0)],
+            None,
         ),
         case(
             "a rule jumping to a chain added later in the transaction",
