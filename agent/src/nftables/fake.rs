@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dataplane::plan::{ChainState, Op, SetState, TableState, Transaction, dnat_slot, fingerprint};
 use dataplane::render;
-use dataplane::ruleset::{Action, Chain, Family, Match, Rule, Set, SetDecl, Table, Value};
+use dataplane::ruleset::{Action, Chain, Family, Key, Match, Rule, Set, SetDecl, Table, Value};
 
 use super::kernel::NftKernel;
 use super::{ApplyStats, NftError, describe_op};
@@ -268,6 +268,17 @@ fn referenced_chains<'t>(table: &'t Table, except: &str) -> BTreeSet<&'t str> {
     by_rules.chain(by_elements).collect()
 }
 
+/// Whether interval `key` overlaps an interval of `elements` (adjacent ones do not).
+fn overlaps(elements: &BTreeMap<Key, Option<Value>>, key: &Key) -> bool {
+    let Key::Slot { at, end } = *key else {
+        return false;
+    };
+    elements.keys().any(|k| match *k {
+        Key::Slot { at: a, end: e } => a < end && at < e,
+        _ => false,
+    })
+}
+
 /// Whether two declarations differ in what the kernel compares when a set is re-added (its
 /// key and data types and flags; not its size or comment).
 fn same_set_type(a: &SetDecl, b: &SetDecl) -> bool {
@@ -376,6 +387,7 @@ fn apply_op(table: &mut Option<Table>, family: Family, op: &Op) -> Result<(), i3
                 match s.elements.get(key) {
                     Some(have) if have != value => return Err(EEXIST),
                     Some(_) => {}
+                    None if overlaps(&s.elements, key) => return Err(EEXIST),
                     None => {
                         s.elements.insert(*key, value.clone());
                     }

@@ -75,9 +75,18 @@ fn vmap() -> SetDecl {
     }
 }
 
+/// An endpoint-map interval `at ..= end - 1` choosing endpoint `n`.
+fn interval(family: Family, at: u32, end: u32, n: u8) -> (Key, Option<Value>) {
+    (
+        Key::Slot { at, end },
+        Some(Value::Endpoint(ip(family, n), 8080)),
+    )
+}
+
 /// The table every case starts from: set `s` (addresses, one element), verdict map `m` (one
 /// element leading to chain `c`), chain `a` whose rule looks `s` up and jumps to `b`, the
-/// empty chains `b` and `c`, and the empty base chain `in` (filter input, priority 0).
+/// empty chains `b` and `c`, the empty base chain `in` (filter input, priority 0), and the
+/// endpoint map `e` with the interval 100 ..= 199.
 pub fn setup(family: Family) -> Transaction {
     let ops = vec![
         Op::AddTable,
@@ -107,6 +116,14 @@ pub fn setup(family: Family) -> Transaction {
         Op::AddElements {
             set: "s".into(),
             elements: vec![(Key::Addr(ip(family, 9)), None)],
+        },
+        Op::AddSet {
+            name: "e".into(),
+            decl: SetDecl::new(KeyType::Slot),
+        },
+        Op::AddElements {
+            set: "e".into(),
+            elements: vec![interval(family, 100, 200, 1)],
         },
     ];
     Transaction { family, ops }
@@ -215,6 +232,56 @@ pub fn cases(family: Family) -> Vec<Case> {
                 elements: vec![(frontend(family, 1), goto("b"))],
             }],
             Some((0, EEXIST)),
+        ),
+        case(
+            "an interval overlapping another",
+            vec![Op::AddElements {
+                set: "e".into(),
+                elements: vec![interval(family, 150, 250, 2)],
+            }],
+            Some((0, EEXIST)),
+        ),
+        case(
+            "an interval with the start of another and another end",
+            vec![Op::AddElements {
+                set: "e".into(),
+                elements: vec![interval(family, 100, 150, 1)],
+            }],
+            Some((0, EEXIST)),
+        ),
+        case(
+            "an interval inside another",
+            vec![Op::AddElements {
+                set: "e".into(),
+                elements: vec![interval(family, 120, 130, 1)],
+            }],
+            Some((0, EEXIST)),
+        ),
+        case(
+            "adjacent intervals, and an interval again with the same endpoint",
+            vec![Op::AddElements {
+                set: "e".into(),
+                elements: vec![
+                    interval(family, 200, 300, 2),
+                    interval(family, 50, 100, 3),
+                    interval(family, 100, 200, 1),
+                ],
+            }],
+            None,
+        ),
+        case(
+            "an interval replaced by two",
+            vec![
+                Op::DeleteElements {
+                    set: "e".into(),
+                    keys: vec![Key::Slot { at: 100, end: 200 }],
+                },
+                Op::AddElements {
+                    set: "e".into(),
+                    elements: vec![interval(family, 100, 150, 1), interval(family, 150, 200, 2)],
+                },
+            ],
+            None,
         ),
         case(
             "re-adding a set with another type",
