@@ -47,6 +47,26 @@ pub fn service(i: u8, endpoints: u8, dual: bool) -> String {
     yaml
 }
 
+/// Service `big{i}` (ClusterIP 172.31.x.y, port 80, IPv4 only) with `endpoints` ready
+/// endpoints on this node: for clusters of thousands of Services.
+pub fn numbered_service(i: u16, endpoints: u8) -> String {
+    let [hi, lo] = i.to_be_bytes();
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: big{i}, namespace: ns}}\nspec:\n  \
+         clusterIP: 172.31.{hi}.{lo}\n  ports: [{{name: p, port: 80, protocol: TCP}}]\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big{i}-a, \
+         namespace: ns, labels: {{kubernetes.io/service-name: big{i}}}}}\naddressType: IPv4\n\
+         ports: [{{name: p, port: 8080, protocol: TCP}}]\nendpoints:\n"
+    );
+    for e in 1..=endpoints {
+        yaml.push_str(&format!(
+            "- {{addresses: [10.{}.{lo}.{e}], conditions: {{ready: true}}, nodeName: {NODE}}}\n",
+            100 + hi
+        ));
+    }
+    yaml
+}
+
 /// Applies the objects of `yaml` to the tracker.
 pub fn apply(tracker: &mut Tracker, yaml: &str) {
     let mut skipped = Vec::new();

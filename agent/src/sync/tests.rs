@@ -291,3 +291,26 @@ mod property {
         }
     }
 }
+
+/// A cold start large enough to be committed in parts (`split_new_chains`): each part is
+/// accepted on its own, in order (no part refers to what a later one creates).
+#[test]
+fn a_cold_start_in_parts_is_accepted_part_by_part() {
+    let mut tracker = dataplane::tracker::Tracker::new(testkit::NODE, "");
+    for i in 1..=5500u16 {
+        testkit::apply(&mut tracker, &testkit::numbered_service(i, 20));
+    }
+    let fake = FakeKernel::new();
+    let mut syncer = fake_syncer(&fake);
+    syncer
+        .sync(tracker.cluster(), &config(), true)
+        .expect("cold sync");
+    let parts = fake
+        .transactions()
+        .iter()
+        .filter(|r| r.tx.family == Family::V4)
+        .count();
+    assert!(parts >= 3, "{parts} transactions");
+    assert!(fake.transactions().iter().all(|r| r.refused.is_none()));
+    assert_nothing_to_do(&mut syncer, tracker.cluster());
+}
