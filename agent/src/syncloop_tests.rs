@@ -27,6 +27,7 @@ struct Seen {
     at: Duration,
     /// Per family synced: (full, succeeded, drift repaired).
     families: BTreeMap<Family, (bool, bool, bool)>,
+    quarantined: usize,
 }
 
 struct Recorder {
@@ -47,6 +48,7 @@ impl Observer for Recorder {
         self.runs.push(Seen {
             at: run.started - self.start,
             families,
+            quarantined: run.quarantined,
         });
     }
 }
@@ -359,4 +361,52 @@ fn once_waits_for_the_lists_and_syncs_each_family_once() {
     )
     .expect_err("V6 fails");
     assert!(err.to_string().contains("Input/output error"), "{err}");
+}
+
+#[test]
+fn a_service_the_kernel_refuses_is_quarantined_and_tried_again_later() {
+    let mut h = Harness::new(&[1, 2, 3, 4], true, "1s", secs(120.0));
+    // The kernel refuses svc3's IPv4 frontend until 10 s.
+    h.fake.refuse_matching(Some("172.30.0.3 . tcp . 80"));
+    let fake = h.fake.clone();
+    h.clock.at(secs(10.0), move || fake.refuse_matching(None));
+    h.service_at(secs(5.0), 5, 1);
+    let (runs, fake) = h.run();
+    // The first sync fails in IPv4; svc3 is set aside and the rest synced at once.
+    assert_eq!(
+        runs[0].families[&Family::V4],
+        (true, false, false),
+        "{runs:?}"
+    );
+    assert!(close(runs[1].at, secs(0.0)), "{runs:?}");
+    assert_eq!(
+        runs[1].families[&Family::V4],
+        (true, true, false),
+        "{runs:?}"
+    );
+    assert_eq!(runs[1].quarantined, 1);
+    // Meanwhile other changes are synced, without svc3 in either family.
+    let at5 = runs
+        .iter()
+        .find(|r| close(r.at, secs(5.0)))
+        .expect("a sync at 5 s");
+    assert!(
+        at5.families.values().all(|f| f.1) && at5.quarantined == 1,
+        "{runs:?}"
+    );
+    // After syncPeriod (30 s ± 20%) it is tried again, now accepted, and released.
+    let back = runs
+        .iter()
+        .position(|r| r.quarantined == 0 && r.at > secs(1.0));
+    let back = &runs[back.expect("released")];
+    assert!(back.at >= secs(24.0) && back.at <= secs(37.0), "{runs:?}");
+    for family in Family::ALL {
+        assert!((1..=5).all(|i| serves(&fake, family, i)), "{family:?}");
+    }
+    assert!(
+        fake.transactions()
+            .iter()
+            .filter(|r| r.refused.is_some())
+            .all(|r| r.tx.family == Family::V4)
+    );
 }

@@ -43,6 +43,9 @@ struct State {
     log: Vec<Record>,
     /// Families whose reads and commits fail (an injected fault), with the errno.
     broken: BTreeMap<Family, i32>,
+    /// Operations whose nft text contains this are refused (an injected fault), as if the
+    /// kernel could not program one Service.
+    refuse: Option<String>,
     reads: usize,
 }
 
@@ -98,6 +101,12 @@ impl FakeKernel {
         };
     }
 
+    /// From now on an operation (for elements: an element) whose nft text contains `text` is
+    /// refused with `EINVAL`, as the kernel refuses an invalid rule; `None`: no longer.
+    pub fn refuse_matching(&self, text: Option<&str>) {
+        self.lock().refuse = text.map(str::to_string);
+    }
+
     /// Someone else changed the table (drift): `f` edits it directly, unchecked.
     pub fn tamper(&self, family: Family, f: impl FnOnce(&mut Option<Table>)) {
         let mut s = self.lock();
@@ -124,11 +133,19 @@ impl FakeKernel {
         let mut table = s.tables.get(&tx.family).cloned();
         let mut result = Ok(());
         for (index, op) in tx.ops.iter().enumerate() {
-            if let Err(errno) = apply_op(&mut table, tx.family, op) {
+            let refused = s
+                .refuse
+                .as_deref()
+                .and_then(|text| matching(tx.family, op, text));
+            let outcome = match refused {
+                Some(part) => Err((libc::EINVAL, part)),
+                None => apply_op(&mut table, tx.family, op).map_err(|e| (e, op.clone())),
+            };
+            if let Err((errno, refused)) = outcome {
                 result = Err(NftError::Op {
                     index,
-                    op: describe_op(tx.family, op),
-                    refused: Box::new(op.clone()),
+                    op: describe_op(tx.family, &refused),
+                    refused: Box::new(refused),
                     errno,
                     also_failed: 0,
                     source: io::Error::from_raw_os_error(errno),
@@ -147,6 +164,22 @@ impl FakeKernel {
             };
         }
         result
+    }
+}
+
+/// The part of `op` whose nft text contains `text`: the first such element of an element
+/// operation, or the whole operation.
+fn matching(family: Family, op: &Op, text: &str) -> Option<Op> {
+    let matches = |op: &Op| describe_op(family, op).contains(text);
+    match op {
+        Op::AddElements { set, elements } => elements.iter().find_map(|e| {
+            let part = Op::AddElements {
+                set: set.clone(),
+                elements: vec![e.clone()],
+            };
+            matches(&part).then_some(part)
+        }),
+        _ => matches(op).then(|| op.clone()),
     }
 }
 
