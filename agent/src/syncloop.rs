@@ -197,6 +197,71 @@ impl FamilyState {
     fn waiting(&self, now: Instant) -> bool {
         self.retry_at.is_some_and(|t| t > now)
     }
+
+    /// Records the outcome of a sync (`full` or not): after a failure the family is synced
+    /// in full next, after a backoff delay if `back_off`, else at once.
+    fn record(
+        &mut self,
+        family: Family,
+        full: bool,
+        result: Result<FamilyReport, SyncError>,
+        back_off: bool,
+        now: Instant,
+    ) -> FamilyRun {
+        let (result, retry_in) = match result {
+            Ok(report) => {
+                self.backoff.succeeded();
+                self.need_full = false;
+                self.retry_at = None;
+                (Ok(report), None)
+            }
+            Err(e) => {
+                let delay = if back_off {
+                    self.backoff.failed()
+                } else {
+                    Duration::ZERO
+                };
+                self.need_full = true;
+                self.retry_at = Some(now + delay);
+                tracing::error!(family = family.k8s_name(), error = %e, failures = self.backoff.failures(), retry_in = ?delay, "sync failed; the previous rules stay in place");
+                (Err(e.to_string()), Some(delay))
+            }
+        };
+        FamilyRun {
+            full,
+            result,
+            failures: self.backoff.failures(),
+            retry_in,
+        }
+    }
+}
+
+/// After a failed sync whose error names the refused operation: sets the Services it belongs
+/// to aside (adding them to `moved`), unless they are too many.
+fn set_aside(
+    quarantine: &mut Quarantine,
+    moved: &mut BTreeSet<ObjectName>,
+    error: &SyncError,
+    cluster: &Cluster,
+    now: Instant,
+) {
+    let Some(op) = error.refused_op() else {
+        return;
+    };
+    let suspects = quarantine::suspects(op, cluster);
+    let room = quarantine.len() + suspects.len() <= MAX_QUARANTINED;
+    if !room {
+        tracing::warn!(
+            suspects = suspects.len(),
+            quarantined = quarantine.len(),
+            "a refused operation names too many Services to set them aside; retrying with backoff"
+        );
+    }
+    if !suspects.is_empty() && room {
+        let moves = quarantine.refused(&suspects, now);
+        report_moves(&moves, &error.to_string());
+        moved.extend(moves.quarantined);
+    }
 }
 
 /// kube-proxy's `BoundedFrequencyRunner` allows this many syncs in a row before holding them
@@ -377,55 +442,13 @@ pub fn run(
         let elapsed = start.elapsed();
         let mut runs = BTreeMap::new();
         for (family, result) in results {
-            let state = families.get_mut(&family).expect("every family has a state");
-            let full = plan[&family];
-            if let Err(e) = &result
-                && let Some(op) = e.refused_op()
-            {
-                let suspects = quarantine::suspects(op, &cluster);
-                let room = quarantine.len() + suspects.len() <= MAX_QUARANTINED;
-                if !room {
-                    tracing::warn!(
-                        suspects = suspects.len(),
-                        quarantined = quarantine.len(),
-                        "a refused operation names too many Services to set them aside; retrying with backoff"
-                    );
-                }
-                if !suspects.is_empty() && room {
-                    let moves = quarantine.refused(&suspects, clock.now());
-                    report_moves(&moves, &e.to_string());
-                    moved.extend(moves.quarantined);
-                }
+            if let Err(e) = &result {
+                set_aside(&mut quarantine, &mut moved, e, &cluster, clock.now());
             }
-            let (result, retry_in) = match result {
-                Ok(report) => {
-                    state.backoff.succeeded();
-                    state.need_full = false;
-                    state.retry_at = None;
-                    (Ok(report), None)
-                }
-                Err(e) => {
-                    // With the refused Services set aside, the rest is synced at once.
-                    let delay = if moved.is_empty() {
-                        state.backoff.failed()
-                    } else {
-                        Duration::ZERO
-                    };
-                    state.need_full = true;
-                    state.retry_at = Some(clock.now() + delay);
-                    tracing::error!(family = family.k8s_name(), error = %e, failures = state.backoff.failures(), retry_in = ?delay, "sync failed; the previous rules stay in place");
-                    (Err(e.to_string()), Some(delay))
-                }
-            };
-            runs.insert(
-                family,
-                FamilyRun {
-                    full,
-                    result,
-                    failures: state.backoff.failures(),
-                    retry_in,
-                },
-            );
+            let state = families.get_mut(&family).expect("every family has a state");
+            // With the refused Services set aside, the rest is synced at once.
+            let run = state.record(family, plan[&family], result, moved.is_empty(), clock.now());
+            runs.insert(family, run);
         }
         let all_ok = runs.values().all(|r| r.result.is_ok());
         if plan.values().all(|full| *full) && all_ok {
