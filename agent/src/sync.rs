@@ -94,9 +94,10 @@ pub enum Changed<'a> {
     Services(&'a BTreeSet<ObjectName>),
 }
 
-/// Where a family's sync is, for a [`Probe`] timing it (the benchmark). The phases of a sync
-/// come in this order, except that [`Phase::StateUpdate`] also interrupts [`Phase::Commit`]
-/// after each part of a split transaction.
+/// Where a family's sync is, for a [`Probe`] timing it (the benchmark). An nftables sync
+/// enters State, Build, Conntrack (the frontends read back), Plan, Commit (interrupted by
+/// StateUpdate after each committed part), StateUpdate, Cleanup, Free, Conntrack (the cleanup)
+/// and Done; an iptables sync only Commit, Conntrack and Done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Phase {
     /// Reading the table back, or taking the committed state.
