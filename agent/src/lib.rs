@@ -4,6 +4,7 @@ pub mod addresses;
 pub mod apiclient;
 pub mod backoff;
 pub mod client_metrics;
+pub mod clock;
 pub mod config;
 pub mod conntrack;
 pub mod demo;

@@ -14,6 +14,7 @@ use dataplane::render;
 use dataplane::ruleset::{Family, Proto};
 use dataplane::trace::{Host, Packet, trace};
 use dataplane::tracker::Tracker;
+use nftproxy::clock::SystemClock;
 use nftproxy::config::{KubeProxyConfiguration, LogFormat, Overrides, ProxyMode, Settings};
 use nftproxy::nftables::monitor::Monitor;
 use nftproxy::node_wait::{NODE_WAIT, NodeWait};
@@ -369,7 +370,7 @@ fn run(
         }
     }
     // Files are complete as they are; from the API, the first sync waits for the Node.
-    let mut node_wait = NodeWait::new(
+    let node_wait = NodeWait::new(
         &settings.node_name,
         from_file.is_none().then_some(NODE_WAIT),
         settings.bind_address,
@@ -378,15 +379,8 @@ fn run(
     // Switching modes: what the other backend programmed goes (kube-proxy does the same).
     syncer.remove_other_backend();
     if once {
-        let cluster =
-            shared.wait_first_cluster(&mut node_wait, || syncer.programmed_node_port_ips());
-        for conflict in dataplane::conflicts::conflicts(&cluster.services) {
-            tracing::warn!("frontend conflict: {conflict}");
-        }
-        let mut config = settings.build.clone();
-        config.local_addresses = addresses::local_addresses();
-        syncer.sync(&cluster, &config, true).map_err(runtime)?;
-        return Ok(());
+        return syncloop::once(&shared, &settings, &mut syncer, node_wait, &mut SystemClock)
+            .map_err(runtime);
     }
     if let Some(path) = from_file {
         let (shared, path) = (shared.clone(), path.to_path_buf());
@@ -417,6 +411,7 @@ fn run(
                 &mut syncer,
                 &mut observer,
                 node_wait,
+                &mut SystemClock,
             )
         });
     }

@@ -1,7 +1,9 @@
-//! The sync loop: turns tracked changes into kernel syncs, at most one per `minSyncPeriod`,
-//! syncing each IP family on its own, retrying a failed family in full with exponential
-//! backoff (up to `syncPeriod`), and re-reading the kernel state periodically and whenever
-//! someone else touches nftproxy's tables.
+//! The sync loop: turns tracked changes into kernel syncs, paced like kube-proxy's
+//! `BoundedFrequencyRunner` (a burst of two, then at most one per `minSyncPeriod`), syncing each
+//! IP family by its own proxier, retrying a failed family in full with exponential backoff (up
+//! to `syncPeriod`), and re-reading the kernel state periodically and whenever someone else
+//! touches nftproxy's tables. Time comes from a [`Clock`], so that tests drive the loop with a
+//! manual one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,11 +18,13 @@ use dataplane::tracker::Tracker;
 
 use crate::addresses::LocalAddresses;
 use crate::backoff::Backoff;
+use crate::clock::Clock;
 use crate::config::Settings;
 use crate::http::health::{HealthState, node_eligible};
 use crate::node_wait::{Gate, NodeWait};
 use crate::quarantine::{self, Moves, Quarantine};
-use crate::sync::{Changed, FamilyReport, Syncer};
+use crate::ratelimit::Bucket;
+use crate::sync::{Changed, FamilyReport, SyncError, Syncer};
 
 /// How often a full sync (read back, repair drift) runs when nothing asks for one sooner. Like
 /// kube-proxy's nftables mode: full syncs cost O(cluster), so they are rare.
@@ -119,10 +123,12 @@ impl Shared {
         &self,
         node_wait: &mut NodeWait,
         kernel_node_ips: impl FnOnce() -> Vec<std::net::IpAddr>,
+        clock: &mut impl Clock,
     ) -> Cluster {
         loop {
+            let now = clock.now();
             let (gate, needs) = self.with_tracker(|t| {
-                let gate = node_wait.gate(t, Instant::now());
+                let gate = node_wait.gate(t, now);
                 (gate, node_wait.needs_stand_in(t))
             });
             if gate == Gate::Open {
@@ -134,7 +140,7 @@ impl Shared {
                 node_wait.complete(&mut cluster);
                 return cluster;
             }
-            std::thread::sleep(Duration::from_millis(50));
+            clock.sleep_until(now + Duration::from_millis(50));
         }
     }
 }
@@ -152,6 +158,8 @@ pub struct FamilyRun {
 
 /// One sync attempt, as the observers see it.
 pub struct SyncRun<'a> {
+    /// When the sync started (by the loop's clock).
+    pub started: Instant,
     pub elapsed: Duration,
     /// The cluster and configuration the sync programmed.
     pub cluster: &'a Cluster,
@@ -173,7 +181,8 @@ impl Observer for () {
     fn synced(&mut self, _: &SyncRun<'_>) {}
 }
 
-/// What the loop knows of one family between syncs.
+/// What the loop knows of one family between syncs: its schedule. (What the family knows of
+/// the kernel is its proxier's.)
 struct FamilyState {
     /// The next sync of this family reads the kernel back first.
     need_full: bool,
@@ -197,6 +206,118 @@ impl FamilyState {
     fn waiting(&self, now: Instant) -> bool {
         self.retry_at.is_some_and(|t| t > now)
     }
+
+    /// Records the outcome of a sync (`full` or not): after a failure the family is synced
+    /// in full next, after a backoff delay if `back_off`, else at once.
+    fn record(
+        &mut self,
+        family: Family,
+        full: bool,
+        result: Result<FamilyReport, SyncError>,
+        back_off: bool,
+        now: Instant,
+    ) -> FamilyRun {
+        let (result, retry_in) = match result {
+            Ok(report) => {
+                self.backoff.succeeded();
+                self.need_full = false;
+                self.retry_at = None;
+                (Ok(report), None)
+            }
+            Err(e) => {
+                let delay = if back_off {
+                    self.backoff.failed()
+                } else {
+                    Duration::ZERO
+                };
+                self.need_full = true;
+                self.retry_at = Some(now + delay);
+                tracing::error!(family = family.k8s_name(), error = %e, failures = self.backoff.failures(), retry_in = ?delay, "sync failed; the previous rules stay in place");
+                (Err(e.to_string()), Some(delay))
+            }
+        };
+        FamilyRun {
+            full,
+            result,
+            failures: self.backoff.failures(),
+            retry_in,
+        }
+    }
+}
+
+/// After a failed sync whose error names the refused operation: sets the Services it belongs
+/// to aside (adding them to `moved`), unless they are too many.
+fn set_aside(
+    quarantine: &mut Quarantine,
+    moved: &mut BTreeSet<ObjectName>,
+    error: &SyncError,
+    cluster: &Cluster,
+    now: Instant,
+) {
+    let Some(op) = error.refused_op() else {
+        return;
+    };
+    let suspects = quarantine::suspects(op, cluster);
+    let room = quarantine.len() + suspects.len() <= MAX_QUARANTINED;
+    if !room {
+        tracing::warn!(
+            suspects = suspects.len(),
+            quarantined = quarantine.len(),
+            "a refused operation names too many Services to set them aside; retrying with backoff"
+        );
+    }
+    if !suspects.is_empty() && room {
+        let moves = quarantine.refused(&suspects, now);
+        report_moves(&moves, &error.to_string());
+        moved.extend(moves.quarantined);
+    }
+}
+
+/// kube-proxy's `BoundedFrequencyRunner` allows this many syncs in a row before holding them
+/// to one per `minSyncPeriod`: a change after a quiet spell is applied at once, and so is a
+/// second one right after it.
+pub const BURST_SYNCS: u32 = 2;
+
+/// When syncs may start: a token bucket of [`BURST_SYNCS`] tokens refilled at one per
+/// `minSyncPeriod` (none with a zero `minSyncPeriod`).
+struct Pacer(Option<Bucket>);
+
+impl Pacer {
+    fn new(min_sync_period: Duration, now: Instant) -> Pacer {
+        let qps = 1.0 / min_sync_period.as_secs_f64();
+        Pacer((qps.is_finite() && qps > 0.0).then(|| Bucket::new(qps as f32, BURST_SYNCS, now)))
+    }
+
+    /// When the next sync may start.
+    fn next(&mut self, now: Instant) -> Instant {
+        now + self.0.as_mut().map_or(Duration::ZERO, |b| b.wait(now))
+    }
+
+    fn started(&mut self, now: Instant) {
+        if let Some(b) = &mut self.0 {
+            b.take(now);
+        }
+    }
+}
+
+/// `run --once`: waits until the first sync may start (the initial lists, the Node), then
+/// syncs every family in full, once; the first failure is returned.
+pub fn once(
+    shared: &Shared,
+    settings: &Settings,
+    syncer: &mut Syncer,
+    mut node_wait: NodeWait,
+    clock: &mut impl Clock,
+) -> Result<(), SyncError> {
+    let cluster =
+        shared.wait_first_cluster(&mut node_wait, || syncer.programmed_node_port_ips(), clock);
+    for conflict in dataplane::conflicts::conflicts(&cluster.services) {
+        tracing::warn!("frontend conflict: {conflict}");
+    }
+    let mut config = settings.build.clone();
+    config.local_addresses = crate::addresses::local_addresses();
+    syncer.sync(&cluster, &config, true)?;
+    Ok(())
 }
 
 /// Runs until every sender of `rx` is gone. The first sync waits as `node_wait` says. Each
@@ -209,18 +330,19 @@ pub fn run(
     syncer: &mut Syncer,
     observer: &mut dyn Observer,
     mut node_wait: NodeWait,
+    clock: &mut impl Clock,
 ) {
     if crate::testhooks::panic_in("sync") {
         panic!("NFTPROXY_TEST_PANIC=sync (a test hook)");
     }
     let mut config = settings.build.clone();
     // The first sync reads the kernel back, adopting the rules a previous run left.
-    let mut families: BTreeMap<Family, FamilyState> = Family::ALL
-        .iter()
-        .map(|f| (*f, FamilyState::new(settings)))
+    let mut families: BTreeMap<Family, FamilyState> = syncer
+        .families()
+        .map(|f| (f, FamilyState::new(settings)))
         .collect();
-    let mut last_end: Option<Instant> = None;
-    let mut next_full = Instant::now() + FULL_SYNC_PERIOD;
+    let mut pacer = Pacer::new(settings.min_sync_period, clock.now());
+    let mut next_full = clock.now() + FULL_SYNC_PERIOD;
     let mut addresses_changed = false;
     let mut gate_until: Option<Instant> = None;
     let mut quarantine = Quarantine::new(settings.sync_period, 20 * settings.sync_period);
@@ -228,7 +350,7 @@ pub fn run(
     let mut moved: BTreeSet<ObjectName> = BTreeSet::new();
     loop {
         let mut deadline = next_full;
-        let soon = (!moved.is_empty()).then(Instant::now);
+        let soon = (!moved.is_empty()).then(|| clock.now());
         for t in families
             .values()
             .filter_map(|f| f.retry_at)
@@ -239,20 +361,20 @@ pub fn run(
             deadline = deadline.min(t);
         }
         let mut drift = false;
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        match clock.recv_until(&rx, deadline) {
             Ok(Wake::Changed) | Err(RecvTimeoutError::Timeout) => {}
             Ok(Wake::Drift) => drift = true,
             Ok(Wake::Addresses) => addresses_changed = true,
             Err(RecvTimeoutError::Disconnected) => return,
         }
-        if let Some(end) = last_end {
-            std::thread::sleep(settings.min_sync_period.saturating_sub(end.elapsed()));
-        }
+        // Changes that arrive meanwhile are taken by the same sync.
+        let start_at = pacer.next(clock.now());
+        clock.sleep_until(start_at);
         while let Ok(w) = rx.try_recv() {
             drift |= w == Wake::Drift;
             addresses_changed |= w == Wake::Addresses;
         }
-        let now = Instant::now();
+        let now = clock.now();
         if drift || now >= next_full {
             for f in families.values_mut() {
                 f.need_full = true;
@@ -297,6 +419,7 @@ pub fn run(
         let Some((mut cluster, mut changes)) = snapshot else {
             continue;
         };
+        pacer.started(now);
         node_wait.complete(&mut cluster);
         // A Service going into or out of quarantine may have won or lost frontends to others:
         // they are re-planned too.
@@ -328,66 +451,25 @@ pub fn run(
         let elapsed = start.elapsed();
         let mut runs = BTreeMap::new();
         for (family, result) in results {
-            let state = families.get_mut(&family).expect("every family has a state");
-            let full = plan[&family];
-            if let Err(e) = &result
-                && let Some(op) = e.refused_op()
-            {
-                let suspects = quarantine::suspects(op, &cluster);
-                let room = quarantine.len() + suspects.len() <= MAX_QUARANTINED;
-                if !room {
-                    tracing::warn!(
-                        suspects = suspects.len(),
-                        quarantined = quarantine.len(),
-                        "a refused operation names too many Services to set them aside; retrying with backoff"
-                    );
-                }
-                if !suspects.is_empty() && room {
-                    let moves = quarantine.refused(&suspects, Instant::now());
-                    report_moves(&moves, &e.to_string());
-                    moved.extend(moves.quarantined);
-                }
+            if let Err(e) = &result {
+                set_aside(&mut quarantine, &mut moved, e, &cluster, clock.now());
             }
-            let (result, retry_in) = match result {
-                Ok(report) => {
-                    state.backoff.succeeded();
-                    state.need_full = false;
-                    state.retry_at = None;
-                    (Ok(report), None)
-                }
-                Err(e) => {
-                    // With the refused Services set aside, the rest is synced at once.
-                    let delay = if moved.is_empty() {
-                        state.backoff.failed()
-                    } else {
-                        Duration::ZERO
-                    };
-                    state.need_full = true;
-                    state.retry_at = Some(Instant::now() + delay);
-                    tracing::error!(family = family.k8s_name(), error = %e, failures = state.backoff.failures(), retry_in = ?delay, "sync failed; the previous rules stay in place");
-                    (Err(e.to_string()), Some(delay))
-                }
-            };
-            runs.insert(
-                family,
-                FamilyRun {
-                    full,
-                    result,
-                    failures: state.backoff.failures(),
-                    retry_in,
-                },
-            );
+            let state = families.get_mut(&family).expect("every family has a state");
+            // With the refused Services set aside, the rest is synced at once.
+            let run = state.record(family, plan[&family], result, moved.is_empty(), clock.now());
+            runs.insert(family, run);
         }
         let all_ok = runs.values().all(|r| r.result.is_ok());
         if plan.values().all(|full| *full) && all_ok {
-            next_full = Instant::now() + FULL_SYNC_PERIOD;
+            next_full = clock.now() + FULL_SYNC_PERIOD;
         }
         if all_ok && !quarantine.is_empty() {
-            let moves = quarantine.synced(Instant::now());
+            let moves = quarantine.synced(clock.now());
             report_moves(&moves, "");
             moved.extend(moves.released);
         }
         observer.synced(&SyncRun {
+            started: now,
             elapsed,
             cluster: &cluster,
             config: &config,
@@ -402,7 +484,6 @@ pub fn run(
         if large {
             crate::memory::release_freed();
         }
-        last_end = Some(Instant::now());
     }
 }
 
@@ -424,3 +505,7 @@ fn report_moves(moves: &Moves, error: &str) {
 /// A sync that sent more than this is followed by handing freed heap back to the kernel (its
 /// transaction and encoded batch are gone).
 const LARGE_SYNC_BYTES: usize = 1 << 20;
+
+#[cfg(test)]
+#[path = "syncloop_tests.rs"]
+mod tests;

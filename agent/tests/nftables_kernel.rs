@@ -1286,3 +1286,49 @@ fn paused_notifications_still_reveal_commits_by_others() {
     assert!(ok, "{out}");
     assert!(monitor.drain() > 0, "no notification after resuming");
 }
+
+/// The fake kernel refuses what the kernel refuses: every case of `fake::cases`, sent on top
+/// of the same table to both, is refused by both at the same operation with the same errno (or
+/// accepted by both), and both hold the same table afterwards.
+#[test]
+fn the_fake_kernel_refuses_what_the_kernel_refuses() {
+    use nftproxy::nftables::fake::FakeKernel;
+    use nftproxy::nftables::fake::cases::{cases, setup};
+    use nftproxy::nftables::kernel::NftKernel;
+    for family in Family::ALL {
+        for case in cases(family) {
+            let ns = Netns::new("fake");
+            let mut nft = ns.open();
+            let fake = FakeKernel::new();
+            nft.apply(&setup(family)).expect("the setup commits");
+            fake.commit(&setup(family)).expect("the setup commits");
+            let kernel = nft.apply(&case.tx).map(|_| ());
+            let faked = fake.commit(&case.tx);
+            let outcome = |r: &Result<(), NftError>| match r {
+                Ok(()) => None,
+                Err(e) => Some((e.op_index(), e.errno())),
+            };
+            assert_eq!(
+                outcome(&faked),
+                outcome(&kernel),
+                "{} ({family:?}): the fake says {faked:?}, the kernel {kernel:?}",
+                case.name
+            );
+            assert_eq!(
+                case.refused.map(|(i, e)| (Some(i), Some(e))),
+                outcome(&kernel),
+                "{} ({family:?}): the case's expectation",
+                case.name
+            );
+            let listed = normalise(&ns.list(family), false);
+            let faked = normalise(&fake.render(family), false);
+            assert_eq!(listed, faked, "{} ({family:?}): tables differ", case.name);
+            assert_eq!(
+                nft.read_table(family).unwrap(),
+                NftKernel::read_table(&mut fake.clone(), family).unwrap(),
+                "{} ({family:?}): read back",
+                case.name
+            );
+        }
+    }
+}

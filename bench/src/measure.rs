@@ -1,5 +1,5 @@
-//! The measurements: syncs through the agent's `Syncer`, the same pipeline timed phase by
-//! phase, the kube-proxy-shaped `nft -f` baseline, the real agent process, first-packet latency.
+//! The measurements: syncs through the agent's `Syncer`, the same syncs timed phase by phase
+//! through the proxiers' probe, the kube-proxy-shaped `nft -f` baseline, the real agent process, first-packet latency.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -13,16 +13,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use dataplane::build::BuildConfig;
-use dataplane::conntrack::{FrontendIndex, Frontends};
-use dataplane::desired::{Desired, Updated};
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::plan::{
-    RULES_PER_PART, TableState, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
-    split_new_chains,
-};
 use dataplane::ruleset::Family;
-use nftproxy::nftables::Nftables;
-use nftproxy::sync::{Changed, Syncer};
+use nftproxy::sync::{Changed, Phase, Probe, Syncer};
 use serde::Serialize;
 
 use crate::heap;
@@ -427,7 +420,8 @@ fn syncer_run(
 // ---------------------------------------------------------------------------------------------
 // The same pipeline, phase by phase
 
-/// Where one family's sync spends its time (wall, ms). Mirrors `Syncer::sync_family`.
+/// Where one family's sync spends its time (wall, ms), as the agent's proxier reports its
+/// phases ([`Phase`]).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Phases {
     /// `Desired::build` (cold) or `Desired::update` of the changed Services (partial).
@@ -500,11 +494,93 @@ impl Phases {
     }
 }
 
+/// Times the phases of one family's sync as the agent's proxier reports them
+/// ([`nftproxy::sync::Probe`]): wall and CPU per phase, and the heap at the phase boundaries.
+struct PhaseTimer {
+    current: Option<(Phase, Instant, (Duration, Duration))>,
+    wall: BTreeMap<Phase, Duration>,
+    cpu: BTreeMap<Phase, (Duration, Duration)>,
+    heap_start: usize,
+    heap_entered: usize,
+    heap_planned: usize,
+    peak_before_apply: usize,
+    committing: bool,
+    p: Phases,
+}
+
+impl PhaseTimer {
+    fn new() -> PhaseTimer {
+        heap::reset_peak();
+        PhaseTimer {
+            current: None,
+            wall: BTreeMap::new(),
+            cpu: BTreeMap::new(),
+            heap_start: heap::current(),
+            heap_entered: 0,
+            heap_planned: 0,
+            peak_before_apply: 0,
+            committing: false,
+            p: Phases::default(),
+        }
+    }
+
+    fn wall_ms(&self, phase: Phase) -> f64 {
+        ms(self.wall.get(&phase).copied().unwrap_or_default())
+    }
+}
+
+impl Probe for PhaseTimer {
+    fn enter(&mut self, _family: Family, phase: Phase) {
+        let now = Instant::now();
+        let cpu = own_cpu();
+        let heap_now = heap::current();
+        if let Some((left, since, (user, sys))) = self.current.take() {
+            *self.wall.entry(left).or_default() += now - since;
+            let c = self.cpu.entry(left).or_default();
+            c.0 += cpu.0 - user;
+            c.1 += cpu.1 - sys;
+            match left {
+                Phase::Build => {
+                    self.p.heap_table_mib = heap::mib(heap_now.saturating_sub(self.heap_entered))
+                }
+                Phase::Plan => {
+                    self.heap_planned = heap_now;
+                    self.p.heap_transaction_mib =
+                        heap::mib(heap_now.saturating_sub(self.heap_entered));
+                }
+                _ => {}
+            }
+        }
+        match phase {
+            Phase::Commit if !self.committing => {
+                // The transient peak of the commit (the encoded batch and its bookkeeping).
+                self.committing = true;
+                self.peak_before_apply = heap::peak();
+                heap::reset_peak();
+            }
+            Phase::Cleanup => {
+                self.p.heap_apply_peak_mib =
+                    heap::mib(heap::peak().saturating_sub(self.heap_planned));
+                self.peak_before_apply = self.peak_before_apply.max(heap::peak());
+            }
+            // After the commit: what the sync keeps (meaningful for the cold sync).
+            Phase::Conntrack if self.committing => {
+                self.p.heap_state_mib = heap::mib(heap_now.saturating_sub(self.heap_start));
+            }
+            Phase::Done => {
+                let peak = self.peak_before_apply.max(heap::peak());
+                self.p.heap_sync_peak_mib = heap::mib(peak.saturating_sub(self.heap_start));
+            }
+            _ => {}
+        }
+        self.heap_entered = heap_now;
+        self.current = (phase != Phase::Done).then_some((phase, now, cpu));
+    }
+}
+
+/// Syncs of the agent's own proxiers (`Syncer::proxier`), each family timed phase by phase.
 struct Phased {
-    nft: Nftables,
-    committed: BTreeMap<Family, Option<TableState>>,
-    desired: BTreeMap<Family, Desired>,
-    udp: BTreeMap<Family, FrontendIndex>,
+    syncer: Syncer,
 }
 
 impl Phased {
@@ -516,124 +592,31 @@ impl Phased {
         full: bool,
         changed: Changed<'_>,
     ) -> Result<Phases> {
+        let proxier = self.syncer.proxier(family).context("no proxier")?;
         let sw = Stopwatch::start();
-        let mut p = Phases::default();
-        let heap_start = heap::current();
-        heap::reset_peak();
-        let t = Instant::now();
-        let updated = match (self.desired.get_mut(&family), changed) {
-            (Some(d), Changed::Services(names)) => d.update(cluster, config, names),
-            _ => {
-                self.desired
-                    .insert(family, Desired::build(cluster, config, family));
-                Updated::All
-            }
-        };
-        let desired = &self.desired[&family];
-        p.build_ms = ms(t.elapsed());
-        let heap_built = heap::current();
-        p.heap_table_mib = heap::mib(heap_built.saturating_sub(heap_start));
-
-        let t = Instant::now();
-        let first = !self.committed.contains_key(&family);
-        let (current, read) = match self.committed.remove(&family) {
-            Some(state) if !full => (state, false),
-            _ => (self.nft.read_table(family)?, true),
-        };
-        p.state_ms = ms(t.elapsed());
-
-        let heap_before_plan = heap::current();
-        let t = Instant::now();
-        let scope = match (&current, updated, read) {
-            (Some(_), Updated::Scope(scope), false) => Some(scope),
-            _ => None,
-        };
-        let tx = match (&current, &scope) {
-            (Some(cur), Some(scope)) => plan_scope(cur, desired.table(), scope),
-            _ => plan(current.as_ref(), desired.table()),
-        };
-        p.plan_ms = ms(t.elapsed());
-        let heap_planned = heap::current();
-        p.heap_transaction_mib = heap::mib(heap_planned.saturating_sub(heap_before_plan));
-
-        let t = Instant::now();
-        let read_back = first.then(|| Frontends::from_table_state(current.as_ref()));
-        let mut frontends_ms = ms(t.elapsed());
-
-        let sw_apply = Stopwatch::start();
-        let peak_before_apply = heap::peak();
-        heap::reset_peak();
-        let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
-        // The committed state follows each part as it commits, as in the agent; that time is
-        // taken out of the apply figures and reported as the state update.
-        let mut state = current.unwrap_or_default();
-        let mut ops = 0;
-        let mut state_time = Duration::ZERO;
-        let stats = self.nft.apply_all(parts, |part| {
-            let t = Instant::now();
-            ops += part.ops.len();
-            match scope {
-                Some(_) => state.apply(part),
-                None => state.apply_except_elements(part),
-            }
-            state_time += t.elapsed();
-        })?;
-        let (kernel, kernel_user, kernel_sys) = sw_apply.stop();
-        p.kernel_ms = kernel - ms(state_time);
-        p.kernel_user_ms = kernel_user - ms(state_time);
-        p.kernel_sys_ms = kernel_sys;
-        p.heap_apply_peak_mib = heap::mib(heap::peak().saturating_sub(heap_planned));
-        let peak_so_far = peak_before_apply.max(heap::peak());
-
-        let t_other = Instant::now();
-        let t = Instant::now();
-        if scope.is_none() {
-            state.copy_elements(desired.table());
-        }
-        p.state_update_ms = ms(t.elapsed() + state_time);
-        let t = Instant::now();
-        let cleanup = match &scope {
-            Some(scope) => plan_cleanup_scope(&state, desired.table(), scope),
-            None => plan_cleanup(&state, desired.table()),
-        };
-        let mut messages = stats.messages;
-        let mut bytes = stats.bytes;
-        if !cleanup.is_empty() {
-            let s = self.nft.apply(&cleanup)?;
-            state.apply(&cleanup);
-            messages += s.messages;
-            bytes += s.bytes;
-        }
-        p.cleanup_ms = ms(t.elapsed());
-        let ops = ops + cleanup.ops.len();
-        let t = Instant::now();
-        drop((cleanup, scope));
-        p.free_ms = ms(t.elapsed());
-        self.committed.insert(family, Some(state));
-        // Meaningful for the cold sync, when nothing was committed before.
-        p.heap_state_mib = heap::mib(heap::current().saturating_sub(heap_start));
-        let t = Instant::now();
-        match (self.udp.get_mut(&family), changed) {
-            (Some(index), Changed::Services(names)) => {
-                index.update(cluster, names);
-            }
-            _ => {
-                self.udp
-                    .insert(family, FrontendIndex::build(cluster, family));
-            }
-        }
-        drop(read_back);
-        frontends_ms += ms(t.elapsed());
-        p.frontends_ms = frontends_ms;
-        p.other_ms = ms(t_other.elapsed());
-        p.heap_sync_peak_mib = heap::mib(peak_so_far.max(heap::peak()).saturating_sub(heap_start));
-        p.ops = ops;
+        let mut timer = PhaseTimer::new();
+        let report = proxier.sync(cluster, config, full, changed, &mut timer)?;
         let (total, user, sys) = sw.stop();
+        let t = &timer;
+        let commit_cpu = t.cpu.get(&Phase::Commit).copied().unwrap_or_default();
+        let mut p = t.p.clone();
+        p.build_ms = t.wall_ms(Phase::Build);
+        p.state_ms = t.wall_ms(Phase::State);
+        p.plan_ms = t.wall_ms(Phase::Plan);
+        p.kernel_ms = t.wall_ms(Phase::Commit);
+        p.kernel_user_ms = ms(commit_cpu.0);
+        p.kernel_sys_ms = ms(commit_cpu.1);
+        p.state_update_ms = t.wall_ms(Phase::StateUpdate);
+        p.cleanup_ms = t.wall_ms(Phase::Cleanup);
+        p.frontends_ms = t.wall_ms(Phase::Conntrack);
+        p.free_ms = t.wall_ms(Phase::Free);
+        p.other_ms = p.state_update_ms + p.cleanup_ms + p.frontends_ms + p.free_ms;
         p.total_ms = total;
         p.user_ms = user;
         p.sys_ms = sys;
-        p.messages = messages;
-        p.bytes = bytes;
+        p.ops = report.ops;
+        p.messages = report.messages;
+        p.bytes = report.bytes;
         Ok(p)
     }
 
@@ -678,10 +661,7 @@ pub fn phased_bench(
         config.local_addresses = nftproxy::addresses::local_addresses();
         let mut cluster = cluster.clone();
         let mut phased = Phased {
-            nft: Nftables::open()?,
-            committed: BTreeMap::new(),
-            desired: BTreeMap::new(),
-            udp: BTreeMap::new(),
+            syncer: Syncer::new().context("opening the Syncer")?,
         };
         let mut out = PhasedResult {
             cold: phased.sync(&cluster, &config, true, Changed::All)?,

@@ -1,7 +1,7 @@
 //! The iptables backend (kube-proxy's iptables mode, `mode: iptables`): for nodes where the
 //! nftables backend cannot run.
 //!
-//! [`IptablesBackend::sync_family`] builds the desired rules (`dataplane::iptables::build`),
+//! [`IptablesBackend::sync`] builds one family's desired rules (`dataplane::iptables::build`),
 //! plans a full or partial restore against what the last successful restore wrote, and runs
 //! `iptables-restore --noflush` / `ip6tables-restore --noflush` of the variant the node uses
 //! ([`xtables::detect`]), waiting for the xtables lock like every other iptables user. A failed
@@ -56,20 +56,20 @@ pub struct IptablesReport {
     pub elapsed: Duration,
 }
 
-/// Keeps nftproxy's iptables chains equal to the cluster model.
+/// Keeps one family's nftproxy iptables chains equal to the cluster model.
 pub struct IptablesBackend {
     variant: Variant,
+    family: Family,
     options: IptablesOptions,
-    /// What the last successful restore left, per family; absent when unknown (startup, after
-    /// a failure, or when a full sync is asked for).
-    written: BTreeMap<Family, Tables>,
+    /// What the last successful restore left; absent when unknown (startup, after a failure).
+    written: Option<Tables>,
     /// Logged once: route_localnet set or not settable, loopback NodePort addresses skipped.
     warned: BTreeMap<&'static str, bool>,
 }
 
 impl IptablesBackend {
     /// Picks the variant the node uses and logs the choice.
-    pub fn new(options: IptablesOptions) -> Result<IptablesBackend, IptError> {
+    pub fn detect_variant() -> Variant {
         let detection = detect();
         tracing::info!(
             variant = detection.variant.name(),
@@ -77,26 +77,26 @@ impl IptablesBackend {
             "iptables mode: using iptables-{}",
             detection.variant
         );
-        Self::with_variant(detection.variant, options)
+        detection.variant
     }
 
-    /// Uses `variant` (whose tools must be installed).
+    /// Programs `family` with `variant` (whose tools must be installed).
     pub fn with_variant(
         variant: Variant,
+        family: Family,
         options: IptablesOptions,
     ) -> Result<IptablesBackend, IptError> {
-        for family in Family::ALL {
-            let x = Xtables::new(variant, family);
-            if !x.available() {
-                return Err(IptError::Missing {
-                    binary: x.binary_name("restore"),
-                });
-            }
+        let x = Xtables::new(variant, family);
+        if !x.available() {
+            return Err(IptError::Missing {
+                binary: x.binary_name("restore"),
+            });
         }
         Ok(IptablesBackend {
             variant,
+            family,
             options,
-            written: BTreeMap::new(),
+            written: None,
             warned: BTreeMap::new(),
         })
     }
@@ -105,20 +105,24 @@ impl IptablesBackend {
         self.variant
     }
 
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
     fn warn_once(&mut self, key: &'static str) -> bool {
         !std::mem::replace(self.warned.entry(key).or_default(), true)
     }
 
-    /// Syncs one family: a partial restore if what was written last is known and `full` is
+    /// Syncs the family: a partial restore if what was written last is known and `full` is
     /// not asked for, else a full one.
-    pub fn sync_family(
+    pub fn sync(
         &mut self,
         cluster: &Cluster,
         config: &BuildConfig,
-        family: Family,
         full: bool,
     ) -> Result<IptablesReport, IptError> {
         let start = Instant::now();
+        let family = self.family;
         let x = Xtables::new(self.variant, family);
         let desired = ipt::build(cluster, config, &self.options, family);
         if !desired.skipped_loopback.is_empty() && self.warn_once("loopback") {
@@ -131,8 +135,8 @@ impl IptablesBackend {
         if desired.route_localnet {
             self.ensure_route_localnet();
         }
-        let partial = !full && self.written.contains_key(&family);
-        let restore = match self.written.get(&family) {
+        let partial = !full && self.written.is_some();
+        let restore = match &self.written {
             Some(written) if partial => plan_partial(written, &desired),
             _ => {
                 let existing = Existing::from_save(&x.save_ours()?);
@@ -142,7 +146,7 @@ impl IptablesBackend {
         if !restore.is_empty()
             && let Err(e) = x.restore(&restore.text)
         {
-            self.written.remove(&family);
+            self.written = None;
             let m = metrics::metrics();
             m.iptables_restore_failed(family, partial);
             tracing::debug!(input = %restore.text, "failed iptables-restore input");
@@ -186,7 +190,7 @@ impl IptablesBackend {
             elapsed = ?report.elapsed,
             "iptables restore committed"
         );
-        self.written.insert(family, desired.tables);
+        self.written = Some(desired.tables);
         Ok(report)
     }
 
@@ -212,20 +216,15 @@ impl IptablesBackend {
 
     /// Forgets what was written (the next sync is full).
     pub fn forget(&mut self) {
-        self.written.clear();
+        self.written = None;
     }
 
-    /// Removes nftproxy's chains from this variant (both families).
+    /// Removes nftproxy's chains of the family from this variant.
     pub fn cleanup(&mut self) -> Result<Vec<String>, IptError> {
-        self.written.clear();
-        let mut removed = Vec::new();
-        for family in Family::ALL {
-            removed.extend(remove_in(
-                Xtables::new(self.variant, family),
-                &|c: &str| c.starts_with(ipt::PREFIX),
-            )?);
-        }
-        Ok(removed)
+        self.written = None;
+        remove_in(Xtables::new(self.variant, self.family), &|c: &str| {
+            c.starts_with(ipt::PREFIX)
+        })
     }
 }
 
@@ -269,6 +268,11 @@ fn remove_in(x: Xtables, pred: &dyn Fn(&str) -> bool) -> Result<Vec<String>, Ipt
 /// variants and both families. A variant whose tools are not installed is skipped; the first
 /// error is returned after trying everything. Returns what was removed, for logging.
 pub fn remove_chains(owner: Owner) -> Result<Vec<String>, IptError> {
+    remove_chains_of(owner, &Family::ALL)
+}
+
+/// [`remove_chains`] for the families in `families` only.
+pub fn remove_chains_of(owner: Owner, families: &[Family]) -> Result<Vec<String>, IptError> {
     let pred: &dyn Fn(&str) -> bool = match owner {
         Owner::Nftproxy => &|c: &str| c.starts_with(ipt::PREFIX),
         Owner::KubeProxy => &ipt::is_kube_proxy_chain,
@@ -276,7 +280,7 @@ pub fn remove_chains(owner: Owner) -> Result<Vec<String>, IptError> {
     let mut removed = Vec::new();
     let mut first_error = None;
     for variant in Variant::ALL {
-        for family in Family::ALL {
+        for &family in families {
             let x = Xtables::new(variant, family);
             if !x.available() {
                 tracing::debug!(binary = x.binary_name("save"), "not installed; skipped");

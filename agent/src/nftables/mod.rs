@@ -36,6 +36,8 @@
 
 mod dump;
 mod encode;
+pub mod fake;
+pub mod kernel;
 pub mod monitor;
 mod socket;
 

@@ -112,7 +112,7 @@ pub struct Quieter {
 }
 
 /// What [`Quieter::pause`] saw before stepping out.
-struct Paused {
+pub(crate) struct Paused {
     generation: u32,
     commits: u64,
 }
@@ -131,7 +131,7 @@ impl Quieter {
     }
 
     /// Stops the notifications; `None` (and nothing changed) if the generation cannot be read.
-    fn pause(&self, nft: &mut Nftables) -> Option<Paused> {
+    pub(crate) fn pause(&self, nft: &mut Nftables) -> Option<Paused> {
         // Read first: a commit after this either still reaches the monitor or is counted.
         let generation = nft.generation().ok()?;
         self.sock.drop_membership(NFNLGRP_NFTABLES).ok()?;
@@ -142,7 +142,7 @@ impl Quieter {
     }
 
     /// Restarts the notifications and reports a commit by anyone else since `paused`.
-    fn resume(&self, nft: &mut Nftables, paused: Paused) {
+    pub(crate) fn resume(&self, nft: &mut Nftables, paused: Paused) {
         if let Err(e) = self.sock.add_membership(NFNLGRP_NFTABLES) {
             tracing::warn!(error = %e, "cannot rejoin nftables change notifications");
             (self.missed)();
