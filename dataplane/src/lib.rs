@@ -6,6 +6,7 @@ pub mod conflicts;
 pub mod conntrack;
 pub mod convert;
 pub mod desired;
+pub mod input;
 pub mod iptables;
 pub mod model;
 pub mod plan;
