@@ -1,12 +1,20 @@
-//! The YAML file source: Kubernetes objects as `kubectl get ... -o yaml` prints them.
+//! The file source: Kubernetes objects as `kubectl get ... -o yaml` or `-o json` prints them
+//! (a `kind: List`), as a stream of YAML documents or as a stream of JSON objects.
+//!
+//! Every reader of a file (`render`, `trace`, `run --once`, the followed file of `run
+//! --from-file`) goes through [`relist`]: each object is applied to a tracker as soon as it is
+//! parsed, so that the file's objects never all exist at once, and every reader treats an
+//! object listed twice the same way: the last copy wins, as a later update would (an invalid
+//! last copy removes the object and is reported).
 
+use std::collections::HashSet;
 use std::path::Path;
 
-use dataplane::convert::{self, Object, Skipped};
-use dataplane::model::Cluster;
+use dataplane::convert::{self, Object, ParseError, Skipped};
+use dataplane::model::{Cluster, ObjectName};
 use dataplane::tracker::{Kind, Tracker};
 
-/// Reads and converts a YAML file. An unreadable or unparseable file is an error (naming the
+/// Reads and converts a file. An unreadable or unparseable file is an error (naming the
 /// file and line); invalid objects inside it are returned as skipped and otherwise ignored.
 pub fn load_file(
     path: &Path,
@@ -17,16 +25,15 @@ pub fn load_file(
     load_text(&text, node_name, proxy_name).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Converts YAML text already in memory (see [`load_file`]).
+/// Converts text already in memory (see [`load_file`]).
 pub fn load_text(
     text: &str,
     node_name: &str,
     proxy_name: &str,
 ) -> Result<(Cluster, Vec<Skipped>), String> {
-    let (objects, mut skipped) = convert::parse_yaml(text).map_err(|e| yaml_error(&e))?;
-    let (cluster, more) = convert::cluster(&objects, node_name, proxy_name);
-    skipped.extend(more);
-    Ok((cluster, skipped))
+    let mut tracker = Tracker::new(node_name, proxy_name);
+    let skipped = relist(&mut tracker, text).map_err(|e| e.to_string())?;
+    Ok((tracker.cluster().clone(), skipped))
 }
 
 fn read(path: &Path) -> Result<String, String> {
@@ -40,45 +47,60 @@ pub fn report_skipped(skipped: &[Skipped]) {
     }
 }
 
-/// Replaces the tracker's content with the objects of a YAML file, as a re-list of every kind
-/// would: objects missing from the file are deleted, unchanged ones cause no sync. A file that
+/// Replaces the tracker's content with the objects of `text`, as a re-list of every kind
+/// would: objects missing from it are deleted, unchanged ones cause no sync. Returns the
+/// objects skipped as invalid. On a syntax error the tracker is half-way through: callers
+/// stage a copy.
+fn relist(tracker: &mut Tracker, text: &str) -> Result<Vec<Skipped>, ParseError> {
+    for kind in Kind::ALL {
+        tracker.begin_list(kind);
+    }
+    let mut skipped = Vec::new();
+    let mut invalid = Vec::new();
+    let mut seen = HashSet::new();
+    convert::for_each_object(text, &mut skipped, |object| {
+        let (kind, name) = match &object {
+            Object::Service(o) => (Kind::Service, convert::object_name(&o.metadata)),
+            Object::Slice(o) => (Kind::EndpointSlice, convert::object_name(&o.metadata)),
+            Object::Node(o) => (Kind::Node, convert::object_name(&o.metadata)),
+            Object::ServiceCidr(o) => (Kind::ServiceCidr, convert::object_name(&o.metadata)),
+        };
+        if !seen.insert((kind, name.clone())) {
+            warn_duplicate(kind, &name);
+        }
+        invalid.extend(match &object {
+            Object::Service(o) => tracker.apply_service(o),
+            Object::Slice(o) => tracker.apply_slice(o),
+            Object::Node(o) => tracker.apply_node(o),
+            Object::ServiceCidr(o) => tracker.apply_service_cidr(o),
+        })
+    })?;
+    for kind in Kind::ALL {
+        tracker.end_list(kind);
+    }
+    skipped.extend(invalid);
+    Ok(skipped)
+}
+
+fn warn_duplicate(kind: Kind, name: &ObjectName) {
+    tracing::warn!(
+        kind = kind.name(),
+        %name,
+        "object listed more than once in the file; the last copy wins"
+    );
+}
+
+/// Replaces the tracker's content with the objects of a file (see [`relist`]). A file that
 /// cannot be parsed changes nothing.
 pub fn load_into(tracker: &mut Tracker, path: &Path) -> Result<(), String> {
     let text = read(path)?;
     let mut staged = tracker.clone();
-    for kind in Kind::ALL {
-        staged.begin_list(kind);
-    }
-    let mut skipped = Vec::new();
-    let mut invalid = Vec::new();
-    // Each object is applied as soon as it is parsed, so that the file's objects never all
-    // exist at once.
-    convert::for_each_object(&text, &mut skipped, |object| {
-        invalid.extend(match &object {
-            Object::Service(o) => staged.apply_service(o),
-            Object::Slice(o) => staged.apply_slice(o),
-            Object::Node(o) => staged.apply_node(o),
-            Object::ServiceCidr(o) => staged.apply_service_cidr(o),
-        })
-    })
-    .map_err(|e| format!("{}: {}", path.display(), yaml_error(&e)))?;
-    for kind in Kind::ALL {
-        staged.end_list(kind);
-    }
+    let skipped = relist(&mut staged, &text).map_err(|e| format!("{}: {e}", path.display()))?;
     *tracker = staged;
     report_skipped(&skipped);
-    report_skipped(&invalid);
     drop(text);
     crate::memory::release_freed();
     Ok(())
-}
-
-/// A YAML error with the line and column it names.
-fn yaml_error(e: &serde_yaml_ng::Error) -> String {
-    match e.location() {
-        Some(l) => format!("line {} column {}: {e}", l.line(), l.column()),
-        None => e.to_string(),
-    }
 }
 
 #[cfg(test)]
@@ -98,6 +120,51 @@ mod tests {
             std::env::temp_dir().join(format!("nftproxy-source-{}-{name}", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    /// `render`/`trace`/`--once` and the followed file agree on a Service listed twice: the
+    /// last copy wins, and an invalid last copy removes it (reported).
+    #[test]
+    fn the_last_copy_of_an_object_wins_everywhere() {
+        let invalid = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: ns}\n\
+                       spec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n";
+        for (text, kept) in [
+            (
+                format!(
+                    "{}---\n{}",
+                    service("a", "10.96.0.1"),
+                    service("a", "10.96.0.2")
+                ),
+                true,
+            ),
+            (
+                format!("{}---\n{invalid}", service("a", "10.96.0.1")),
+                false,
+            ),
+            (format!("{invalid}---\n{}", service("a", "10.96.0.1")), true),
+        ] {
+            let (cluster, skipped) = load_text(&text, "node", "").unwrap();
+            let path = write("dup.yaml", &text);
+            let mut tracker = Tracker::new("node", "");
+            load_into(&mut tracker, &path).unwrap();
+            let _ = std::fs::remove_file(path);
+            let a = ObjectName::new("ns", "a");
+            for c in [&cluster, tracker.cluster()] {
+                assert_eq!(c.services.contains_key(&a), kept, "{text}");
+                if kept {
+                    assert_eq!(
+                        c.services[&a].cluster_ips[0].to_string(),
+                        if text.ends_with("10.96.0.2, ports: [{port: 80, protocol: TCP}]}\n") {
+                            "10.96.0.2"
+                        } else {
+                            "10.96.0.1"
+                        }
+                    );
+                }
+            }
+            // Every invalid copy is reported, even one a later valid copy replaced.
+            assert_eq!(skipped.is_empty(), !text.contains("port: 0"), "{skipped:?}");
+        }
     }
 
     #[test]

@@ -100,23 +100,20 @@ fn source_load() {
             assert_eq!(loaded.is_ok(), into.is_ok(), "{loaded:?} vs {into:?}");
             if let Ok((cluster, _)) = loaded {
                 harness::note("source_load", "loaded");
-                // A Service listed twice, valid then invalid, is kept by `load_text` (the valid
-                // copy) and dropped by the tracker (the last update is invalid): compared only
-                // without such duplicates.
+                // Both read the file through the same re-list: they agree on the Services even
+                // when one is listed twice (the last copy wins, valid or not).
                 let (objects, _) = convert::parse_yaml(&text).expect("parsed once already");
                 let mut seen = std::collections::BTreeSet::new();
-                let unique = objects
+                if !objects
                     .services
                     .iter()
-                    .all(|s| seen.insert(convert::object_name(&s.metadata)));
-                if unique {
-                    let names = |c: &dataplane::model::Cluster| {
-                        c.services.keys().cloned().collect::<Vec<_>>()
-                    };
-                    assert_eq!(names(&cluster), names(tracker.cluster()));
-                } else {
+                    .all(|s| seen.insert(convert::object_name(&s.metadata)))
+                {
                     harness::note("source_load", "duplicate_services");
                 }
+                let names =
+                    |c: &dataplane::model::Cluster| c.services.keys().cloned().collect::<Vec<_>>();
+                assert_eq!(names(&cluster), names(tracker.cluster()));
             }
         },
     );

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
 
+pub use crate::input::ParseError;
 use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, Node, NodeNames, ObjectName, Service, ServicePort,
     ServiceType, Slices,
@@ -595,10 +596,10 @@ pub enum Object {
     ServiceCidr(Box<networking::ServiceCIDR>),
 }
 
-/// Splits YAML text (a multi-document stream, `kind: List` documents, or both) into typed
-/// objects. Objects of other kinds are ignored; objects that do not match their schema are
-/// reported in the second return value.
-pub fn parse_yaml(text: &str) -> Result<(Objects, Vec<Skipped>), serde_yaml_ng::Error> {
+/// Splits a file's text (see [`crate::input`]: `kind: List`, YAML documents, JSON objects) into
+/// typed objects. Objects of other kinds are ignored; objects that do not match their schema
+/// are reported in the second return value.
+pub fn parse_yaml(text: &str) -> Result<(Objects, Vec<Skipped>), ParseError> {
     let mut objects = Objects::default();
     let mut skipped = Vec::new();
     for_each_object(text, &mut skipped, |o| match o {
@@ -610,76 +611,15 @@ pub fn parse_yaml(text: &str) -> Result<(Objects, Vec<Skipped>), serde_yaml_ng::
     Ok((objects, skipped))
 }
 
-/// Like [`parse_yaml`], but hands each object to `f` as soon as its document is parsed: the
-/// typed objects of a whole file take several times the memory of the model built from them.
-/// On a YAML error, `f` has already seen the objects before it.
+/// Like [`parse_yaml`], but hands each object to `f` as soon as it is parsed: the typed
+/// objects of a whole file take several times the memory of the model built from them.
+/// On a syntax error, `f` has already seen the objects before it.
 pub fn for_each_object(
     text: &str,
     skipped: &mut Vec<Skipped>,
-    mut f: impl FnMut(Object),
-) -> Result<(), serde_yaml_ng::Error> {
-    for doc in serde_yaml_ng::Deserializer::from_str(text) {
-        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
-        collect(value, &mut f, skipped);
-    }
-    Ok(())
-}
-
-fn collect(value: serde_json::Value, out: &mut impl FnMut(Object), skipped: &mut Vec<Skipped>) {
-    if value.is_null() {
-        return;
-    }
-    let kind = value
-        .get("kind")
-        .and_then(|k| k.as_str())
-        .unwrap_or("")
-        .to_string();
-    let name = {
-        let meta = value.get("metadata");
-        let ns = meta
-            .and_then(|m| m.get("namespace"))
-            .and_then(|n| n.as_str());
-        let n = meta
-            .and_then(|m| m.get("name"))
-            .and_then(|n| n.as_str())
-            .unwrap_or("");
-        match ns {
-            Some(ns) => format!("{ns}/{n}"),
-            None => n.to_string(),
-        }
-    };
-    let typed = |value: serde_json::Value| -> Result<Option<Object>, serde_json::Error> {
-        Ok(Some(match kind.as_str() {
-            "Service" => Object::Service(serde_json::from_value(value)?),
-            "EndpointSlice" => Object::Slice(serde_json::from_value(value)?),
-            "Node" => Object::Node(serde_json::from_value(value)?),
-            "ServiceCIDR" => Object::ServiceCidr(serde_json::from_value(value)?),
-            _ => return Ok(None),
-        }))
-    };
-    match kind.as_str() {
-        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" | "ServiceCIDRList" => {
-            if let serde_json::Value::Object(mut list) = value
-                && let Some(serde_json::Value::Array(items)) = list.remove("items")
-            {
-                for item in items {
-                    collect(item, out, skipped);
-                }
-            }
-        }
-        _ => match typed(value) {
-            Ok(Some(object)) => out(object),
-            Ok(None) => {}
-            Err(e) => skipped.push(Skipped {
-                skip: Skip::Invalid(
-                    Invalid::Schema,
-                    format!("does not match the {kind} schema: {e}"),
-                ),
-                kind,
-                name,
-            }),
-        },
-    }
+    f: impl FnMut(Object),
+) -> Result<(), ParseError> {
+    crate::input::for_each_object(text, skipped, f)
 }
 
 /// Converts parsed objects into a cluster model for the node `node_name`, collecting every

@@ -7,6 +7,7 @@ pub mod conntrack;
 pub mod convert;
 pub mod decision;
 pub mod desired;
+pub mod input;
 pub mod iptables;
 pub mod model;
 pub mod plan;

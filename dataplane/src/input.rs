@@ -1,0 +1,526 @@
+//! Kubernetes objects from a file: what `kubectl get -o yaml` or `-o json` writes (one
+//! `kind: List`), a stream of YAML documents, or a stream of JSON objects (one per line or
+//! simply one after another). Objects are handed over one at a time, as they are parsed: the
+//! objects of a file never all exist at once, neither typed nor as generic trees.
+//!
+//! A document or list item that has an `items` array is a list, whatever its `kind` (kubectl's
+//! rule, `Unstructured.IsList`); lists may nest. Other objects are typed by their `kind`:
+//! Services, EndpointSlices, Nodes and ServiceCIDRs are handed over, other kinds ignored. An
+//! object that does not match its kind's schema is skipped with the reason; a syntax error
+//! stops the parse (objects before it have been handed over).
+//!
+//! JSON takes a fast path: text that starts with `{` or `[` and is a valid stream of JSON values
+//! is checked once by serde_json, then every object is typed straight from its own slice of the
+//! text. Anything else is read as YAML (JSON is YAML too: a YAML flow mapping that is not JSON
+//! still parses), one document at a time, each list item as a tree of its own.
+
+use serde::Deserializer as _;
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+use crate::convert::{Object, Skip, Skipped};
+
+/// A syntax error, with the position it names when there is one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseError {
+    /// 1-based line and column.
+    pub location: Option<(usize, usize)>,
+    pub message: String,
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.location {
+            Some((line, column)) => write!(f, "line {line} column {column}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+impl From<serde_yaml_ng::Error> for ParseError {
+    fn from(e: serde_yaml_ng::Error) -> ParseError {
+        ParseError {
+            location: e.location().map(|l| (l.line(), l.column())),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Hands every object of `text` to `f`, in file order; objects that do not match their schema
+/// go to `skipped`. On a syntax error, `f` has already seen the objects before it.
+pub fn for_each_object(
+    text: &str,
+    skipped: &mut Vec<Skipped>,
+    mut f: impl FnMut(Object),
+) -> Result<(), ParseError> {
+    let mut sink = Sink { skipped, f: &mut f };
+    if let Some(documents) = json_documents(text) {
+        for document in documents {
+            sink.json(document);
+        }
+        return Ok(());
+    }
+    for document in serde_yaml_ng::Deserializer::from_str(text) {
+        document.deserialize_any(YamlDocument { sink: &mut sink })?;
+    }
+    Ok(())
+}
+
+/// The top-level values of `text` if it is a stream of JSON values (checked completely before
+/// anything is handed over), `None` if it is not JSON.
+fn json_documents(text: &str) -> Option<Vec<&RawValue>> {
+    let first = text.trim_start_matches(['\u{feff}', ' ', '\t', '\r', '\n']);
+    if !first.starts_with(['{', '[']) {
+        return None;
+    }
+    serde_json::Deserializer::from_str(first)
+        .into_iter::<&RawValue>()
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+}
+
+/// Where objects go.
+struct Sink<'s, F> {
+    skipped: &'s mut Vec<Skipped>,
+    f: &'s mut F,
+}
+
+impl<F: FnMut(Object)> Sink<'_, F> {
+    /// Types an object that is not a list by its kind: handed over, skipped or ignored.
+    fn typed<E: std::fmt::Display>(
+        &mut self,
+        kind: &str,
+        name: impl FnOnce() -> String,
+        typed: impl FnOnce(&str) -> Option<Result<Object, E>>,
+    ) {
+        match typed(kind) {
+            None => {}
+            Some(Ok(object)) => (self.f)(object),
+            Some(Err(e)) => self.skipped.push(Skipped {
+                kind: kind.to_string(),
+                name: name(),
+                skip: Skip::Invalid(
+                    crate::convert::Invalid::Schema,
+                    format!("does not match the {kind} schema: {e}"),
+                ),
+            }),
+        }
+    }
+
+    /// One JSON value (a document or a list item). The text was checked already: a value this
+    /// cannot read is not an object and is ignored.
+    fn json(&mut self, raw: &RawValue) {
+        if !raw.get().starts_with('{') {
+            return;
+        }
+        let mut de = serde_json::Deserializer::from_str(raw.get());
+        let Ok(envelope) = (&mut de).deserialize_map(JsonEnvelope { sink: self }) else {
+            return;
+        };
+        if envelope.list {
+            return;
+        }
+        let text = raw.get();
+        let kind = envelope.kind.unwrap_or_default();
+        self.typed(
+            &kind,
+            || envelope.metadata.map(name_of_json).unwrap_or_default(),
+            |kind| {
+                Some(match kind {
+                    "Service" => serde_json::from_str(text).map(Object::Service),
+                    "EndpointSlice" => serde_json::from_str(text).map(Object::Slice),
+                    "Node" => serde_json::from_str(text).map(Object::Node),
+                    "ServiceCIDR" => serde_json::from_str(text).map(Object::ServiceCidr),
+                    _ => return None,
+                })
+            },
+        );
+    }
+
+    /// One YAML list item, or a document that is not a list, as a tree.
+    fn value(&mut self, value: serde_json::Value) {
+        let serde_json::Value::Object(mut map) = value else {
+            return;
+        };
+        if let Some(serde_json::Value::Array(items)) = map.remove("items") {
+            for item in items {
+                self.value(item);
+            }
+            return;
+        }
+        let kind = map
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or("")
+            .to_string();
+        let name = name_of(map.get("metadata"));
+        let value = serde_json::Value::Object(map);
+        self.typed(
+            &kind,
+            || name,
+            |kind| {
+                Some(match kind {
+                    "Service" => serde_json::from_value(value).map(Object::Service),
+                    "EndpointSlice" => serde_json::from_value(value).map(Object::Slice),
+                    "Node" => serde_json::from_value(value).map(Object::Node),
+                    "ServiceCIDR" => serde_json::from_value(value).map(Object::ServiceCidr),
+                    _ => return None,
+                })
+            },
+        );
+    }
+}
+
+/// `namespace/name` (or `name`) of an object's metadata, for messages; empty if missing.
+fn name_of(meta: Option<&serde_json::Value>) -> String {
+    let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(|v| v.as_str());
+    let name = field("name").unwrap_or("");
+    match field("namespace") {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+fn name_of_json(meta: &RawValue) -> String {
+    name_of(
+        serde_json::from_str::<serde_json::Value>(meta.get())
+            .ok()
+            .as_ref(),
+    )
+}
+
+/// The fields of a JSON object that decide what it is. Its `items`, if an array, are handed
+/// over while the object is read.
+struct JsonEnvelope<'s, 'a, F> {
+    sink: &'s mut Sink<'a, F>,
+}
+
+struct Envelope<'de> {
+    kind: Option<String>,
+    metadata: Option<&'de RawValue>,
+    list: bool,
+}
+
+/// Map keys that matter, recognised without allocating.
+enum Key {
+    Kind,
+    Metadata,
+    Items,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for Key {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
+        struct KeyVisitor;
+        impl Visitor<'_> for KeyVisitor {
+            type Value = Key;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key, E> {
+                Ok(match v {
+                    "kind" => Key::Kind,
+                    "metadata" => Key::Metadata,
+                    "items" => Key::Items,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+impl<'de, F: FnMut(Object)> Visitor<'de> for JsonEnvelope<'_, '_, F> {
+    type Value = Envelope<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope<'de>, A::Error> {
+        let mut envelope = Envelope {
+            kind: None,
+            metadata: None,
+            list: false,
+        };
+        // A repeated `kind` or `metadata`: the last one counts, as in a generic tree.
+        while let Some(key) = map.next_key::<Key>()? {
+            match key {
+                Key::Kind => {
+                    let kind: &RawValue = map.next_value()?;
+                    envelope.kind = serde_json::from_str::<String>(kind.get()).ok();
+                }
+                Key::Metadata => envelope.metadata = Some(map.next_value()?),
+                Key::Items => {
+                    let items: &RawValue = map.next_value()?;
+                    if items.get().starts_with('[') {
+                        envelope.list = true;
+                        let items: Vec<&RawValue> =
+                            serde_json::from_str(items.get()).map_err(de::Error::custom)?;
+                        for item in items {
+                            self.sink.json(item);
+                        }
+                    }
+                }
+                Key::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(envelope)
+    }
+}
+
+/// One YAML document: a list's items are handed over one at a time as they are parsed; any
+/// other object is read as a tree and typed.
+struct YamlDocument<'s, 'a, F> {
+    sink: &'s mut Sink<'a, F>,
+}
+
+impl<'de, F: FnMut(Object)> Visitor<'de> for YamlDocument<'_, '_, F> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a YAML document")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut fields = serde_json::Map::new();
+        let mut list = false;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "items" {
+                // Not an array: the object is no list, and `items` means nothing to its kind.
+                list |= map.next_value_seed(YamlItems { sink: self.sink })?;
+            } else {
+                fields.insert(key, map.next_value()?);
+            }
+        }
+        if !list {
+            self.sink.value(serde_json::Value::Object(fields));
+        }
+        Ok(())
+    }
+
+    // Documents that are not objects are ignored.
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_none<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_newtype_struct<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// A YAML `items` value: if a sequence, each element is handed over as it is parsed (true);
+/// anything else is skipped (false).
+struct YamlItems<'s, 'a, F> {
+    sink: &'s mut Sink<'a, F>,
+}
+
+impl<'de, F: FnMut(Object)> DeserializeSeed<'de> for YamlItems<'_, '_, F> {
+    type Value = bool;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, F: FnMut(Object)> Visitor<'de> for YamlItems<'_, '_, F> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of objects")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        while let Some(item) = seq.next_element::<serde_json::Value>()? {
+            self.sink.value(item);
+        }
+        Ok(true)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_unit<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_none<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_newtype_struct<D: de::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::{Objects, parse_yaml};
+
+    fn service(name: &str, ip: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"clusterIP": ip, "ports": [{"port": 80}]},
+        })
+    }
+
+    /// kubectl's order: `items` before `kind`, and an EndpointSlice's `endpoints` before its
+    /// `kind`.
+    fn objects() -> Vec<serde_json::Value> {
+        vec![
+            service("a", "10.96.0.1"),
+            serde_json::json!({
+                "addressType": "IPv4", "apiVersion": "discovery.k8s.io/v1",
+                "endpoints": [{"addresses": ["10.0.0.1"]}], "kind": "EndpointSlice",
+                "metadata": {"labels": {"kubernetes.io/service-name": "a"}, "name": "a-1",
+                             "namespace": "ns"},
+                "ports": [{"port": 8080}],
+            }),
+            // Does not match the schema: skipped, the rest kept.
+            serde_json::json!({"kind": "Service", "metadata": {"name": "bad", "namespace": "ns"},
+                               "spec": {"ports": [{"port": "eighty"}]}}),
+            serde_json::json!({"kind": "ConfigMap", "metadata": {"name": "c"}}),
+            serde_json::json!({"kind": "Node", "metadata": {"name": "node"}}),
+            serde_json::json!({"kind": "ServiceCIDR", "metadata": {"name": "k"},
+                               "spec": {"cidrs": ["10.96.0.0/12"]}}),
+            // A list nested in a list.
+            serde_json::json!({"items": [service("b", "10.96.0.2")], "kind": "ServiceList"}),
+        ]
+    }
+
+    fn summary(text: &str) -> (Vec<String>, Vec<String>) {
+        let (o, skipped): (Objects, _) = parse_yaml(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let mut names: Vec<String> = o
+            .services
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap_or_default())
+            .collect();
+        names.extend(
+            o.slices
+                .iter()
+                .map(|s| s.metadata.name.clone().unwrap_or_default()),
+        );
+        names.extend(
+            o.nodes
+                .iter()
+                .map(|s| s.metadata.name.clone().unwrap_or_default()),
+        );
+        names.extend(
+            o.service_cidrs
+                .iter()
+                .map(|s| s.metadata.name.clone().unwrap_or_default()),
+        );
+        (names, skipped.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn every_format_yields_the_same_objects() {
+        let objects = objects();
+        let list = serde_json::json!({"apiVersion": "v1", "items": objects, "kind": "List",
+                                      "metadata": {"resourceVersion": ""}});
+        let yaml = |v: &serde_json::Value| serde_yaml_ng::to_string(v).unwrap();
+        let formats = [
+            serde_json::to_string_pretty(&list).unwrap(),
+            yaml(&list),
+            objects
+                .iter()
+                .map(|o| format!("---\n{}", yaml(o)))
+                .collect(),
+            objects.iter().map(|o| format!("{o}\n")).collect(),
+            // Concatenated without separators, and a flow-style YAML stream that is not JSON.
+            objects.iter().map(|o| o.to_string()).collect(),
+            objects
+                .iter()
+                .map(|o| {
+                    let flow = o.to_string().replace('"', "");
+                    format!("--- {}\n", flow.replace(':', ": ").replace(',', ", "))
+                })
+                .collect(),
+        ];
+        let want = (
+            ["a", "b", "a-1", "node", "k"].map(String::from).to_vec(),
+            vec![String::from(
+                "skipping Service \"ns/bad\": does not match the Service schema: \
+                 invalid type: string \"eighty\", expected i32",
+            )],
+        );
+        for text in formats {
+            let (names, skipped) = summary(&text);
+            assert_eq!(names, want.0, "{text}");
+            assert_eq!(skipped.len(), 1, "{skipped:?}");
+            assert!(skipped[0].starts_with(&want.1[0]), "{skipped:?}");
+        }
+    }
+
+    #[test]
+    fn a_list_is_an_object_with_an_items_array() {
+        // Whatever the kind says; `items` that is not an array makes no list.
+        let text = r#"{"kind": "Service", "items": [{"kind": "Node", "metadata": {"name": "n"}}]}
+            {"kind": "Node", "metadata": {"name": "m"}, "items": {"a": 1}}"#;
+        assert_eq!(summary(text).0, ["n", "m"]);
+        let yaml = text.replace('"', "").replace("}\n", "}\n---\n");
+        assert_eq!(summary(&yaml).0, ["n", "m"]);
+        // Not objects: ignored.
+        assert_eq!(summary("[1, 2]\n\"x\"\nnull").0, Vec::<String>::new());
+        assert_eq!(summary("--- [1]\n--- x\n---\n").0, Vec::<String>::new());
+    }
+
+    #[test]
+    fn syntax_errors_name_the_line() {
+        let text = "kind: Node\nmetadata: {name: a}\n---\nkind: Node\nmetadata: [x\n";
+        let mut seen = 0;
+        let err = for_each_object(text, &mut Vec::new(), |_| seen += 1).unwrap_err();
+        assert_eq!(seen, 1);
+        assert!(err.location.is_some_and(|(line, _)| line >= 5), "{err}");
+        assert!(err.to_string().starts_with("line "), "{err}");
+        // Broken JSON is read as YAML, and fails as YAML.
+        let err = parse_yaml("{\"kind\": \"Node\",\n \"metadata\": {\"name\": \"a\"}").unwrap_err();
+        assert!(err.location.is_some(), "{err}");
+    }
+}
