@@ -410,6 +410,8 @@ fn churn(
         "churn: {}/s for {:?} (seed {seed})",
         cli.rate, cli.duration
     ));
+    let metrics_addr: std::net::SocketAddr = "127.0.0.1:10249".parse().expect("address");
+    let metrics_before = probe::scrape(&setup.ns, metrics_addr).ok();
     let mut rng = Rng::new(seed);
     let machine = MachineCpu::now();
     let cpu_before = probe::cpu_seconds(agent.pid).unwrap_or(0.0);
@@ -464,6 +466,35 @@ fn churn(
         std::thread::sleep(Duration::from_millis(50));
     }
     let overflows = watch.overflows.load(Ordering::Relaxed);
+    // Where the time went, as the agent saw it: its syncs, and its own network-programming
+    // latency (from the slices' trigger times).
+    let agent_view = match (metrics_before, probe::scrape(&setup.ns, metrics_addr).ok()) {
+        (Some(b), Some(a)) => {
+            let sync = probe::HistogramDelta::between(
+                &b,
+                &a,
+                "kubeproxy_sync_proxy_rules_duration_seconds",
+            );
+            let np = probe::HistogramDelta::between(
+                &b,
+                &a,
+                "kubeproxy_network_programming_duration_seconds",
+            );
+            let o = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.1}"));
+            format!(
+                "  agent's view: {:.0} syncs ({:.0}/s), mean {} ms, p50 {} ms, p99 {} ms; \
+                 its network programming latency p50 {} ms, p99 {} ms",
+                sync.count,
+                sync.count / start.elapsed().as_secs_f64(),
+                o(sync.mean_ms),
+                o(sync.p50_ms),
+                o(sync.p99_ms),
+                o(np.p50_ms),
+                o(np.p99_ms)
+            )
+        }
+        _ => "  agent's view: /metrics did not answer".to_string(),
+    };
     drop(watch);
     let peak = peak_rss_mib(agent.pid)?;
     agent.stop();
@@ -476,7 +507,7 @@ fn churn(
     let lost = m.lost();
     let ok = p99 <= CHURN_P99 && lost == 0 && overflows == 0;
     let own = agent_cpu_s / churn_s;
-    let lines = vec![
+    let mut lines = vec![
         format!(
             "  churn: {written} EndpointSlice writes in {churn_s:.1} s ({:.0}/s, writer lag ≤ {:.0} ms), \
              minSyncPeriod {}; agent CPU {:.0}% of one core, machine busy {:.2} of {} CPUs \
@@ -504,6 +535,7 @@ fn churn(
             CHURN_P99.as_millis()
         ),
     ];
+    lines.push(agent_view);
     Ok((lines, ok))
 }
 
