@@ -400,7 +400,30 @@ async fn watch<K>(
         tx,
     )));
     let mut batch = Vec::with_capacity(BATCH);
+    // When the list in progress started, and its objects so far.
+    let mut listing: Option<(std::time::Instant, usize)> = None;
     while rx.recv_many(&mut batch, BATCH).await > 0 {
+        for fed in &batch {
+            match fed {
+                Fed::Event(Event::Init) => listing = Some((std::time::Instant::now(), 0)),
+                Fed::Event(Event::InitApply(_)) => {
+                    if let Some((_, n)) = &mut listing {
+                        *n += 1;
+                    }
+                }
+                Fed::Event(Event::InitDone) => {
+                    if let Some((start, objects)) = listing.take() {
+                        tracing::info!(
+                            kind = kind.name(),
+                            objects,
+                            seconds = start.elapsed().as_secs_f64(),
+                            "listed"
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
         let skipped: Vec<Skipped> = shared.with_tracker(|t| {
             batch
                 .iter()
