@@ -476,4 +476,51 @@ mod tests {
         assert_eq!(s.write(svc("a", 3), true, false).unwrap_err().code, 409);
         assert!(now_rfc3339().ends_with('Z'));
     }
+
+    #[test]
+    fn pages_equal_the_snapshot_they_started_from() {
+        let svcs = kind_named("Service").unwrap();
+        let mut s = Store::default();
+        for (i, name) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+            s.write(svc(name, i as u16), false, false).unwrap();
+        }
+        let at = s.rv();
+        // After the list started: one changed, one deleted, one added, one other kind.
+        s.write(svc("b", 99), false, false).unwrap();
+        s.delete(svcs, "default", "c").unwrap();
+        s.write(svc("bb", 1), false, false).unwrap();
+        s.write(
+            json!({"kind": "Node", "metadata": {"name": "n"}}),
+            false,
+            false,
+        )
+        .unwrap();
+        let keep_all = |_: &Value| true;
+        for limit in 1..=6 {
+            let (mut seen, mut after) = (Vec::new(), None);
+            loop {
+                let (page, more) = s
+                    .page(svcs, Some(at), after.as_ref(), limit, keep_all)
+                    .unwrap();
+                assert!(page.len() <= limit);
+                let last = page.last().map(|(k, _)| (k.1.clone(), k.2.clone()));
+                seen.extend(page);
+                if !more {
+                    break;
+                }
+                after = last;
+            }
+            assert_eq!(seen, s.snapshot(svcs, Some(at)).unwrap(), "limit {limit}");
+        }
+        // Now, with a filter: only odd ports.
+        let odd = |o: &Value| o["spec"]["ports"][0]["port"].as_u64().unwrap() % 2 == 1;
+        let (page, more) = s.page(svcs, None, None, 10, odd).unwrap();
+        let names: Vec<_> = page.iter().map(|(k, _)| k.2.as_str()).collect();
+        assert_eq!((names, more), (vec!["b", "bb", "d"], false));
+        s.compact();
+        assert_eq!(
+            s.page(svcs, Some(at), None, 1, keep_all).unwrap_err().code,
+            410
+        );
+    }
 }
