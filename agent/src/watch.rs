@@ -7,6 +7,10 @@
 //! is relisted at once. The client stack (`apiclient::client_builder`) bounds every request in
 //! time and ends watches that go silent; its [`Liveness`] tells the watchers when the server
 //! answers again, which resets their backoff.
+//!
+//! Each watcher runs in a task of its own that asks for the next list page while the tracker
+//! converts the current one ([`PREFETCH`]), and the tracker takes the events in batches
+//! ([`BATCH`]): a cold start lists at about the speed of the server and the decode.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -348,12 +352,134 @@ impl Outage<'_> {
     }
 }
 
+/// Events the fetcher may hold for the tracker: two list pages. While the tracker converts one
+/// page, the next is already asked for and decoded (kube-runtime's watcher asks for a page only
+/// once the previous one is taken), so a cold start lists at close to the speed of the server
+/// and the decode, not of the decode plus the conversion. Bounded, so that a slow tracker holds
+/// back the list instead of buffering it whole.
+const PREFETCH: usize = 2 * LIST_PAGE_SIZE as usize;
+
+/// Events applied under one lock of the tracker, followed by one wake-up of the sync loop: few
+/// enough that the sync loop never waits long for the tracker (about 2–5 ms of conversion).
+const BATCH: usize = 128;
+
+/// What the fetcher hands to the tracker.
+enum Fed<K> {
+    Event(Event<K>),
+    /// The server does not serve this kind (ServiceCIDRs on older clusters).
+    Absent,
+}
+
+/// Aborts a spawned task when dropped (the watchers end with the process, or a test's runtime).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One watcher: a task that fetches (lists page by page, then watches, retrying on failure)
+/// feeds the tracker here through a bounded channel, in batches.
 async fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: Kind,
     (shared, diagnosis): (Arc<Shared>, Arc<Diagnosis>),
     apply: fn(&mut Tracker, &K) -> Option<Skipped>,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    let (tx, mut rx) = tokio::sync::mpsc::channel(PREFETCH);
+    let _fetcher = AbortOnDrop(tokio::spawn(fetch(
+        api,
+        config,
+        kind,
+        (shared.clone(), diagnosis),
+        tx,
+    )));
+    let mut batch = Vec::with_capacity(BATCH);
+    // When the list in progress started, and its objects so far.
+    let mut listing: Option<(std::time::Instant, usize)> = None;
+    while rx.recv_many(&mut batch, BATCH).await > 0 {
+        for fed in &batch {
+            match fed {
+                Fed::Event(Event::Init) => listing = Some((std::time::Instant::now(), 0)),
+                Fed::Event(Event::InitApply(_)) => {
+                    if let Some((_, n)) = &mut listing {
+                        *n += 1;
+                    }
+                }
+                Fed::Event(Event::InitDone) => {
+                    if let Some((start, objects)) = listing.take() {
+                        tracing::info!(
+                            kind = kind.name(),
+                            objects,
+                            seconds = start.elapsed().as_secs_f64(),
+                            "listed"
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        let skipped: Vec<Skipped> = shared.with_tracker(|t| {
+            batch
+                .iter()
+                .filter_map(|fed| feed(t, kind, fed, apply))
+                .collect()
+        });
+        for s in skipped {
+            tracing::warn!(kind = %s.kind, name = %s.name, reason = %s.skip, "skipping invalid object");
+        }
+        for fed in &batch {
+            if let Fed::Event(Event::Apply(o) | Event::Delete(o)) = fed {
+                tracing::debug!(kind = kind.name(), name = %o.name_any(), "change");
+            }
+        }
+        batch.clear();
+        shared.changed();
+    }
+}
+
+/// Applies one fetched event to the tracker.
+fn feed<K: Resource>(
+    t: &mut Tracker,
+    kind: Kind,
+    fed: &Fed<K>,
+    apply: fn(&mut Tracker, &K) -> Option<Skipped>,
+) -> Option<Skipped> {
+    match fed {
+        Fed::Event(Event::Init) => {
+            t.begin_list(kind);
+            None
+        }
+        Fed::Event(Event::InitApply(o) | Event::Apply(o)) => apply(t, o),
+        Fed::Event(Event::InitDone) => {
+            t.end_list(kind);
+            None
+        }
+        Fed::Event(Event::Delete(o)) => {
+            t.delete(kind, &name_of(o));
+            None
+        }
+        Fed::Absent => {
+            t.begin_list(kind);
+            t.end_list(kind);
+            None
+        }
+    }
+}
+
+/// Runs kube-runtime's watcher for one kind and sends its events to `tx` until `tx` closes;
+/// failures are retried here ([`Outage`]), so the stream is not polled during a backoff.
+async fn fetch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: Kind,
+    (shared, diagnosis): (Arc<Shared>, Arc<Diagnosis>),
+    tx: tokio::sync::mpsc::Sender<Fed<K>>,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     K::DynamicType: Default,
@@ -392,10 +518,7 @@ async fn watch<K>(
             }
             Err(e) if kind == Kind::ServiceCidr && is_not_found(&e) => {
                 tracing::info!("the API server does not serve ServiceCIDRs; continuing without");
-                shared.with_tracker(|t| {
-                    t.begin_list(kind);
-                    t.end_list(kind);
-                });
+                let _ = tx.send(Fed::Absent).await;
                 return;
             }
             Err(e) => {
@@ -409,29 +532,9 @@ async fn watch<K>(
                 continue;
             }
         };
-        let skipped = shared.with_tracker(|t| match &event {
-            Event::Init => {
-                t.begin_list(kind);
-                None
-            }
-            Event::InitApply(o) | Event::Apply(o) => apply(t, o),
-            Event::InitDone => {
-                t.end_list(kind);
-                None
-            }
-            Event::Delete(o) => {
-                let name = name_of(o);
-                t.delete(kind, &name);
-                None
-            }
-        });
-        if let Some(s) = skipped {
-            tracing::warn!(kind = %s.kind, name = %s.name, reason = %s.skip, "skipping invalid object");
+        if tx.send(Fed::Event(event)).await.is_err() {
+            return;
         }
-        if let Event::Apply(o) | Event::Delete(o) = &event {
-            tracing::debug!(kind = kind.name(), name = %o.name_any(), "change");
-        }
-        shared.changed();
     }
 }
 

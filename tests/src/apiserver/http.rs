@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::Shared;
 use super::selector::{FieldSelector, Filter, LabelSelector};
-use super::store::{ApiError, ChangeType, KINDS, Key, Kind};
+use super::store::{ApiError, ChangeType, KINDS, Kind};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -218,26 +218,22 @@ fn list(
             (exact.then_some(rv), None)
         }
     };
-    let snapshot = store.snapshot(kind, at).map_err(|e| match start {
-        Some(_) => ApiError::expired(
-            "The provided continue parameter is too old to display a consistent list result. \
-             You can start a new list without the continue parameter.",
-        ),
-        None => e,
-    })?;
+    let (page, more) = store
+        .page(kind, at, start.as_ref(), limit, |o| filter.matches(o))
+        .map_err(|e| match start {
+            Some(_) => ApiError::expired(
+                "The provided continue parameter is too old to display a consistent list result. \
+                 You can start a new list without the continue parameter.",
+            ),
+            None => e,
+        })?;
     let list_rv = at.unwrap_or(store.rv());
     drop(store);
-    let mut items: VecDeque<(Key, Value)> = snapshot
-        .into_iter()
-        .filter(|(k, o)| {
-            start.as_ref().is_none_or(|s| (&k.1, &k.2) > (&s.0, &s.1)) && filter.matches(o)
-        })
-        .collect();
-    let page: Vec<(Key, Value)> = items.drain(..limit.min(items.len())).collect();
     let mut meta = json!({"resourceVersion": list_rv.to_string()});
-    if let (false, Some((last, _))) = (items.is_empty(), page.last()) {
+    // No remainingItemCount: the API server leaves it out of selected lists too, and counting
+    // would cost the rest of the list.
+    if let (true, Some((last, _))) = (more, page.last()) {
         meta["continue"] = encode_continue(list_rv, &last.1, &last.2).into();
-        meta["remainingItemCount"] = items.len().into();
     }
     let items: Vec<Value> = page.into_iter().map(|(_, o)| o).collect();
     Ok(json_response(

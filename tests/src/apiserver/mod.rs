@@ -720,6 +720,11 @@ impl Drop for ConnGuard {
 }
 
 fn spawn_connection(shared: &Arc<Shared>, stream: tokio::net::TcpStream) {
+    // As Go's net package (and so kube-apiserver) does: without it, a watch event written
+    // while the previous one is unacknowledged waits for the client's delayed ACK (40 ms).
+    if let Err(e) = stream.set_nodelay(true) {
+        eprintln!("apiserver: TCP_NODELAY: {e}");
+    }
     let mut kill = shared.kill.subscribe();
     let id = shared.conn_ids.fetch_add(1, Ordering::Relaxed);
     lock(&shared.conns.0).insert(id, *kill.borrow());
