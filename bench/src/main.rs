@@ -9,6 +9,8 @@ mod heap;
 mod kubeproxy;
 mod measure;
 mod netns;
+mod probes;
+mod realistic;
 mod synth;
 
 use std::collections::BTreeMap;
@@ -26,7 +28,8 @@ use serde::Serialize;
 use crate::measure::{
     AgentResult, BaselineResult, LatencyResult, PhasedResult, Phases, SyncRun, SyncerResult,
 };
-use crate::synth::{ModelStats, TableStats};
+use crate::probes::ProbeResult;
+use crate::synth::{ModelStats, Shape, TableStats};
 
 #[global_allocator]
 static ALLOC: heap::Counting = heap::Counting;
@@ -39,11 +42,31 @@ static ALLOC: heap::Counting = heap::Counting;
 )]
 struct Cli {
     /// Cluster sizes (number of Services), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1000,10000,30000,50000")]
+    #[arg(
+        long,
+        visible_alias = "sizes",
+        value_delimiter = ',',
+        default_value = "1000,10000,30000,50000"
+    )]
     services: Vec<usize>,
-    /// Endpoints per Service.
+    /// Cluster shapes, comma-separated: `uniform` (every Service alike, --endpoints each) and
+    /// `realistic` (a seeded mix like a real cluster's; see docs/performance.md). Each shape
+    /// gets its own table and targets.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "uniform")]
+    shape: Vec<Shape>,
+    /// Endpoints per Service (uniform shape; also the Services the generic partial syncs add).
     #[arg(long, default_value_t = 5)]
     endpoints: usize,
+    /// Seed of the realistic shape.
+    #[arg(long, default_value_t = realistic::DEFAULT_SEED)]
+    seed: u64,
+    /// Repetitions of each per-Service-shape partial sync (realistic shape), after one
+    /// unrecorded round.
+    #[arg(long, default_value_t = 5)]
+    probe_reps: usize,
+    /// Skip the per-Service-shape partial syncs (realistic shape).
+    #[arg(long)]
+    no_probes: bool,
     /// Largest size for which the kube-proxy-shaped baseline is loaded (it is quadratic).
     #[arg(long, default_value_t = 10000)]
     baseline_max: usize,
@@ -71,14 +94,15 @@ struct Cli {
     /// Print the kube-proxy-shaped baseline (nft -f text) for the first size and exit.
     #[arg(long)]
     print_baseline: bool,
-    /// Write the synthetic cluster of the first size as Kubernetes YAML to this file (and the
-    /// agent configuration to FILE.config.yaml), then exit.
+    /// Write the synthetic cluster of the first size (and first shape) as Kubernetes YAML to
+    /// this file (and the agent configuration to FILE.config.yaml), then exit.
     #[arg(long, value_name = "FILE")]
     write_cluster: Option<PathBuf>,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Serialize)]
 struct SizeReport {
+    shape: Shape,
     services: usize,
     endpoints_per_service: usize,
     model: ModelStats,
@@ -98,11 +122,39 @@ struct SizeReport {
     /// Endpoint changes synced alternately with those of the other end of the size range
     /// (smallest and largest size): medians by operation key.
     side_by_side: Option<BTreeMap<String, SyncRun>>,
+    /// Partial syncs by Service shape (realistic shape only).
+    probes: Option<ProbeResult>,
     errors: Vec<String>,
+}
+
+impl SizeReport {
+    fn new(shape: Shape, services: usize, endpoints_per_service: usize) -> SizeReport {
+        SizeReport {
+            shape,
+            services,
+            endpoints_per_service,
+            model: ModelStats::default(),
+            table_v4: TableStats::default(),
+            table_v6: TableStats::default(),
+            generate_ms: 0.0,
+            model_heap_mib: 0.0,
+            model_clone_ms: 0.0,
+            syncer: None,
+            phases: None,
+            baseline: None,
+            baseline_skipped: false,
+            agent: None,
+            latency: None,
+            side_by_side: None,
+            probes: None,
+            errors: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
 struct Target {
+    shape: Shape,
     target: String,
     measured: String,
     /// `None`: not measured in this run.
@@ -144,9 +196,15 @@ fn real_main() -> Result<()> {
     if cli.endpoints == 0 {
         bail!("--endpoints must be at least 1");
     }
+    if cli.shape.is_empty() {
+        bail!("--shape: name at least one shape");
+    }
+    let shape_objects = |shape: Shape, n: usize| {
+        synth::objects_of(&synth::specs(shape, n, cli.endpoints, cli.seed))
+    };
     if cli.print_baseline {
         let n = cli.services[0];
-        let cluster = synth::to_cluster(&synth::objects(n, cli.endpoints))?;
+        let cluster = synth::to_cluster(&shape_objects(cli.shape[0], n))?;
         let env = kubeproxy::Env {
             node_name: synth::NODE,
             cluster_cidr: synth::CLUSTER_CIDR_V4,
@@ -158,7 +216,7 @@ fn real_main() -> Result<()> {
         return Ok(());
     }
     if let Some(path) = &cli.write_cluster {
-        synth::write_file(path, &synth::objects(cli.services[0], cli.endpoints))?;
+        synth::write_file(path, &shape_objects(cli.shape[0], cli.services[0]))?;
         let mut config = path.as_os_str().to_owned();
         config.push(".config.yaml");
         std::fs::write(&config, synth::kube_proxy_config())?;
@@ -178,13 +236,31 @@ fn real_main() -> Result<()> {
     std::fs::write(&config_file, synth::kube_proxy_config())?;
 
     let mut sizes = Vec::new();
-    for &n in &cli.services {
-        let report = bench_size(&cli, n, &config, agent.as_deref(), &config_file, dir.path());
-        print_progress(n, "done");
-        sizes.push(report);
+    let mut targets = Vec::new();
+    let mut shapes = cli.shape.clone();
+    shapes.dedup();
+    for &shape in &shapes {
+        let mut of_shape = Vec::new();
+        for &n in &cli.services {
+            let report = bench_size(
+                &cli,
+                shape,
+                n,
+                &config,
+                agent.as_deref(),
+                &config_file,
+                dir.path(),
+            );
+            print_progress(shape, n, "done");
+            of_shape.push(report);
+        }
+        side_by_side(&cli, shape, &config, &mut of_shape);
+        targets.extend(match shape {
+            Shape::Uniform => uniform_targets(&of_shape, cli.endpoints),
+            Shape::Realistic => realistic_targets(&of_shape),
+        });
+        sizes.extend(of_shape);
     }
-    side_by_side(&cli, &config, &mut sizes);
-    let targets = targets(&sizes, cli.endpoints);
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         kernel: command_output("uname", &["-r"]),
@@ -212,7 +288,12 @@ fn real_main() -> Result<()> {
 
 /// Endpoint changes of the smallest and the largest size, synced alternately (the flatness
 /// target compares these two).
-fn side_by_side(cli: &Cli, config: &dataplane::build::BuildConfig, sizes: &mut [SizeReport]) {
+fn side_by_side(
+    cli: &Cli,
+    shape: Shape,
+    config: &dataplane::build::BuildConfig,
+    sizes: &mut [SizeReport],
+) {
     let (Some(small), Some(large)) = (cli.services.iter().min(), cli.services.iter().max()) else {
         return;
     };
@@ -220,9 +301,13 @@ fn side_by_side(cli: &Cli, config: &dataplane::build::BuildConfig, sizes: &mut [
     if small == large {
         return;
     }
-    eprintln!("[{small} and {large} Services] endpoint changes, alternately");
-    let result = synth::to_cluster(&synth::objects(small, k))
-        .and_then(|a| Ok((a, synth::to_cluster(&synth::objects(large, k))?)))
+    eprintln!(
+        "[{} {small} and {large} Services] endpoint changes, alternately",
+        shape.name()
+    );
+    let objects = |n: usize| synth::objects_of(&synth::specs(shape, n, k, cli.seed));
+    let result = synth::to_cluster(&objects(small))
+        .and_then(|a| Ok((a, synth::to_cluster(&objects(large))?)))
         .and_then(|(a, b)| {
             measure::side_by_side_bench(
                 [
@@ -250,7 +335,10 @@ fn side_by_side(cli: &Cli, config: &dataplane::build::BuildConfig, sizes: &mut [
         }
         Err(e) => {
             let msg = format!("endpoint changes side by side: {e:#}");
-            eprintln!("[{small} and {large} Services] FAILED {msg}");
+            eprintln!(
+                "[{} {small} and {large} Services] FAILED {msg}",
+                shape.name()
+            );
             if let Some(r) = sizes.iter_mut().find(|r| r.services == large) {
                 r.errors.push(msg);
             }
@@ -290,12 +378,13 @@ fn command_output(program: &str, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-fn print_progress(n: usize, what: &str) {
-    eprintln!("[{n} Services] {what}");
+fn print_progress(shape: Shape, n: usize, what: &str) {
+    eprintln!("[{} {n} Services] {what}", shape.name());
 }
 
 fn bench_size(
     cli: &Cli,
+    shape: Shape,
     n: usize,
     config: &dataplane::build::BuildConfig,
     agent: Option<&Path>,
@@ -303,20 +392,19 @@ fn bench_size(
     dir: &Path,
 ) -> SizeReport {
     let k = cli.endpoints;
-    let mut r = SizeReport {
-        services: n,
-        endpoints_per_service: k,
-        model: synth::stats(n, k),
-        ..SizeReport::default()
-    };
+    let mut r = SizeReport::new(shape, n, k);
     let record = |r: &mut SizeReport, what: &str, e: anyhow::Error| {
         let msg = format!("{what}: {e:#}");
-        eprintln!("[{n} Services] FAILED {msg}");
+        eprintln!("[{} {n} Services] FAILED {msg}", shape.name());
         r.errors.push(msg);
     };
-    print_progress(n, "generating the cluster");
+    let progress = |what: &str| print_progress(shape, n, what);
+    progress("generating the cluster");
     let t = Instant::now();
-    let objects = synth::objects(n, k);
+    let specs = synth::specs(shape, n, k, cli.seed);
+    r.model = synth::stats_of(&specs);
+    let objects = synth::objects_of(&specs);
+    drop(specs);
     let before = heap::current();
     let cluster = match synth::to_cluster(&objects) {
         Ok(c) => c,
@@ -332,7 +420,7 @@ fn bench_size(
     r.model_clone_ms = measure::ms(t.elapsed());
     r.table_v4 = synth::table_stats(&build(&cluster, config, Family::V4).table);
     r.table_v6 = synth::table_stats(&build(&cluster, config, Family::V6).table);
-    let objects_file = dir.join(format!("cluster-{n}.yaml"));
+    let objects_file = dir.join(format!("cluster-{}-{n}.yaml", shape.name()));
     let file_bytes = if agent.is_some() {
         match synth::write_file(&objects_file, &objects) {
             Ok(b) => Some(b),
@@ -345,21 +433,23 @@ fn bench_size(
         None
     };
     drop(objects);
+    // Namespace labels: one letter per shape keeps them apart.
+    let tag = &shape.name()[..1];
 
-    print_progress(n, "nftproxy: cold full sync and partial syncs (Syncer)");
-    match measure::syncer_bench(&format!("sync{n}"), &cluster, config, n, k, cli.reps) {
+    progress("nftproxy: cold full sync and partial syncs (Syncer)");
+    match measure::syncer_bench(&format!("sync{tag}{n}"), &cluster, config, n, k, cli.reps) {
         Ok(v) => r.syncer = Some(v),
         Err(e) => record(&mut r, "Syncer", e),
     }
-    print_progress(n, "nftproxy: the same syncs, phase by phase");
-    match measure::phased_bench(&format!("phases{n}"), &cluster, config, n, k, cli.reps) {
+    progress("nftproxy: the same syncs, phase by phase");
+    match measure::phased_bench(&format!("phases{tag}{n}"), &cluster, config, n, k, cli.reps) {
         Ok(v) => r.phases = Some(v),
         Err(e) => record(&mut r, "phases", e),
     }
     if n <= cli.baseline_max {
-        print_progress(n, "baseline: kube-proxy shape with nft -f");
+        progress("baseline: kube-proxy shape with nft -f");
         let reps = cli.reps.min(3);
-        match measure::baseline_bench(&format!("kp{n}"), &cluster, n, k, reps, dir) {
+        match measure::baseline_bench(&format!("kp{tag}{n}"), &cluster, n, k, reps, dir) {
             Ok(v) => r.baseline = Some(v),
             Err(e) => record(&mut r, "baseline", e),
         }
@@ -367,10 +457,10 @@ fn bench_size(
         r.baseline_skipped = true;
     }
     if let (Some(agent), Some(file_bytes)) = (agent, file_bytes) {
-        print_progress(n, "agent process: run --once, then the daemon idle");
+        progress("agent process: run --once, then the daemon idle");
         let idle = Duration::from_secs(cli.idle_seconds);
         match measure::agent_bench(
-            &format!("agent{n}"),
+            &format!("agent{tag}{n}"),
             agent,
             &objects_file,
             config_file,
@@ -383,9 +473,22 @@ fn bench_size(
         }
         let _ = std::fs::remove_file(&objects_file);
     }
+    if shape == Shape::Realistic && !cli.no_probes {
+        progress("nftproxy: partial syncs by Service shape");
+        match probes::probe_bench(
+            &format!("probe{tag}{n}"),
+            &cluster,
+            config,
+            n,
+            cli.probe_reps,
+        ) {
+            Ok(v) => r.probes = Some(v),
+            Err(e) => record(&mut r, "probes", e),
+        }
+    }
     if !cli.no_latency {
-        print_progress(n, "first-packet latency");
-        match measure::latency_bench(&format!("lat{n}"), &cluster, config, cli.connections) {
+        progress("first-packet latency");
+        match measure::latency_bench(&format!("lat{tag}{n}"), &cluster, config, cli.connections) {
             Ok(v) => r.latency = Some(v),
             Err(e) => record(&mut r, "latency", e),
         }
@@ -415,84 +518,131 @@ fn endpoint_change(medians: &BTreeMap<String, SyncRun>) -> Option<f64> {
     Some(added.max(removed))
 }
 
-fn targets(sizes: &[SizeReport], k: usize) -> Vec<Target> {
-    let mut out = Vec::new();
-    let mut push = |target: &str, v: Option<(String, bool)>| {
-        out.push(match v {
-            Some((measured, pass)) => Target {
-                target: target.into(),
-                measured,
-                pass: Some(pass),
-            },
-            None => Target {
-                target: target.into(),
-                measured: "not measured in this run".into(),
-                pass: None,
-            },
-        })
+/// The targets of one shape, as they are added.
+struct Targets {
+    shape: Shape,
+    out: Vec<Target>,
+}
+
+impl Targets {
+    fn push(&mut self, target: &str, v: Option<(String, bool)>) {
+        let (measured, pass) = match v {
+            Some((measured, pass)) => (measured, Some(pass)),
+            None => ("not measured in this run".into(), None),
+        };
+        self.out.push(Target {
+            shape: self.shape,
+            target: target.into(),
+            measured,
+            pass,
+        });
+    }
+
+    /// At 10k Services, ≥ 10× faster than kube-proxy's shape with `nft -f`.
+    fn versus_kube_proxy(&mut self, sizes: &[SizeReport]) {
+        self.push(
+            "at 10k Services, >= 10x faster than kube-proxy's shape with nft -f (IPv4)",
+            size(sizes, 10000).and_then(|s| {
+                let ours = v4_cold(s)?.total_ms;
+                let base = s.baseline.as_ref()?.full.wall_ms;
+                let ratio = base / ours;
+                Some((
+                    format!("{:.0} ms vs {:.0} ms: {ratio:.1}x", base, ours),
+                    ratio >= 10.0,
+                ))
+            }),
+        );
+    }
+
+    /// One endpoint change ≤ 10 ms at every size, and within ±50% between the smallest and the
+    /// largest size.
+    fn endpoint_change_flat(&mut self, sizes: &[SizeReport]) {
+        let ep: Vec<(usize, f64)> = sizes
+            .iter()
+            .filter_map(|s| Some((s.services, endpoint_change(&s.syncer.as_ref()?.partial)?)))
+            .collect();
+        self.push(
+            "partial sync of one endpoint change <= 10 ms (every size)",
+            (!ep.is_empty()).then(|| {
+                let worst = ep.iter().map(|(_, v)| *v).fold(0.0, f64::max);
+                let list: Vec<String> = ep
+                    .iter()
+                    .map(|(n, v)| format!("{}: {v:.3} ms", short(*n)))
+                    .collect();
+                (list.join(", "), worst <= 10.0)
+            }),
+        );
+        let small = sizes.iter().map(|s| s.services).min().unwrap_or(1000);
+        let large = sizes.iter().map(|s| s.services).max().unwrap_or(50000);
+        // The two sizes synced alternately if they were (same machine state), else one after
+        // the other.
+        let side = |n: usize| endpoint_change(size(sizes, n)?.side_by_side.as_ref()?);
+        let apart = |n: usize| ep.iter().find(|(m, _)| *m == n).map(|(_, v)| *v);
+        let flatness = side(small)
+            .zip(side(large))
+            .map(|pair| (pair, "synced alternately"))
+            .or_else(|| {
+                apart(small)
+                    .zip(apart(large))
+                    .map(|p| (p, "one size after the other"))
+            });
+        self.push(
+            &format!(
+                "partial sync of one endpoint change within +-50% between {} and {}",
+                short(small),
+                short(large)
+            ),
+            flatness.filter(|_| small != large).map(|((a, b), how)| {
+                let ratio = b / a;
+                (
+                    format!("{a:.3} ms -> {b:.3} ms ({ratio:.2}x, {how})"),
+                    (0.5..=1.5).contains(&ratio),
+                )
+            }),
+        );
+    }
+
+    /// First-packet p50 at `n` Services within 20% of one Service.
+    fn first_packet(&mut self, sizes: &[SizeReport], n: usize) {
+        self.push(
+            &format!("first-packet p50 at {} within 20% of 1 Service", short(n)),
+            size(sizes, n).and_then(|s| s.latency.as_ref()).map(|l| {
+                let ratio = l.loaded.p50_us / l.one_service.p50_us;
+                (
+                    format!(
+                        "{:.0} us vs {:.0} us ({:+.0}%)",
+                        l.loaded.p50_us,
+                        l.one_service.p50_us,
+                        (ratio - 1.0) * 100.0
+                    ),
+                    ratio <= 1.2,
+                )
+            }),
+        );
+    }
+}
+
+/// The uniform shape's targets (the project's original ones).
+fn uniform_targets(sizes: &[SizeReport], k: usize) -> Vec<Target> {
+    let mut t = Targets {
+        shape: Shape::Uniform,
+        out: Vec::new(),
     };
     let k_note = if k == 5 {
         ""
     } else {
         " (run with --endpoints 5)"
     };
-    push(
+    t.push(
         &format!("cold full sync, IPv4, 30k Services x 5 endpoints <= 1.0 s{k_note}"),
         size(sizes, 30000)
             .and_then(v4_cold)
             .filter(|_| k == 5)
             .map(|p| (format!("{:.0} ms", p.total_ms), p.total_ms <= 1000.0)),
     );
-    push(
-        "at 10k Services, >= 10x faster than kube-proxy's shape with nft -f (IPv4)",
-        size(sizes, 10000).and_then(|s| {
-            let ours = v4_cold(s)?.total_ms;
-            let base = s.baseline.as_ref()?.full.wall_ms;
-            let ratio = base / ours;
-            Some((
-                format!("{:.0} ms vs {:.0} ms: {ratio:.1}x", base, ours),
-                ratio >= 10.0,
-            ))
-        }),
-    );
-    let ep: Vec<(usize, f64)> = sizes
-        .iter()
-        .filter_map(|s| Some((s.services, endpoint_change(&s.syncer.as_ref()?.partial)?)))
-        .collect();
-    push(
-        "partial sync of one endpoint change <= 10 ms (every size)",
-        (!ep.is_empty()).then(|| {
-            let worst = ep.iter().map(|(_, v)| *v).fold(0.0, f64::max);
-            let list: Vec<String> = ep
-                .iter()
-                .map(|(n, v)| format!("{}: {v:.3} ms", short(*n)))
-                .collect();
-            (list.join(", "), worst <= 10.0)
-        }),
-    );
-    // The two sizes synced alternately if they were (same machine state), else one after the
-    // other.
-    let side = |n: usize| endpoint_change(size(sizes, n)?.side_by_side.as_ref()?);
-    let apart = |n: usize| ep.iter().find(|(m, _)| *m == n).map(|(_, v)| *v);
-    let flatness = side(1000)
-        .zip(side(50000))
-        .map(|pair| (pair, "synced alternately"))
-        .or_else(|| {
-            apart(1000)
-                .zip(apart(50000))
-                .map(|p| (p, "one size after the other"))
-        });
-    push(
-        "partial sync of one endpoint change within +-50% between 1k and 50k",
-        flatness.map(|((a, b), how)| {
-            let ratio = b / a;
-            (
-                format!("{a:.3} ms -> {b:.3} ms ({ratio:.2}x, {how})"),
-                (0.5..=1.5).contains(&ratio),
-            )
-        }),
-    );
-    push(
+    t.versus_kube_proxy(sizes);
+    t.endpoint_change_flat(sizes);
+    t.push(
         &format!("peak RSS of the agent <= 200 MiB at 30k x 5 (run --once){k_note}"),
         size(sizes, 30000)
             .filter(|_| k == 5)
@@ -508,24 +658,83 @@ fn targets(sizes: &[SizeReport], k: usize) -> Vec<Target> {
                 )
             }),
     );
-    push(
-        "first-packet p50 at 30k within 20% of 1 Service",
-        size(sizes, 30000)
-            .and_then(|s| s.latency.as_ref())
-            .map(|l| {
-                let ratio = l.loaded.p50_us / l.one_service.p50_us;
-                (
-                    format!(
-                        "{:.0} us vs {:.0} us ({:+.0}%)",
-                        l.loaded.p50_us,
-                        l.one_service.p50_us,
-                        (ratio - 1.0) * 100.0
-                    ),
-                    ratio <= 1.2,
-                )
-            }),
+    t.first_packet(sizes, 30000);
+    t.out
+}
+
+/// Issue 20's targets, on the realistic shape at 100k Services, and the generic ones.
+fn realistic_targets(sizes: &[SizeReport]) -> Vec<Target> {
+    let mut t = Targets {
+        shape: Shape::Realistic,
+        out: Vec::new(),
+    };
+    let at = size(sizes, 100_000);
+    let probes = at.and_then(|s| s.probes.as_ref());
+    let op_list = |p: &BTreeMap<String, probes::ProbeOp>, ops: &[&str]| {
+        let figures: Vec<Option<f64>> = ops.iter().map(|op| Some(p.get(*op)?.median_ms)).collect();
+        let worst = figures.iter().copied().collect::<Option<Vec<f64>>>()?;
+        let text: Vec<String> = figures.iter().map(|v| f(v.unwrap_or(f64::NAN))).collect();
+        Some((
+            format!("{} ms", text.join(" / ")),
+            worst.iter().all(|&v| v <= 1.0),
+        ))
+    };
+    for aff in [false, true] {
+        for k in probes::ENDPOINTS {
+            let name = probes::label(k, aff);
+            t.push(
+                &format!(
+                    "100k: Service with {name}: endpoint added / removed, Service added / deleted <= 1 ms each (medians)"
+                ),
+                probes
+                    .and_then(|p| p.probes.get(&name))
+                    .and_then(|p| op_list(p, &probes::OPS)),
+            );
+        }
+    }
+    for (name, _, ops) in probes::boundaries() {
+        let ops: Vec<&str> = ops.iter().map(String::as_str).collect();
+        t.push(
+            &format!(
+                "100k: Service crossing {} endpoints ({}) <= 1 ms each way (medians)",
+                ops[0],
+                name.trim_start_matches("boundary ")
+            ),
+            probes
+                .and_then(|p| p.probes.get(&name))
+                .and_then(|p| op_list(p, &ops)),
+        );
+    }
+    t.push(
+        "100k: cold full sync, both families (Syncer::sync) <= 4 s",
+        at.and_then(|s| s.syncer.as_ref()).map(|r| {
+            (
+                format!("{:.0} ms", r.cold.wall_ms),
+                r.cold.wall_ms <= 4000.0,
+            )
+        }),
     );
-    out
+    t.push(
+        "100k: agent memory <= 2 KiB per Service (daemon RSS after its first sync)",
+        at.and_then(|s| {
+            let a = daemon(s)?;
+            let kib = a.daemon_rss_mib * 1024.0 / s.services as f64;
+            Some((
+                format!("{kib:.2} KiB ({:.0} MiB)", a.daemon_rss_mib),
+                kib <= 2.0,
+            ))
+        }),
+    );
+    t.versus_kube_proxy(sizes);
+    t.endpoint_change_flat(sizes);
+    let largest = sizes.iter().map(|s| s.services).max().unwrap_or(100_000);
+    t.first_packet(sizes, largest);
+    t.out
+}
+
+/// The daemon's figures, when it ran.
+fn daemon(s: &SizeReport) -> Option<&AgentResult> {
+    s.agent.as_ref().filter(|a| a.idle_window_s > 0.0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -605,7 +814,80 @@ impl Table {
 }
 
 fn render(report: &Report, cli: &Cli) -> String {
-    let sizes = &report.sizes;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "nftproxy-bench: {} endpoints per Service; kernel {}; {}; {} CPUs; bench built {}",
+        cli.endpoints, report.kernel, report.nft, report.cpus, report.bench_profile
+    );
+    let _ = writeln!(
+        out,
+        "load average (1/5/15 min) at start: {}; at end: {}",
+        report.loadavg_start, report.loadavg_end
+    );
+    let mut shapes: Vec<Shape> = report.sizes.iter().map(|s| s.shape).collect();
+    shapes.dedup();
+    let titled = shapes.len() > 1 || shapes.iter().any(|s| *s != Shape::Uniform);
+    for shape in shapes {
+        let sizes: Vec<&SizeReport> = report.sizes.iter().filter(|s| s.shape == shape).collect();
+        out.push('\n');
+        if titled {
+            let _ = writeln!(
+                out,
+                "{}",
+                match shape {
+                    Shape::Uniform => format!(
+                        "Uniform shape: every Service {} endpoints, one port, no affinity",
+                        cli.endpoints
+                    ),
+                    Shape::Realistic => format!(
+                        "Realistic shape (seed {:#x}): heavy-tailed endpoint counts, 5% ClientIP affinity, 20% multi-port, 30% dual-stack, mixed policies",
+                        cli.seed
+                    ),
+                }
+            );
+        }
+        out.push_str(&render_table(&sizes, cli, shape));
+        out.push_str(if titled {
+            match shape {
+                Shape::Uniform => "\nTargets (uniform shape)\n",
+                Shape::Realistic => "\nTargets (realistic shape)\n",
+            }
+        } else {
+            "\nTargets\n"
+        });
+        for target in report.targets.iter().filter(|t| t.shape == shape) {
+            let verdict = match target.pass {
+                Some(true) => "PASS",
+                Some(false) => "FAIL",
+                None => "n/a ",
+            };
+            let _ = writeln!(out, "  {verdict}  {}: {}", target.target, target.measured);
+        }
+    }
+    let errors: Vec<String> = report
+        .sizes
+        .iter()
+        .flat_map(|s| {
+            s.errors
+                .iter()
+                .map(move |e| format!("{} {}: {e}", s.shape.name(), short(s.services)))
+        })
+        .collect();
+    if !errors.is_empty() {
+        out.push_str("\nErrors\n");
+        for e in errors {
+            let _ = writeln!(out, "  {e}");
+        }
+    }
+    out
+}
+
+fn kib_per_service(mib: f64, services: usize) -> String {
+    f(mib * 1024.0 / services as f64)
+}
+
+fn render_table(sizes: &[&SizeReport], cli: &Cli, shape: Shape) -> String {
     let mut t = Table {
         header: std::iter::once("Services".to_string())
             .chain(sizes.iter().map(|s| short(s.services)))
@@ -618,6 +900,7 @@ fn render(report: &Report, cli: &Cli) -> String {
             .map(|s| g(s).unwrap_or_else(|| "-".into()))
             .collect()
     };
+    let realistic = shape == Shape::Realistic;
     let v4 = |s: &SizeReport| v4_cold(s).cloned();
     let ops = |s: &SizeReport, op: &str| partial(s, op).cloned();
     let phase_op =
@@ -633,6 +916,34 @@ fn render(report: &Report, cli: &Cli) -> String {
             ))
         }),
     );
+    if realistic {
+        t.row(
+            "Services: NodePort / LB / dual-stack / multi-port / ClientIP / eTP, iTP Local",
+            col(&|s| {
+                let m = &s.model;
+                Some(format!(
+                    "{} / {} / {} / {} / {} / {}, {}",
+                    m.node_port,
+                    m.load_balancer,
+                    m.dual_stack,
+                    m.multi_port,
+                    m.affinity,
+                    m.etp_local,
+                    m.itp_local
+                ))
+            }),
+        );
+        t.row(
+            "Services by endpoints: 0 / 1-3 / 4-16 / 17-99 / 100-999 / 1000+ (max)",
+            col(&|s| {
+                let b = &s.model.by_endpoints;
+                Some(format!(
+                    "{} / {} / {} / {} / {} / {} ({})",
+                    b[0], b[1], b[2], b[3], b[4], b[5], s.model.endpoints_max
+                ))
+            }),
+        );
+    }
     t.row(
         "IPv4 table: chains / rules / elements",
         col(&|s| {
@@ -713,6 +1024,18 @@ fn render(report: &Report, cli: &Cli) -> String {
     t.row(
         "IPv4 heap peak during the sync, MiB",
         col(&|s| v4(s).map(|p| f(p.heap_sync_peak_mib))),
+    );
+    t.row(
+        "heap per Service: model / IPv4 state, KiB",
+        col(&|s| {
+            v4(s).map(|p| {
+                format!(
+                    "{} / {}",
+                    kib_per_service(s.model_heap_mib, s.services),
+                    kib_per_service(p.heap_state_mib, s.services)
+                )
+            })
+        }),
     );
 
     t.section("Baseline: kube-proxy's shape, nft -f (IPv4, table ip kube-proxy)");
@@ -879,10 +1202,6 @@ fn render(report: &Report, cli: &Cli) -> String {
         "input file, MiB",
         col(&|s| s.agent.as_ref().map(|a| mib(a.file_bytes as f64))),
     );
-    // The daemon's figures, when it ran.
-    fn daemon(s: &SizeReport) -> Option<&AgentResult> {
-        s.agent.as_ref().filter(|a| a.idle_window_s > 0.0)
-    }
     t.row(
         "daemon: first sync done after, ms",
         col(&|s| daemon(s).map(|a| f(a.daemon_first_sync_ms))),
@@ -894,6 +1213,10 @@ fn render(report: &Report, cli: &Cli) -> String {
         }),
     );
     t.row(
+        "daemon: RSS after first sync per Service, KiB",
+        col(&|s| daemon(s).map(|a| kib_per_service(a.daemon_rss_mib, s.services))),
+    );
+    t.row(
         &format!("daemon: CPU while idle for {} s, ms", cli.idle_seconds),
         col(&|s| daemon(s).map(|a| f(a.idle_cpu_ms))),
     );
@@ -903,6 +1226,54 @@ fn render(report: &Report, cli: &Cli) -> String {
             daemon(s).map(|a| format!("{} / {}", f(a.table_delete_ms), f(a.daemon_repair_ms)))
         }),
     );
+
+    if sizes.iter().any(|s| s.probes.is_some()) {
+        t.section(&format!(
+            "Partial syncs by Service shape (probe Services added to the cluster; Syncer::sync, full=false), median / max of {} after a warm-up round: ms / messages",
+            cli.probe_reps
+        ));
+        t.row(
+            "cold full sync with the probes, both families, ms",
+            col(&|s| s.probes.as_ref().map(|p| f(p.cold_ms))),
+        );
+        let order = sizes
+            .iter()
+            .find_map(|s| s.probes.as_ref())
+            .map(|p| p.order.clone())
+            .unwrap_or_default();
+        for probe in &order {
+            let ops: Vec<String> = sizes
+                .iter()
+                .find_map(|s| s.probes.as_ref()?.probes.get(probe))
+                .map(|m| {
+                    // The probe's operations in the order they were measured.
+                    let mut ops: Vec<String> = probes::OPS
+                        .iter()
+                        .map(|o| o.to_string())
+                        .filter(|o| m.contains_key(o))
+                        .collect();
+                    let rest: Vec<String> =
+                        m.keys().filter(|k| !ops.contains(k)).cloned().collect();
+                    ops.extend(rest);
+                    ops
+                })
+                .unwrap_or_default();
+            for op in ops {
+                t.row(
+                    &format!("{probe}: {op}"),
+                    col(&|s| {
+                        let r = s.probes.as_ref()?.probes.get(probe)?.get(&op)?;
+                        Some(format!(
+                            "{} / {} / {}",
+                            f(r.median_ms),
+                            f(r.max_ms),
+                            r.messages
+                        ))
+                    }),
+                );
+            }
+        }
+    }
 
     t.section(&format!(
         "First-packet latency: TCP connect() through a ClusterIP, {} connections, us",
@@ -948,41 +1319,5 @@ fn render(report: &Report, cli: &Cli) -> String {
         }),
     );
 
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "nftproxy-bench: {} endpoints per Service; kernel {}; {}; {} CPUs; bench built {}",
-        cli.endpoints, report.kernel, report.nft, report.cpus, report.bench_profile
-    );
-    let _ = writeln!(
-        out,
-        "load average (1/5/15 min) at start: {}; at end: {}",
-        report.loadavg_start, report.loadavg_end
-    );
-    out.push('\n');
-    out.push_str(&t.render());
-    out.push_str("\nTargets\n");
-    for target in &report.targets {
-        let verdict = match target.pass {
-            Some(true) => "PASS",
-            Some(false) => "FAIL",
-            None => "n/a ",
-        };
-        let _ = writeln!(out, "  {verdict}  {}: {}", target.target, target.measured);
-    }
-    let errors: Vec<String> = sizes
-        .iter()
-        .flat_map(|s| {
-            s.errors
-                .iter()
-                .map(move |e| format!("{}: {e}", short(s.services)))
-        })
-        .collect();
-    if !errors.is_empty() {
-        out.push_str("\nErrors\n");
-        for e in errors {
-            let _ = writeln!(out, "  {e}");
-        }
-    }
-    out
+    t.render()
 }

@@ -52,14 +52,59 @@ pub enum Kind {
     LoadBalancer,
 }
 
+/// Which synthetic cluster: every Service alike, or a mix like a real cluster's (see
+/// `realistic.rs`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Shape {
+    Uniform,
+    Realistic,
+}
+
+impl Shape {
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Uniform => "uniform",
+            Shape::Realistic => "realistic",
+        }
+    }
+}
+
+/// The ports a Service may have, in order: a Service with `p` ports has the first `p`.
+/// (name, port, target port, protocol)
+const PORTS: [(&str, u16, u16, &str); 3] = [
+    ("http", PORT, TARGET_PORT, "TCP"),
+    ("https", 443, 8443, "TCP"),
+    ("dns", 53, 5353, "UDP"),
+];
+
+/// Endpoints per EndpointSlice in the realistic shape (the EndpointSlice controller's default
+/// `--max-endpoints-per-slice`); the uniform shape keeps all of a family's in one slice.
+pub const REALISTIC_SLICE_MAX: usize = 100;
+
 /// The properties of synthetic Service `i`.
 #[derive(Clone, Copy, Debug)]
 pub struct Spec {
     pub index: usize,
+    pub shape: Shape,
     pub kind: Kind,
     pub dual_stack: bool,
     pub etp_local: bool,
+    /// `internalTrafficPolicy: Local`.
+    pub itp_local: bool,
+    /// `sessionAffinity: ClientIP`.
+    pub affinity: bool,
+    /// Number of ports (1 to 3, the first ones of `PORTS`).
+    pub ports: usize,
     pub endpoints: usize,
+    /// Offset of the first endpoint's address from `10.64.0.0` (and `fd00:10:64::`).
+    pub endpoint_base: u32,
+    /// The first port's node port (the others follow), for NodePort and LoadBalancer Services.
+    pub node_port_base: Option<u16>,
+    /// Offset of the load-balancer IP from `198.18.0.1` (and `2001:db8:1::1`).
+    pub lb_index: u32,
 }
 
 impl Spec {
@@ -75,12 +120,22 @@ impl Spec {
             Kind::NodePort => bucket % 4 == 1,
             Kind::LoadBalancer => bucket % 2 == 1,
         };
+        let node_port_base = (i % 10)
+            .checked_sub(7)
+            .map(|e| 30000 + (bucket * 3 + e) as u16);
         Spec {
             index: i,
+            shape: Shape::Uniform,
             kind,
             dual_stack: bucket % 10 == 3,
             etp_local,
+            itp_local: false,
+            affinity: false,
+            ports: 1,
             endpoints: k,
+            endpoint_base: (i * k) as u32,
+            node_port_base,
+            lb_index: bucket as u32,
         }
     }
 
@@ -88,11 +143,11 @@ impl Spec {
     /// syncs).
     pub fn cluster_ip(i: usize, k: usize) -> Spec {
         Spec {
-            index: i,
             kind: Kind::ClusterIp,
             dual_stack: false,
             etp_local: false,
-            endpoints: k,
+            node_port_base: None,
+            ..Spec::of(i, k)
         }
     }
 
@@ -116,27 +171,16 @@ impl Spec {
         v6_offset("fd00:172:16::a", self.index as u128)
     }
 
-    fn node_port(&self) -> Option<u16> {
-        if self.kind == Kind::ClusterIp {
-            return None;
-        }
-        let e = (self.index / 10) * 3 + (self.index % 10).checked_sub(7)?;
-        Some(30000 + e as u16)
-    }
-
     pub fn load_balancer_v4(&self) -> Ipv4Addr {
-        v4_offset(Ipv4Addr::new(198, 18, 0, 1), (self.index / 10) as u32)
+        v4_offset(Ipv4Addr::new(198, 18, 0, 1), self.lb_index)
     }
 
-    fn endpoint_v4(&self, j: usize) -> Ipv4Addr {
-        v4_offset(
-            Ipv4Addr::new(10, 64, 0, 0),
-            (self.index * self.endpoints + j) as u32,
-        )
+    pub fn endpoint_v4(&self, j: usize) -> Ipv4Addr {
+        v4_offset(Ipv4Addr::new(10, 64, 0, 0), self.endpoint_base + j as u32)
     }
 
     fn endpoint_v6(&self, j: usize) -> Ipv6Addr {
-        v6_offset("fd00:10:64::", (self.index * self.endpoints + j) as u128)
+        v6_offset("fd00:10:64::", u128::from(self.endpoint_base) + j as u128)
     }
 
     fn endpoint_node(&self, j: usize) -> String {
@@ -155,26 +199,40 @@ impl Spec {
             cluster_ips.push(self.cluster_ip_v6().to_string());
             families.push("IPv6");
         }
-        let mut port =
-            json!({"name": "http", "port": PORT, "protocol": "TCP", "targetPort": TARGET_PORT});
+        let ports: Vec<Value> = PORTS[..self.ports]
+            .iter()
+            .enumerate()
+            .map(|(p, (name, port, target, proto))| {
+                let mut v =
+                    json!({"name": name, "port": port, "protocol": proto, "targetPort": target});
+                if let Some(base) = self.node_port_base {
+                    v["nodePort"] = json!(base + p as u16);
+                }
+                v
+            })
+            .collect();
         let type_ = match self.kind {
             Kind::ClusterIp => "ClusterIP",
             Kind::NodePort => "NodePort",
             Kind::LoadBalancer => "LoadBalancer",
         };
-        if let Some(np) = self.node_port() {
-            port["nodePort"] = json!(np);
-        }
         let mut spec = json!({
             "type": type_,
             "clusterIP": cluster_ips[0],
             "clusterIPs": cluster_ips,
             "ipFamilies": families,
             "ipFamilyPolicy": if self.dual_stack { "RequireDualStack" } else { "SingleStack" },
-            "ports": [port],
+            "ports": ports,
         });
         if self.kind != Kind::ClusterIp {
             spec["externalTrafficPolicy"] = json!(if self.etp_local { "Local" } else { "Cluster" });
+        }
+        if self.itp_local {
+            spec["internalTrafficPolicy"] = json!("Local");
+        }
+        if self.affinity {
+            spec["sessionAffinity"] = json!("ClientIP");
+            spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": 10800}});
         }
         let mut svc = json!({
             "apiVersion": "v1",
@@ -186,7 +244,7 @@ impl Spec {
             let mut ingress =
                 vec![json!({"ip": self.load_balancer_v4().to_string(), "ipMode": "VIP"})];
             if self.dual_stack {
-                let v6 = v6_offset("2001:db8:1::1", (self.index / 10) as u128);
+                let v6 = v6_offset("2001:db8:1::1", u128::from(self.lb_index));
                 ingress.push(json!({"ip": v6.to_string(), "ipMode": "VIP"}));
             }
             svc["status"] = json!({"loadBalancer": {"ingress": ingress}});
@@ -194,17 +252,30 @@ impl Spec {
         svc
     }
 
-    /// The EndpointSlices (one per family).
+    /// The EndpointSlices: per family, one (uniform shape) or one per
+    /// [`REALISTIC_SLICE_MAX`] endpoints (realistic shape; at least one, possibly empty). The
+    /// first slice of a family is named `<service>-<family>`.
     pub fn slices(&self) -> Vec<Value> {
-        let mut out = vec![self.slice(Family::V4)];
-        if self.dual_stack {
-            out.push(self.slice(Family::V6));
+        let mut out = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            if family == Family::V6 && !self.dual_stack {
+                continue;
+            }
+            let per_slice = match self.shape {
+                Shape::Uniform => self.endpoints.max(1),
+                Shape::Realistic => REALISTIC_SLICE_MAX,
+            };
+            let chunks = self.endpoints.div_ceil(per_slice).max(1);
+            for c in 0..chunks {
+                let range = c * per_slice..((c + 1) * per_slice).min(self.endpoints);
+                out.push(self.slice(family, c, range));
+            }
         }
         out
     }
 
-    fn slice(&self, family: Family) -> Value {
-        let endpoints: Vec<Value> = (0..self.endpoints)
+    fn slice(&self, family: Family, chunk: usize, range: std::ops::Range<usize>) -> Value {
+        let endpoints: Vec<Value> = range
             .map(|j| {
                 let addr = match family {
                     Family::V4 => self.endpoint_v4(j).to_string(),
@@ -217,16 +288,26 @@ impl Spec {
                 })
             })
             .collect();
+        let mut name = slice_name(&self.name(), family);
+        if chunk > 0 {
+            name = format!("{name}-{chunk}");
+        }
+        let ports: Vec<Value> = PORTS[..self.ports]
+            .iter()
+            .map(
+                |(name, _, target, proto)| json!({"name": name, "port": target, "protocol": proto}),
+            )
+            .collect();
         json!({
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
             "metadata": {
-                "name": slice_name(&self.name(), family),
+                "name": name,
                 "namespace": self.namespace(),
                 "labels": {"kubernetes.io/service-name": self.name()},
             },
             "addressType": family.k8s_name(),
-            "ports": [{"name": "http", "port": TARGET_PORT, "protocol": "TCP"}],
+            "ports": ports,
             "endpoints": endpoints,
         })
     }
@@ -301,15 +382,29 @@ pub fn echo_objects(vip: Ipv4Addr, endpoint: Ipv4Addr) -> Vec<Value> {
     ]
 }
 
-/// The Node, the ServiceCIDR and `n` Services with `k` endpoints each.
-pub fn objects(n: usize, k: usize) -> Vec<Value> {
+/// The Services of a cluster of `n` Services of `shape` (`k` endpoints each in the uniform
+/// shape; `seed` draws the realistic one).
+pub fn specs(shape: Shape, n: usize, k: usize, seed: u64) -> Vec<Spec> {
+    match shape {
+        Shape::Uniform => (0..n).map(|i| Spec::of(i, k)).collect(),
+        Shape::Realistic => crate::realistic::specs(n, seed),
+    }
+}
+
+/// The Node, the ServiceCIDR and the Services with their EndpointSlices.
+pub fn objects_of(specs: &[Spec]) -> Vec<Value> {
     let mut out = base_objects();
-    for i in 0..n {
-        let spec = Spec::of(i, k);
+    for spec in specs {
         out.push(spec.service());
         out.extend(spec.slices());
     }
     out
+}
+
+/// The Node, the ServiceCIDR and `n` Services with `k` endpoints each.
+#[cfg(test)]
+pub fn objects(n: usize, k: usize) -> Vec<Value> {
+    objects_of(&specs(Shape::Uniform, n, k, 0))
 }
 
 /// Converts objects with the agent's own conversion code (as its file source does).
@@ -404,17 +499,30 @@ pub struct ModelStats {
     pub load_balancer: usize,
     pub dual_stack: usize,
     pub etp_local: usize,
+    pub itp_local: usize,
+    pub affinity: usize,
+    pub multi_port: usize,
     pub endpoints_v4: usize,
     pub endpoints_v6: usize,
+    /// Services by endpoint count: 0, 1-3, 4-16, 17-99, 100-999, 1000 and more.
+    pub by_endpoints: [usize; 6],
+    pub endpoints_max: usize,
 }
 
+/// The upper ends of `ModelStats::by_endpoints`' buckets.
+pub const ENDPOINT_BUCKETS: [usize; 6] = [0, 3, 16, 99, 999, usize::MAX];
+
+#[cfg(test)]
 pub fn stats(n: usize, k: usize) -> ModelStats {
+    stats_of(&specs(Shape::Uniform, n, k, 0))
+}
+
+pub fn stats_of(specs: &[Spec]) -> ModelStats {
     let mut s = ModelStats {
-        services: n,
+        services: specs.len(),
         ..ModelStats::default()
     };
-    for i in 0..n {
-        let spec = Spec::of(i, k);
+    for spec in specs {
         match spec.kind {
             Kind::ClusterIp => s.cluster_ip += 1,
             Kind::NodePort => s.node_port += 1,
@@ -422,10 +530,20 @@ pub fn stats(n: usize, k: usize) -> ModelStats {
         }
         s.dual_stack += usize::from(spec.dual_stack);
         s.etp_local += usize::from(spec.etp_local);
+        s.itp_local += usize::from(spec.itp_local);
+        s.affinity += usize::from(spec.affinity);
+        s.multi_port += usize::from(spec.ports > 1);
+        let k = spec.endpoints;
         s.endpoints_v4 += k;
         if spec.dual_stack {
             s.endpoints_v6 += k;
         }
+        let bucket = ENDPOINT_BUCKETS
+            .iter()
+            .position(|&max| k <= max)
+            .unwrap_or(5);
+        s.by_endpoints[bucket] += 1;
+        s.endpoints_max = s.endpoints_max.max(k);
     }
     s
 }

@@ -1,0 +1,271 @@
+//! Partial syncs by Service shape (issue 20, item 2): what an endpoint change, a Service added
+//! or deleted, and a Service crossing an endpoint-count boundary cost at scale, for Services of
+//! 1 to 5,000 endpoints, with and without ClientIP affinity.
+//!
+//! The generic partial syncs of `measure.rs` change a Service picked by index, which in the
+//! realistic shape is most often one with 1–3 endpoints. Here probe Services of exactly the
+//! shape being measured are added to the cluster before its cold sync (so the cluster is the
+//! same plus ten Services), and each change is synced through the agent's `Syncer` with the
+//! changed Service's name, as the agent's tracker reports it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use dataplane::build::{BuildConfig, LIST_MAX_ENDPOINTS};
+use dataplane::model::{Cluster, ObjectName};
+use dataplane::ruleset::Family;
+use nftproxy::sync::{Changed, Syncer};
+use serde::Serialize;
+
+use crate::measure::{median, ms};
+use crate::netns::Netns;
+use crate::realistic;
+use crate::synth::{self, Spec};
+
+/// The endpoint counts measured.
+pub const ENDPOINTS: [usize; 5] = [1, 20, 200, 1000, 5000];
+
+/// The operations measured on each probe, in the order shown.
+pub const OPS: [&str; 4] = [
+    "endpoint added",
+    "endpoint removed",
+    "Service added",
+    "Service deleted",
+];
+
+/// One operation on one probe shape: medians and worst over the repetitions (after one
+/// unrecorded warm-up round).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProbeOp {
+    pub median_ms: f64,
+    pub max_ms: f64,
+    /// Netlink messages and planned operations (both families), medians.
+    pub messages: usize,
+    pub ops: usize,
+    pub runs_ms: Vec<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProbeResult {
+    /// Cold full sync of the cluster with the probes (both families), in this namespace.
+    pub cold_ms: f64,
+    /// By probe ("20 endpoints, ClientIP", "boundary 16 <-> 17"), then by operation.
+    pub probes: BTreeMap<String, BTreeMap<String, ProbeOp>>,
+    /// The probes in the order measured (the map above is sorted by name).
+    pub order: Vec<String>,
+}
+
+/// The probe label of a shape.
+pub fn label(endpoints: usize, affinity: bool) -> String {
+    let plural = if endpoints == 1 { "" } else { "s" };
+    let aff = if affinity { ", ClientIP" } else { "" };
+    format!("{endpoints} endpoint{plural}{aff}")
+}
+
+/// The boundaries measured: (label, endpoints before, operation names up and down).
+pub fn boundaries() -> [(String, usize, [String; 2]); 2] {
+    let k = LIST_MAX_ENDPOINTS;
+    [
+        (
+            format!("boundary {k} <-> {}", k + 1),
+            k,
+            [format!("{k} -> {}", k + 1), format!("{} -> {k}", k + 1)],
+        ),
+        (
+            "boundary 0 <-> 1".to_string(),
+            0,
+            ["0 -> 1".to_string(), "1 -> 0".to_string()],
+        ),
+    ]
+}
+
+/// Hands out probe Services beyond the cluster's: indices from `n + 100000` (the generic
+/// partial syncs use `n + rep`), pod addresses from `10.192.0.0` (the clusters' run from
+/// `10.64.0.0`; extra endpoints come from `10.250.0.0`).
+struct Alloc {
+    next_index: usize,
+    next_endpoint: u32,
+    next_extra: u32,
+}
+
+impl Alloc {
+    fn new(n: usize) -> Alloc {
+        Alloc {
+            next_index: n + 100_000,
+            next_endpoint: 0x0080_0000,
+            next_extra: 0,
+        }
+    }
+
+    fn spec(&mut self, endpoints: usize, affinity: bool) -> Spec {
+        let spec = realistic::probe(self.next_index, endpoints, affinity, self.next_endpoint);
+        self.next_index += 1;
+        self.next_endpoint += endpoints as u32;
+        spec
+    }
+
+    fn extra_endpoint(&mut self) -> Ipv4Addr {
+        self.next_extra += 1;
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 250, 0, 0)) + self.next_extra)
+    }
+}
+
+struct Run {
+    wall_ms: f64,
+    messages: usize,
+    ops: usize,
+}
+
+/// One sync of both families through the Syncer: full, or partial for `changed`.
+fn timed_sync(
+    syncer: &mut Syncer,
+    cluster: &Cluster,
+    config: &BuildConfig,
+    changed: Option<&BTreeSet<ObjectName>>,
+) -> Result<Run> {
+    let full = changed.is_none();
+    let both = Family::ALL.iter().map(|f| (*f, full)).collect();
+    let changed = changed.map_or(Changed::All, Changed::Services);
+    let t = Instant::now();
+    let results = syncer.sync_families(cluster, config, &both, changed);
+    let wall_ms = ms(t.elapsed());
+    let mut run = Run {
+        wall_ms,
+        messages: 0,
+        ops: 0,
+    };
+    for (family, r) in results {
+        let r = r.with_context(|| format!("{family:?} sync"))?;
+        run.messages += r.messages;
+        run.ops += r.ops;
+    }
+    Ok(run)
+}
+
+fn add_service(cluster: &mut Cluster, spec: &Spec) -> Result<()> {
+    let mut objects = vec![spec.service()];
+    objects.extend(spec.slices());
+    synth::add_to_cluster(cluster, &objects)
+}
+
+/// Records the runs of one operation, dropping the warm-up round.
+#[derive(Default)]
+struct Recorder {
+    runs: BTreeMap<(String, String), Vec<Run>>,
+}
+
+impl Recorder {
+    fn add(&mut self, probe: &str, op: &str, rep: usize, run: Run) {
+        if rep >= WARM_UP {
+            self.runs
+                .entry((probe.to_string(), op.to_string()))
+                .or_default()
+                .push(run);
+        }
+    }
+
+    fn finish(self, out: &mut ProbeResult) {
+        for ((probe, op), runs) in self.runs {
+            let med = |g: fn(&Run) -> f64| median(runs.iter().map(g).collect());
+            let entry = ProbeOp {
+                median_ms: med(|r| r.wall_ms),
+                max_ms: runs.iter().map(|r| r.wall_ms).fold(0.0, f64::max),
+                messages: med(|r| r.messages as f64) as usize,
+                ops: med(|r| r.ops as f64) as usize,
+                runs_ms: runs.iter().map(|r| r.wall_ms).collect(),
+            };
+            out.probes.entry(probe).or_default().insert(op, entry);
+        }
+    }
+}
+
+const WARM_UP: usize = 1;
+
+/// Adds the probes to `cluster` (of `n` Services), cold-syncs it in a fresh namespace, then
+/// measures each operation `reps` times after a warm-up round.
+pub fn probe_bench(
+    ns_label: &str,
+    cluster: &Cluster,
+    config: &BuildConfig,
+    n: usize,
+    reps: usize,
+) -> Result<ProbeResult> {
+    let ns = Netns::create(ns_label)?;
+    ns.run_in(|| {
+        let mut config = config.clone();
+        config.local_addresses = nftproxy::addresses::local_addresses();
+        let mut cluster = cluster.clone();
+        let mut alloc = Alloc::new(n);
+        let mut out = ProbeResult::default();
+        let shapes: Vec<(usize, bool)> = [false, true]
+            .into_iter()
+            .flat_map(|aff| ENDPOINTS.map(|k| (k, aff)))
+            .collect();
+        let residents: Vec<(String, Spec)> = shapes
+            .iter()
+            .map(|&(k, aff)| (label(k, aff), alloc.spec(k, aff)))
+            .collect();
+        let edges: Vec<_> = boundaries()
+            .into_iter()
+            .map(|(name, k, ops)| (name, alloc.spec(k, false), ops))
+            .collect();
+        for (_, spec) in &residents {
+            add_service(&mut cluster, spec)?;
+        }
+        for (_, spec, _) in &edges {
+            add_service(&mut cluster, spec)?;
+        }
+        let mut syncer = Syncer::new().context("opening the Syncer")?;
+        out.cold_ms = timed_sync(&mut syncer, &cluster, &config, None)
+            .context("cold sync")?
+            .wall_ms;
+
+        let mut rec = Recorder::default();
+        for ((k, aff), (name, resident)) in shapes.iter().zip(&residents) {
+            out.order.push(name.clone());
+            let changed: BTreeSet<ObjectName> = [resident.object_name()].into();
+            for rep in 0..WARM_UP + reps {
+                let addr = alloc.extra_endpoint();
+                synth::add_endpoint(&mut cluster, resident, addr)?;
+                let run = timed_sync(&mut syncer, &cluster, &config, Some(&changed))
+                    .with_context(|| format!("{name}: endpoint added"))?;
+                rec.add(name, OPS[0], rep, run);
+                synth::remove_endpoint(&mut cluster, resident, addr)?;
+                let run = timed_sync(&mut syncer, &cluster, &config, Some(&changed))
+                    .with_context(|| format!("{name}: endpoint removed"))?;
+                rec.add(name, OPS[1], rep, run);
+            }
+            for rep in 0..WARM_UP + reps {
+                let spec = alloc.spec(*k, *aff);
+                let changed: BTreeSet<ObjectName> = [spec.object_name()].into();
+                add_service(&mut cluster, &spec)?;
+                let run = timed_sync(&mut syncer, &cluster, &config, Some(&changed))
+                    .with_context(|| format!("{name}: Service added"))?;
+                rec.add(name, OPS[2], rep, run);
+                synth::remove_service(&mut cluster, &spec.object_name());
+                let run = timed_sync(&mut syncer, &cluster, &config, Some(&changed))
+                    .with_context(|| format!("{name}: Service deleted"))?;
+                rec.add(name, OPS[3], rep, run);
+            }
+        }
+        for (name, spec, [up, down]) in &edges {
+            out.order.push(name.clone());
+            let changed: BTreeSet<ObjectName> = [spec.object_name()].into();
+            for rep in 0..WARM_UP + reps {
+                let addr = alloc.extra_endpoint();
+                synth::add_endpoint(&mut cluster, spec, addr)?;
+                let run = timed_sync(&mut syncer, &cluster, &config, Some(&changed))
+                    .with_context(|| format!("{name}: {up}"))?;
+                rec.add(name, up, rep, run);
+                synth::remove_endpoint(&mut cluster, spec, addr)?;
+                let run = timed_sync(&mut syncer, &cluster, &config, Some(&changed))
+                    .with_context(|| format!("{name}: {down}"))?;
+                rec.add(name, down, rep, run);
+            }
+        }
+        rec.finish(&mut out);
+        Ok(out)
+    })
+}
