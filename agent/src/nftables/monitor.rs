@@ -11,8 +11,8 @@ use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
 use super::Nftables;
 
-/// `NFNLGRP_NFTABLES`: the multicast group of nf_tables change notifications.
-const NFNLGRP_NFTABLES: u32 = 7;
+/// The multicast group of nf_tables change notifications.
+pub(crate) const NFNLGRP_NFTABLES: u32 = libc::NFNLGRP_NFTABLES as u32;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWGEN: u16 = 15;
 const NFT_MSG_GETGEN: u16 = 16;
@@ -47,25 +47,7 @@ impl Monitor {
     /// notifications. Changes caused by the netlink socket with port id `ignore_portid` (the
     /// agent's own) are not reported.
     pub fn open(ignore_portid: u32) -> io::Result<Monitor> {
-        let mut sock = Socket::new(NETLINK_NETFILTER)?;
-        sock.bind_auto()?;
-        let size = RCVBUF as libc::c_int;
-        for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-            // SAFETY: setsockopt with a pointer to a live c_int and its size.
-            let rc = unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    (&size as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if rc == 0 {
-                break;
-            }
-        }
-        sock.add_membership(NFNLGRP_NFTABLES)?;
+        let sock = subscribe(RCVBUF)?;
         Ok(Monitor {
             sock: Arc::new(sock),
             ignore_portid,
@@ -216,6 +198,32 @@ fn table_name(body: &[u8]) -> Option<&[u8]> {
         off += (len + 3) & !3;
     }
     None
+}
+
+/// A netlink socket in the calling thread's network namespace, with a receive buffer of
+/// `rcvbuf` bytes (forced past the system limit where allowed), subscribed to nf_tables
+/// change notifications.
+pub fn subscribe(rcvbuf: usize) -> io::Result<Socket> {
+    let mut sock = Socket::new(NETLINK_NETFILTER)?;
+    sock.bind_auto()?;
+    let size = rcvbuf as libc::c_int;
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt with a pointer to a live c_int and its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            break;
+        }
+    }
+    sock.add_membership(NFNLGRP_NFTABLES)?;
+    Ok(sock)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 use std::io;
 use std::os::fd::AsRawFd;
 
+use super::monitor::NFNLGRP_NFTABLES;
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
 /// Netlink message types of the control messages we read.
@@ -240,8 +241,6 @@ impl NlSocket {
     }
 }
 
-/// `NFNLGRP_NFTABLES`: the multicast group of nf_tables change notifications.
-const NFNLGRP_NFTABLES: u32 = 7;
 /// Room for the notifications of other programs' commits during one read of our table. A
 /// commit larger than this (thousands of objects) overflows it, which only costs a retry.
 const NOTIFY_RCVBUF: usize = 4 << 20;

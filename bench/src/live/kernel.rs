@@ -10,13 +10,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
+use netlink_sys::Socket;
 use nftproxy::nftables::Nftables;
 
 use crate::netns::Netns;
 
-/// `NFNLGRP_NFTABLES`: the multicast group of nf_tables change notifications.
-const NFNLGRP_NFTABLES: u32 = 7;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFPROTO_IPV4: u8 = 2;
@@ -128,45 +126,6 @@ impl Generations {
     }
 }
 
-/// A socket subscribed to nf_tables notifications in the calling thread's namespace.
-fn subscribe(rcvbuf: usize) -> io::Result<Socket> {
-    let mut sock = Socket::new(NETLINK_NETFILTER)?;
-    sock.bind_auto()?;
-    let size = rcvbuf as libc::c_int;
-    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-        // SAFETY: setsockopt with a pointer to a live c_int and its size.
-        let rc = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&size as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            break;
-        }
-    }
-    // Wake up now and then to see the stop flag.
-    let tv = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 100_000,
-    };
-    // SAFETY: setsockopt with a pointer to a live timeval and its size.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    sock.add_membership(NFNLGRP_NFTABLES)?;
-    Ok(sock)
-}
-
 /// Receives notifications until `stop`, handing each datagram to `f`; counts the overflows
 /// (`ENOBUFS`: the kernel dropped some).
 fn receive(
@@ -204,7 +163,7 @@ impl Listener {
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = spawn_in(ns, "listener", move |stop| {
             // libmnl's default receive buffer, as `nft monitor` uses.
-            let sock = match subscribe(208 * 1024) {
+            let sock = match nftproxy::nftables::monitor::subscribe(208 * 1024) {
                 Ok(s) => s,
                 Err(e) => return drop(tx.send(Err(e))),
             };
@@ -247,7 +206,7 @@ impl ElementWatch {
         let (tx, rx) = std::sync::mpsc::channel();
         let f = Mutex::new(f);
         let thread = spawn_in(ns, "elements", move |stop| {
-            let sock = match subscribe(32 << 20) {
+            let sock = match nftproxy::nftables::monitor::subscribe(32 << 20) {
                 Ok(s) => s,
                 Err(e) => return drop(tx.send(Err(e))),
             };
