@@ -33,7 +33,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
 use nftproxy_tests::apiserver::ApiServer;
 
-use crate::agent::Agent;
+use crate::agent::{Agent, go_duration};
 use crate::churn::{Matcher, percentile};
 use crate::kernel::{ElementWatch, Generations, Listener};
 use crate::netns::Netns;
@@ -79,10 +79,6 @@ struct Cli {
     /// Also write the agent's log (stderr) of the churn run to this file.
     #[arg(long)]
     agent_log: Option<PathBuf>,
-}
-
-fn go_duration(s: &str) -> Result<Duration, String> {
-    nftproxy::config::parse_duration(s).ok_or_else(|| format!("not a duration: {s:?}"))
 }
 
 /// Targets (docs/performance.md, "Live mode").

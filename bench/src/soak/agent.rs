@@ -12,6 +12,11 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::netns::{self, Netns};
 
+/// Parses a command-line duration as the agent's configuration does (`10ms`, `1m30s`).
+pub fn go_duration(s: &str) -> Result<Duration, String> {
+    nftproxy::config::parse_duration(s).ok_or_else(|| format!("not a duration: {s:?}"))
+}
+
 pub fn agent_binary(flag: Option<&Path>) -> Result<PathBuf> {
     let path = match flag {
         Some(p) => p.to_path_buf(),

@@ -24,7 +24,7 @@ use clap::Parser;
 use nftproxy_tests::apiserver::ApiServer;
 use serde::Serialize;
 
-use crate::agent::{Agent, agent_binary};
+use crate::agent::{Agent, agent_binary, go_duration};
 use crate::check::Check;
 use crate::netns::Netns;
 use crate::objects::Rng;
@@ -84,10 +84,6 @@ struct Cli {
     /// Also write the results as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-}
-
-fn go_duration(s: &str) -> Result<Duration, String> {
-    nftproxy::config::parse_duration(s).ok_or_else(|| format!("not a duration: {s:?}"))
 }
 
 /// Where the agent serves `/metrics` inside the namespace (kube-proxy's default).
