@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use dataplane::build::build;
 use dataplane::model::Cluster;
-use dataplane::render;
-use dataplane::ruleset::{Family, Proto};
+use dataplane::nft::build::build;
+use dataplane::nft::render;
+use dataplane::nft::ruleset::{Family, Proto};
 use dataplane::trace::{Host, Packet, trace};
 use dataplane::tracker::Tracker;
 use nftproxy::clock::SystemClock;

@@ -223,8 +223,8 @@ mod tests {
         w.complete(&mut cluster);
         let node = cluster.node.unwrap();
         let primary = |f| node.primary_ip(f).unwrap().to_string();
-        assert_eq!(primary(dataplane::ruleset::Family::V4), "192.0.2.9");
-        assert_eq!(primary(dataplane::ruleset::Family::V6), "2001:db8::1");
+        assert_eq!(primary(dataplane::nft::ruleset::Family::V4), "192.0.2.9");
+        assert_eq!(primary(dataplane::nft::ruleset::Family::V6), "2001:db8::1");
         assert_eq!(node.addresses.len(), 3);
     }
 

@@ -16,8 +16,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::plan::Op;
-use dataplane::ruleset::{Key, Value, Verdict};
+use dataplane::nft::ruleset::{Key, Value, Verdict};
+use dataplane::nft::transaction::Op;
 
 use crate::backoff::Backoff;
 
@@ -271,7 +271,7 @@ impl Quarantine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dataplane::ruleset::{Proto, Rule};
+    use dataplane::nft::ruleset::{Proto, Rule};
     use std::sync::Arc;
 
     fn cluster(names: &[(&str, &str)]) -> Cluster {
@@ -285,7 +285,7 @@ mod tests {
                 )
             })
             .collect();
-        let (objects, _) = dataplane::convert::parse_yaml(&yaml).unwrap();
+        let (objects, _) = dataplane::input::parse_yaml(&yaml).unwrap();
         dataplane::convert::cluster(&objects, "node", "").0
     }
 

@@ -10,7 +10,8 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use dataplane::convert::{self, Object, ParseError, Skipped};
+use dataplane::convert::{self, Skipped};
+use dataplane::input::{Object, ParseError};
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::tracker::{Kind, Tracker};
 
@@ -58,7 +59,7 @@ fn relist(tracker: &mut Tracker, text: &str) -> Result<Vec<Skipped>, ParseError>
     let mut skipped = Vec::new();
     let mut invalid = Vec::new();
     let mut seen = HashSet::new();
-    convert::for_each_object(text, &mut skipped, |object| {
+    dataplane::input::for_each_object(text, &mut skipped, |object| {
         let (kind, name) = match &object {
             Object::Service(o) => (Kind::Service, convert::object_name(&o.metadata)),
             Object::Slice(o) => (Kind::EndpointSlice, convert::object_name(&o.metadata)),

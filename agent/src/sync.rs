@@ -20,10 +20,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dataplane::build::{BuildConfig, NoLocalEndpoints};
 use dataplane::iptables::IptablesOptions;
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::ruleset::{Family, TABLE};
+use dataplane::nft::build::{BuildConfig, NoLocalEndpoints};
+use dataplane::nft::ruleset::{Family, TABLE};
 use metrics::ObjectCounts;
 
 use crate::config::ProxyMode;
@@ -58,7 +58,7 @@ pub enum SyncError {
 
 impl SyncError {
     /// The nftables operation the kernel or the encoder refused, if that was the failure.
-    pub fn refused_op(&self) -> Option<&dataplane::plan::Op> {
+    pub fn refused_op(&self) -> Option<&dataplane::nft::transaction::Op> {
         match self {
             SyncError::Nftables(e) => e.refused_op(),
             _ => None,

@@ -11,9 +11,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use dataplane::build::BuildConfig;
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::ruleset::Family;
+use dataplane::nft::build::BuildConfig;
+use dataplane::nft::ruleset::Family;
 use dataplane::tracker::Tracker;
 
 use crate::addresses::LocalAddresses;

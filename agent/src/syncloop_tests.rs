@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dataplane::ruleset::Family;
+use dataplane::nft::ruleset::Family;
 use dataplane::tracker::Tracker;
 
 use super::*;

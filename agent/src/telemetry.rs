@@ -7,18 +7,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use dataplane::conflicts::{self, Conflict};
-use dataplane::ruleset::Family;
+use dataplane::nft::ruleset::Family;
 use tokio::runtime::Handle;
 
+use crate::config::{HEALTHZ_PORT, METRICS_PORT};
 use crate::config::{ProxyMode, Settings};
 use crate::http::health::SyncFailure;
 use crate::http::service_health::ServiceHealth;
 use crate::http::{self, parse_bind_address, parse_rfc3339, spawn_server};
 use crate::syncloop::{Observer, Shared, SyncRun};
-
-/// kube-proxy's default ports, appended to bind addresses given without one.
-pub const METRICS_PORT: u16 = 10249;
-pub const HEALTHZ_PORT: u16 = 10256;
 
 /// The sync loop's observer: metrics, health, health-check node ports.
 pub struct Telemetry {

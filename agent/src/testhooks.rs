@@ -9,9 +9,9 @@
 
 use std::sync::OnceLock;
 
-use dataplane::plan::{Op, Transaction};
-use dataplane::render;
-use dataplane::ruleset::Family;
+use dataplane::nft::render;
+use dataplane::nft::ruleset::Family;
+use dataplane::nft::transaction::{Op, Transaction};
 
 fn var(name: &'static str, cell: &'static OnceLock<Option<String>>) -> Option<&'static str> {
     cell.get_or_init(|| std::env::var(name).ok().filter(|v| !v.is_empty()))

@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::Instant;
 
 use dataplane::conntrack::Tuple;
-use dataplane::ruleset::Family;
+use dataplane::nft::ruleset::Family;
 use nftproxy::conntrack::{Conntrack, Flow};
 
 mod common;

@@ -18,11 +18,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dataplane::build::{BuildConfig, LocalDetector};
 use dataplane::convert::{self, Objects};
 use dataplane::model::Cluster;
-use dataplane::plan::TableState;
-use dataplane::ruleset::{Family, Key};
+use dataplane::nft::build::{BuildConfig, LocalDetector};
+use dataplane::nft::ruleset::{Family, Key};
+use dataplane::nft::state::TableState;
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 use nftproxy::nftables::{Nftables, ReadStats};
 use nftproxy::sync::Syncer;

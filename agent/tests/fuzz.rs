@@ -18,11 +18,12 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use dataplane::build::{BuildConfig, LocalDetector, NodePortAddresses, build};
 use dataplane::conntrack::{Frontends, Tuple, is_stale};
 use dataplane::convert;
-use dataplane::plan::{TableState, plan, plan_cleanup};
-use dataplane::ruleset::{Family, Table};
+use dataplane::nft::build::{BuildConfig, LocalDetector, NodePortAddresses, build};
+use dataplane::nft::plan::{plan, plan_cleanup};
+use dataplane::nft::ruleset::{Family, Table};
+use dataplane::nft::state::TableState;
 use dataplane::tracker::Tracker;
 use harness::fuzz;
 use netlink_packet_core::{DefaultNla, NetlinkMessage};
@@ -102,7 +103,8 @@ fn source_load() {
                 harness::note("source_load", "loaded");
                 // Both read the file through the same re-list: they agree on the Services even
                 // when one is listed twice (the last copy wins, valid or not).
-                let (objects, _) = convert::parse_yaml(&text).expect("parsed once already");
+                let (objects, _) =
+                    dataplane::input::parse_yaml(&text).expect("parsed once already");
                 let mut seen = std::collections::BTreeSet::new();
                 if !objects
                     .services
@@ -743,7 +745,7 @@ fn family() -> impl Strategy<Value = Family> {
 
 /// The desired table of a generated valid cluster.
 fn desired(cluster: &k8s::ValidCluster, config: &BuildConfig, family: Family) -> Table {
-    let (objects, _) = convert::parse_yaml(&cluster.yaml()).expect("valid YAML");
+    let (objects, _) = dataplane::input::parse_yaml(&cluster.yaml()).expect("valid YAML");
     let (model, skipped) = convert::cluster(&objects, "node", "");
     assert!(skipped.is_empty(), "{skipped:?}");
     build(&model, config, family).table
@@ -757,7 +759,7 @@ fn use_state(state: &TableState, desired: &Table) {
     after.apply(&tx);
     let _ = plan_cleanup(&after, desired);
     let _ = Frontends::from_table_state(Some(state));
-    let _ = dataplane::render::transaction_text(&tx);
+    let _ = dataplane::nft::render::transaction_text(&tx);
 }
 
 /// Encode → decode: the state read back from the messages nftproxy sends is the state the

@@ -9,12 +9,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use dataplane::plan::{Op, TableState, Transaction, plan, plan_cleanup, split_new_chains};
-use dataplane::render;
-use dataplane::ruleset::{
+use dataplane::nft::plan::{plan, plan_cleanup, split_new_chains};
+use dataplane::nft::render;
+use dataplane::nft::ruleset::{
     Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
     Set, SetDecl, Table, Value, Verdict, endpoint_map_name, slot_elements, slot_offset,
 };
+use dataplane::nft::state::TableState;
+use dataplane::nft::transaction::{Op, Transaction};
 use ipnet::IpNet;
 use nftproxy::nftables::monitor::Monitor;
 use nftproxy::nftables::{NftError, Nftables};
@@ -364,7 +366,7 @@ fn set_region(t: &mut Table, region: u32, targets: &[(IpAddr, u16)]) {
         .get_mut(endpoint_map_name(ENDPOINT_MAP))
         .expect("endpoint map");
     map.elements.retain(
-        |k, _| !matches!(k, Key::Slot { at, .. } if dataplane::ruleset::slot_region(*at) == region),
+        |k, _| !matches!(k, Key::Slot { at, .. } if dataplane::nft::ruleset::slot_region(*at) == region),
     );
     if !targets.is_empty() {
         map.elements.extend(

@@ -9,10 +9,10 @@
 
 use std::fmt::Write;
 
-use dataplane::build::{hash_and_truncate, port_endpoints};
 use dataplane::convert::slices_by_service;
 use dataplane::model::{Cluster, EndpointSlice, Service, ServicePort};
-use dataplane::ruleset::Family;
+use dataplane::nft::build::{hash_and_truncate, port_endpoints};
+use dataplane::nft::ruleset::Family;
 use dataplane::topology::{NodeTopology, PortEndpoint, Usage, categorize};
 
 const T: &str = "ip kube-proxy";

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use dataplane::build::build;
-use dataplane::ruleset::Family;
+use dataplane::nft::build::build;
+use dataplane::nft::ruleset::Family;
 use serde::Serialize;
 
 use crate::measure::{
@@ -291,7 +291,7 @@ fn real_main() -> Result<()> {
 fn side_by_side(
     cli: &Cli,
     shape: Shape,
-    config: &dataplane::build::BuildConfig,
+    config: &dataplane::nft::build::BuildConfig,
     sizes: &mut [SizeReport],
 ) {
     let (Some(small), Some(large)) = (cli.services.iter().min(), cli.services.iter().max()) else {
@@ -386,7 +386,7 @@ fn bench_size(
     cli: &Cli,
     shape: Shape,
     n: usize,
-    config: &dataplane::build::BuildConfig,
+    config: &dataplane::nft::build::BuildConfig,
     agent: Option<&Path>,
     config_file: &Path,
     dir: &Path,

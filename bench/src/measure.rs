@@ -12,9 +12,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use dataplane::build::BuildConfig;
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::ruleset::Family;
+use dataplane::nft::build::BuildConfig;
+use dataplane::nft::ruleset::Family;
 use nftproxy::sync::{Changed, Phase, Probe, Syncer};
 use serde::Serialize;
 
@@ -429,7 +429,7 @@ pub struct Phases {
     /// The current state: read back from the kernel (full syncs) or a clone of the committed
     /// state (partial syncs).
     pub state_ms: f64,
-    /// `dataplane::plan::plan`: the diff of the whole current and desired tables.
+    /// `dataplane::nft::plan::plan`: the diff of the whole current and desired tables.
     pub plan_ms: f64,
     /// `Nftables::apply` of the main transaction: encoding, send, the kernel's processing and
     /// commit, the ACK.

@@ -13,9 +13,9 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use dataplane::build::{BuildConfig, LIST_MAX_ENDPOINTS};
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::ruleset::Family;
+use dataplane::nft::build::{BuildConfig, LIST_MAX_ENDPOINTS};
+use dataplane::nft::ruleset::Family;
 use nftproxy::sync::{Changed, Syncer};
 use serde::Serialize;
 

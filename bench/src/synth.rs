@@ -18,7 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use anyhow::{Context, Result, bail};
 use dataplane::convert::{self, Objects};
 use dataplane::model::{Cluster, Endpoint, ObjectName};
-use dataplane::ruleset::Family;
+use dataplane::nft::ruleset::Family;
 use serde_json::{Value, json};
 
 /// The node the agent runs as.
@@ -572,7 +572,7 @@ pub struct TableStats {
     pub sets: usize,
 }
 
-pub fn table_stats(table: &dataplane::ruleset::Table) -> TableStats {
+pub fn table_stats(table: &dataplane::nft::ruleset::Table) -> TableStats {
     TableStats {
         chains: table.chains.len(),
         rules: table.chains.values().map(|c| c.rules.len()).sum(),

@@ -5,7 +5,7 @@
 //! `status.loadBalancer.ingress`) to another Service's ClusterIP and so intercept its traffic
 //! (CVE-2020-8554), and a broken allocator can give two Services one ClusterIP. Whatever the
 //! input, nftproxy programs one stated policy, decided here and only here, so that nftables
-//! mode ([`crate::build`], [`crate::desired`]), iptables mode ([`crate::iptables`]), the UDP
+//! mode ([`crate::nft::build`], [`crate::nft::desired`]), iptables mode ([`crate::iptables`]), the UDP
 //! conntrack cleanup ([`crate::conntrack`]) and `nftproxy trace` ([`crate::trace`]) agree:
 //!
 //! 1. **A ClusterIP keeps its own traffic.** An external IP or load-balancer IP that equals
@@ -29,10 +29,9 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use k8s_openapi::jiff::Timestamp;
-
+pub use crate::model::precedence;
 use crate::model::{ObjectName, Service, ServicePort, Services};
-use crate::ruleset::{Family, Proto};
+use crate::net::{Family, Proto};
 
 /// How a conflict's losers claimed the frontend: the `kind` label of
 /// `nftproxy_frontend_conflicts`.
@@ -154,16 +153,6 @@ impl fmt::Display for Conflict {
             self.rule,
         )
     }
-}
-
-/// The order in which conflicting claims are decided: oldest `creationTimestamp` first, then
-/// namespace/name; a Service without a timestamp after every Service with one.
-pub fn precedence(svc: &Service) -> (bool, Option<Timestamp>, &ObjectName) {
-    (
-        svc.creation_timestamp.is_none(),
-        svc.creation_timestamp,
-        &svc.name,
-    )
 }
 
 /// Whether `svc` claims `ip` as an external or load-balancer IP on `proto`/`port`. Only a

@@ -30,8 +30,8 @@ use std::net::IpAddr;
 use crate::conflicts::{Suppressed, suppressed};
 use crate::decision::{self, Frontend, port_endpoints};
 use crate::model::{Cluster, EndpointSlice, ObjectName, Service};
-use crate::plan::TableState;
-use crate::ruleset::{Family, Key, Proto};
+use crate::nft::ruleset::{Family, Key, Proto};
+use crate::nft::state::TableState;
 
 /// One direction of a conntrack entry, as the kernel reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -12,12 +12,11 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
 
-pub use crate::input::ParseError;
 use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, Node, NodeNames, ObjectName, Service, ServicePort,
     ServiceType, Slices,
 };
-use crate::ruleset::{Family, Proto};
+use crate::net::{Family, Proto};
 
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
@@ -587,41 +586,6 @@ pub struct Objects {
     pub service_cidrs: Vec<networking::ServiceCIDR>,
 }
 
-/// One object of an input document, before conversion.
-#[derive(Clone, Debug)]
-pub enum Object {
-    Service(Box<core::Service>),
-    Slice(Box<discovery::EndpointSlice>),
-    Node(Box<core::Node>),
-    ServiceCidr(Box<networking::ServiceCIDR>),
-}
-
-/// Splits a file's text (see [`crate::input`]: `kind: List`, YAML documents, JSON objects) into
-/// typed objects. Objects of other kinds are ignored; objects that do not match their schema
-/// are reported in the second return value.
-pub fn parse_yaml(text: &str) -> Result<(Objects, Vec<Skipped>), ParseError> {
-    let mut objects = Objects::default();
-    let mut skipped = Vec::new();
-    for_each_object(text, &mut skipped, |o| match o {
-        Object::Service(v) => objects.services.push(*v),
-        Object::Slice(v) => objects.slices.push(*v),
-        Object::Node(v) => objects.nodes.push(*v),
-        Object::ServiceCidr(v) => objects.service_cidrs.push(*v),
-    })?;
-    Ok((objects, skipped))
-}
-
-/// Like [`parse_yaml`], but hands each object to `f` as soon as it is parsed: the typed
-/// objects of a whole file take several times the memory of the model built from them.
-/// On a syntax error, `f` has already seen the objects before it.
-pub fn for_each_object(
-    text: &str,
-    skipped: &mut Vec<Skipped>,
-    f: impl FnMut(Object),
-) -> Result<(), ParseError> {
-    crate::input::for_each_object(text, skipped, f)
-}
-
 /// Converts parsed objects into a cluster model for the node `node_name`, collecting every
 /// object that had to be skipped (ignored kinds such as headless Services are not reported).
 pub fn cluster(
@@ -688,6 +652,7 @@ pub fn slices_by_service(slices: &Slices) -> BTreeMap<&ObjectName, Vec<&Endpoint
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::parse_yaml;
     use std::collections::BTreeSet;
 
     #[test]

@@ -3,7 +3,7 @@
 //! which endpoints serve cluster-wide and node-local traffic, what happens to internal
 //! (ClusterIP) and external (NodePort, external IP, load-balancer IP) traffic, the
 //! load-balancer source ranges, masquerading, session affinity and the no-local-endpoint
-//! accounting. The nftables builder ([`crate::build`]), the iptables builder
+//! accounting. The nftables builder ([`crate::nft::build`]), the iptables builder
 //! ([`crate::iptables`]), the UDP conntrack cleanup ([`crate::conntrack`]), `nftproxy trace`
 //! ([`crate::trace`]) and the health-check node ports all read it, so a fix to a rule is made
 //! once; they only decide how to express it.
@@ -22,10 +22,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::build::{BuildConfig, LocalDetector};
 use crate::conflicts::Suppressed;
 use crate::model::{Cluster, EndpointSlice, ObjectName, Service, ServicePort};
-use crate::ruleset::Family;
+use crate::net::Family;
+use crate::settings::{BuildConfig, LocalDetector};
 use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
 
 /// How traffic from this node's pods is recognised in one family (kube-proxy's

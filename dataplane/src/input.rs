@@ -18,7 +18,11 @@ use serde::Deserializer as _;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::convert::{Object, Skip, Skipped};
+use k8s_openapi::api::{
+    core::v1 as core, discovery::v1 as discovery, networking::v1 as networking,
+};
+
+use crate::convert::{Objects, Skip, Skipped};
 
 /// A syntax error, with the position it names when there is one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +50,30 @@ impl From<serde_yaml_ng::Error> for ParseError {
             message: e.to_string(),
         }
     }
+}
+
+/// One object of an input document, before conversion.
+#[derive(Clone, Debug)]
+pub enum Object {
+    Service(Box<core::Service>),
+    Slice(Box<discovery::EndpointSlice>),
+    Node(Box<core::Node>),
+    ServiceCidr(Box<networking::ServiceCIDR>),
+}
+
+/// Splits a file's text (see [`crate::input`]: `kind: List`, YAML documents, JSON objects) into
+/// typed objects. Objects of other kinds are ignored; objects that do not match their schema
+/// are reported in the second return value.
+pub fn parse_yaml(text: &str) -> Result<(Objects, Vec<Skipped>), ParseError> {
+    let mut objects = Objects::default();
+    let mut skipped = Vec::new();
+    for_each_object(text, &mut skipped, |o| match o {
+        Object::Service(v) => objects.services.push(*v),
+        Object::Slice(v) => objects.slices.push(*v),
+        Object::Node(v) => objects.nodes.push(*v),
+        Object::ServiceCidr(v) => objects.service_cidrs.push(*v),
+    })?;
+    Ok((objects, skipped))
 }
 
 /// Hands every object of `text` to `f`, in file order; objects that do not match their schema
@@ -400,7 +428,7 @@ impl<'de, F: FnMut(Object)> Visitor<'de> for YamlItems<'_, '_, F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::{Objects, parse_yaml};
+    use crate::convert::Objects;
 
     fn service(name: &str, ip: &str) -> serde_json::Value {
         serde_json::json!({

@@ -1,19 +1,16 @@
 //! nftproxy's pure core: the Service model, endpoint selection, the typed nftables ruleset,
 //! its planner and its renderer. No I/O, no async runtime, no kernel access.
 
-pub mod build;
 pub mod conflicts;
 pub mod conntrack;
 pub mod convert;
 pub mod decision;
-pub mod desired;
 pub mod input;
 pub mod iptables;
 pub mod model;
-pub mod plan;
-pub mod render;
-pub mod ruleset;
-pub mod slots;
+pub mod net;
+pub mod nft;
+pub mod settings;
 pub mod topology;
 pub mod trace;
 pub mod tracker;

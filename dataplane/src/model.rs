@@ -9,7 +9,7 @@ use imbl::{OrdMap, OrdSet};
 use ipnet::IpNet;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::ruleset::{Family, Proto};
+use crate::net::{Family, Proto};
 
 /// `namespace/name` of a Kubernetes object. Names are copied into many indexes and change
 /// sets; shared strings make those copies free and keep them from fragmenting the heap.
@@ -440,8 +440,8 @@ impl Services {
                 imbl::ordmap::Entry::Occupied(e) => e.get().clone(),
             };
             let mut list: Vec<Arc<Service>> = claimants.as_slice().to_vec();
-            let key = crate::conflicts::precedence(svc);
-            let at = list.partition_point(|s| crate::conflicts::precedence(s) < key);
+            let key = precedence(svc);
+            let at = list.partition_point(|s| precedence(s) < key);
             list.insert(at, svc.clone());
             if list.len() > 1 {
                 self.shared.insert(addr);
@@ -602,6 +602,26 @@ impl Cluster {
         out.dedup();
         out
     }
+}
+
+/// `ns/name:port` (`ns/name` for an unnamed port): how chain comments and traces name a
+/// Service port.
+pub fn port_label(svc: &Service, port: &ServicePort) -> String {
+    if port.name.is_empty() {
+        svc.name.to_string()
+    } else {
+        format!("{}:{}", svc.name, port.name)
+    }
+}
+
+/// The order in which conflicting claims are decided: oldest `creationTimestamp` first, then
+/// namespace/name; a Service without a timestamp after every Service with one.
+pub fn precedence(svc: &Service) -> (bool, Option<Timestamp>, &ObjectName) {
+    (
+        svc.creation_timestamp.is_none(),
+        svc.creation_timestamp,
+        &svc.name,
+    )
 }
 
 #[cfg(test)]

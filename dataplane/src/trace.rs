@@ -10,11 +10,11 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::build::port_label;
 use crate::conflicts::{self, Conflict, suppressed};
 use crate::decision::{self, Frontend};
 use crate::model::Cluster;
-use crate::ruleset::{
+use crate::model::port_label;
+use crate::nft::ruleset::{
     Action, Chain, Family, Key, Match, Proto, Table, Value, Verdict, slot_region,
 };
 

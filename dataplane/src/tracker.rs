@@ -12,7 +12,7 @@ use k8s_openapi::api::networking::v1 as networking;
 use crate::conflicts::{claims_differ, neighbours};
 use crate::convert::{self, Skip, Skipped, object_name};
 use crate::model::{Cluster, NodeNames, ObjectName, Service};
-use crate::ruleset::Family;
+use crate::net::Family;
 
 /// The kinds of object the proxy watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

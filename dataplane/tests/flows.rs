@@ -3,15 +3,15 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use nftproxy_dataplane::build::{BuildConfig, LocalDetector, build};
 use nftproxy_dataplane::convert;
 use nftproxy_dataplane::model::Cluster;
-use nftproxy_dataplane::ruleset::{Family, Proto};
+use nftproxy_dataplane::nft::build::{BuildConfig, LocalDetector, build};
+use nftproxy_dataplane::nft::ruleset::{Family, Proto};
 use nftproxy_dataplane::trace::{Host, Outcome, Packet, trace};
 
 fn fixture() -> Cluster {
     let text = include_str!("../../tests/fixtures/cluster-ip.yaml");
-    let (objects, skipped) = convert::parse_yaml(text).unwrap();
+    let (objects, skipped) = nftproxy_dataplane::input::parse_yaml(text).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}");
     let (cluster, skipped) = convert::cluster(&objects, "test-node", "");
     assert!(skipped.is_empty(), "{skipped:?}");

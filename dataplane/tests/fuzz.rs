@@ -17,16 +17,17 @@ use harness::fuzz;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
-use nftproxy_dataplane::build::{BuildConfig, LocalDetector, NodePortAddresses, build};
-use nftproxy_dataplane::convert::{self, Object};
-use nftproxy_dataplane::desired::Desired;
+use nftproxy_dataplane::convert;
+use nftproxy_dataplane::input::Object;
 use nftproxy_dataplane::iptables::{
     self, Existing, IptablesOptions, PREFIX, jump_target, parse_save, plan_full, plan_removal,
     tokens,
 };
 use nftproxy_dataplane::model::{Cluster, NodeNames, ObjectName};
-use nftproxy_dataplane::render;
-use nftproxy_dataplane::ruleset::Family;
+use nftproxy_dataplane::nft::build::{BuildConfig, LocalDetector, NodePortAddresses, build};
+use nftproxy_dataplane::nft::desired::Desired;
+use nftproxy_dataplane::nft::render;
+use nftproxy_dataplane::nft::ruleset::Family;
 use nftproxy_dataplane::tracker::{Kind, Tracker};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -198,7 +199,7 @@ fn build_everything(cluster: &Cluster, config: &BuildConfig) {
     for family in Family::ALL {
         let built = build(cluster, config, family);
         let _ = render::table_text(&built.table);
-        let tx = nftproxy_dataplane::plan::plan(None, &built.table);
+        let tx = nftproxy_dataplane::nft::plan::plan(None, &built.table);
         let _ = render::transaction_text(&tx);
         let ipt = iptables::build(cluster, config, &IptablesOptions::default(), family);
         let restore = plan_full(&ipt, &Existing::default());
@@ -228,7 +229,7 @@ fn yaml_file_to_rules() {
         (k8s::yaml_file(12), proxy_name(), build_config()),
         |(file, proxy, config)| {
             let text = file.text();
-            let Ok((objects, _skipped)) = convert::parse_yaml(&text) else {
+            let Ok((objects, _skipped)) = nftproxy_dataplane::input::parse_yaml(&text) else {
                 return;
             };
             harness::note("yaml_file_to_rules", "parsed");
@@ -249,7 +250,8 @@ fn valid_cluster_to_rules() {
         20,
         (k8s::valid_cluster(10), build_config()),
         |(cluster, config)| {
-            let (objects, skipped) = convert::parse_yaml(&cluster.yaml()).expect("valid YAML");
+            let (objects, skipped) =
+                nftproxy_dataplane::input::parse_yaml(&cluster.yaml()).expect("valid YAML");
             assert!(skipped.is_empty(), "{skipped:?}");
             let (model, skipped) = convert::cluster(&objects, "node", "");
             assert!(skipped.is_empty(), "valid objects skipped: {skipped:?}");
@@ -264,8 +266,8 @@ fn yaml_traps() {
     fuzz("yaml_traps", 100, k8s::yaml_trap(), |text| {
         let mut seen = 0usize;
         let mut skipped = Vec::new();
-        let _ = convert::for_each_object(&text, &mut skipped, |_| seen += 1);
-        if let Ok((objects, _)) = convert::parse_yaml(&text) {
+        let _ = nftproxy_dataplane::input::for_each_object(&text, &mut skipped, |_| seen += 1);
+        if let Ok((objects, _)) = nftproxy_dataplane::input::parse_yaml(&text) {
             let (cluster, _) = convert::cluster(&objects, "node", "");
             build_everything(&cluster, &BuildConfig::default());
         }
@@ -296,9 +298,9 @@ fn yaml_deep_nesting() {
                 let (open, close) = if objects { ("{a: ", "}") } else { ("[", "]") };
                 format!("{}1{}", open.repeat(levels), close.repeat(levels))
             };
-            let _ = convert::parse_yaml(&text);
+            let _ = nftproxy_dataplane::input::parse_yaml(&text);
             let wrapped = format!("kind: Service\nmetadata: {{name: x}}\nspec: {text}\n");
-            let _ = convert::parse_yaml(&wrapped);
+            let _ = nftproxy_dataplane::input::parse_yaml(&wrapped);
             // A deep value handed over by a client (the API server path) must not overflow
             // the stack when it is converted or dropped either.
             if levels <= 120 {
@@ -323,7 +325,7 @@ fn yaml_raw_bytes() {
             "[-:{}\\[\\],&*!|>'\"%@`# \n\ta-z0-9]{0,300}",
         ],
         |text| {
-            if let Ok((objects, _)) = convert::parse_yaml(&text) {
+            if let Ok((objects, _)) = nftproxy_dataplane::input::parse_yaml(&text) {
                 let (cluster, _) = convert::cluster(&objects, "node", "");
                 build_everything(&cluster, &BuildConfig::default());
             }
@@ -358,7 +360,7 @@ fn apply(tracker: &mut Tracker, json: Value) {
     let mut skipped = Vec::new();
     // As the watchers deserialise: the object's own kind decides its type.
     let text = serde_json::to_string(&json).unwrap_or_default();
-    let _ = convert::for_each_object(&text, &mut skipped, |o| {
+    let _ = nftproxy_dataplane::input::for_each_object(&text, &mut skipped, |o| {
         let _ = match &o {
             Object::Service(s) => tracker.apply_service(s),
             Object::Slice(s) => tracker.apply_slice(s),
@@ -433,7 +435,7 @@ fn tracker_events() {
             sync(&mut tracker, &mut desired);
             for d in &desired {
                 let full = build(tracker.cluster(), &config, d.family());
-                let chains = |t: &nftproxy_dataplane::ruleset::Table| {
+                let chains = |t: &nftproxy_dataplane::nft::ruleset::Table| {
                     t.chains.keys().cloned().collect::<BTreeSet<_>>()
                 };
                 assert_eq!(chains(d.table()), chains(&full.table), "{:?}", d.family());

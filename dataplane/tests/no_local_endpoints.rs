@@ -2,10 +2,10 @@
 //! but none on this node, per traffic policy — the counts behind
 //! `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}`.
 
-use nftproxy_dataplane::build::{BuildConfig, LocalDetector, NoLocalEndpoints, build};
 use nftproxy_dataplane::convert;
 use nftproxy_dataplane::model::Cluster;
-use nftproxy_dataplane::ruleset::Family;
+use nftproxy_dataplane::nft::build::{BuildConfig, LocalDetector, NoLocalEndpoints, build};
+use nftproxy_dataplane::nft::ruleset::Family;
 
 /// Service 172.30.1.1:80/TCP (type NodePort, nodePort 123, when eTP is set) with ready
 /// endpoints 10.0.1.1, .2, .3 on these nodes; `None` = no EndpointSlice at all.
@@ -43,7 +43,7 @@ fn cluster(itp_local: bool, etp_local: bool, nodes: Option<&[&str]>) -> Cluster 
             ));
         }
     }
-    let (objects, skipped) = convert::parse_yaml(&yaml).unwrap();
+    let (objects, skipped) = nftproxy_dataplane::input::parse_yaml(&yaml).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}\n{yaml}");
     let (cluster, skipped) = convert::cluster(&objects, "test-node", "");
     assert!(skipped.is_empty(), "{skipped:?}\n{yaml}");

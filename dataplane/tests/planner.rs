@@ -6,19 +6,20 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
-use nftproxy_dataplane::build::{BuildConfig, LIST_MAX_ENDPOINTS, LocalDetector, build};
 use nftproxy_dataplane::conflicts::{Conflict, conflicts, suppressed};
-use nftproxy_dataplane::desired::{Desired, Updated};
 use nftproxy_dataplane::model::{
     Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
 };
-use nftproxy_dataplane::plan::{
-    Op, TableState, fingerprint, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
-    split_new_chains,
+use nftproxy_dataplane::nft::build::{BuildConfig, LIST_MAX_ENDPOINTS, LocalDetector, build};
+use nftproxy_dataplane::nft::desired::{Desired, Updated};
+use nftproxy_dataplane::nft::plan::{
+    fingerprint, plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
 };
-use nftproxy_dataplane::ruleset::{
+use nftproxy_dataplane::nft::ruleset::{
     Action, Chain, Family, Key, KeyType, Proto, Rule, Table, Value, slot_region,
 };
+use nftproxy_dataplane::nft::state::TableState;
+use nftproxy_dataplane::nft::transaction::Op;
 use proptest::prelude::*;
 
 /// The fewest endpoints that give a Service port a chain of its own (more than the shared
@@ -812,8 +813,8 @@ fn a_restart_adopts_the_regions_the_kernel_has() {
 
 #[test]
 fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
-    use nftproxy_dataplane::build::{BuildEnv, base_table, service_part};
-    use nftproxy_dataplane::slots::{SlotSource, Slots};
+    use nftproxy_dataplane::nft::build::{BuildEnv, base_table, service_part};
+    use nftproxy_dataplane::nft::slots::{SlotSource, Slots};
     use nftproxy_dataplane::trace::{Host, Packet, trace};
 
     let c = cluster(&[SvcSpec {

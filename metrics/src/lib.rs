@@ -17,8 +17,8 @@ pub mod text;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dataplane::build::NoLocalEndpoints;
-use dataplane::ruleset::{Family, Table};
+use dataplane::nft::build::NoLocalEndpoints;
+use dataplane::nft::ruleset::{Family, Table};
 use prometheus::{
     Counter, CounterVec, Gauge, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry,
 };

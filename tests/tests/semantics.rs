@@ -20,7 +20,7 @@
 //!
 //! For every flow three answers must agree: the reference table, the kernel (the real
 //! `nftproxy run --once` binary programs the node, `nettest` probes), and the pure packet
-//! tracer (`dataplane::trace` over `dataplane::build` for the same files and the node's
+//! tracer (`dataplane::trace` over `dataplane::nft::build` for the same files and the node's
 //! addresses).
 //!
 //! Every suite runs in both modes (`name::nftables`, `name::iptables`: `--proxy-mode`). In
@@ -40,8 +40,8 @@ use std::process::Output;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use dataplane::build::build;
-use dataplane::ruleset::{Family, Proto as NftProto, Table};
+use dataplane::nft::build::build;
+use dataplane::nft::ruleset::{Family, Proto as NftProto, Table};
 use dataplane::trace::{Host, Outcome, Packet, trace};
 use nftproxy::config::{KubeProxyConfiguration, Overrides, Settings};
 use nftproxy_tests::cluster::{

@@ -10,10 +10,13 @@ use super::fields::{
 };
 use super::validate::{append_port_if_needed, is_ipv4_sloppy};
 use super::values::{FlushFrequency, GoDuration, Quantity};
-use crate::telemetry::{HEALTHZ_PORT, METRICS_PORT};
 
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 pub const KIND: &str = "KubeProxyConfiguration";
+
+/// kube-proxy's default ports, appended to bind addresses given without one.
+pub const METRICS_PORT: u16 = 10249;
+pub const HEALTHZ_PORT: u16 = 10256;
 
 pub const DEFAULT_MODE: &str = "nftables";
 pub const DEFAULT_BIND_ADDRESS: &str = "0.0.0.0";

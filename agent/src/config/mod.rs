@@ -22,10 +22,10 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dataplane::build::BuildConfig;
 use dataplane::iptables::IptablesOptions;
+use dataplane::nft::build::BuildConfig;
 
-pub use defaults::{API_VERSION, KIND};
+pub use defaults::{API_VERSION, HEALTHZ_PORT, KIND, METRICS_PORT};
 pub use fields::{
     ClientConnectionConfiguration, ConntrackConfiguration, DetectLocalConfiguration, FormatOptions,
     IptablesConfiguration, IpvsConfiguration, KubeProxyConfiguration, LoggingConfiguration,

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 
-use dataplane::build::{LocalDetector, NodePortAddresses};
+use dataplane::nft::build::{LocalDetector, NodePortAddresses};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

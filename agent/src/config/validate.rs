@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use dataplane::build::{LocalDetector, NodePortAddresses};
 use dataplane::convert::{parse_cidr_sloppy, parse_ip_sloppy};
+use dataplane::nft::build::{LocalDetector, NodePortAddresses};
 use ipnet::IpNet;
 
 use super::defaults::{API_VERSION, KIND};

@@ -23,7 +23,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 
 use dataplane::conntrack::{Frontends, Tuple, is_stale};
-use dataplane::ruleset::{Family, Proto};
+use dataplane::nft::ruleset::{Family, Proto};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
 use self::wire::{CT_NEW, NLMSG_DONE, NLMSG_ERROR};

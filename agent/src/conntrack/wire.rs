@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use dataplane::conntrack::Tuple;
-use dataplane::ruleset::Family;
+use dataplane::nft::ruleset::Family;
 use netlink_packet_core::{
     DefaultNla, Emitable, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, Nla,
     ParseableParametrized,

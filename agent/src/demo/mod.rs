@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dataplane::build::build;
-use dataplane::ruleset::{Family, Proto};
+use dataplane::nft::build::build;
+use dataplane::nft::ruleset::{Family, Proto};
 use dataplane::trace::{Host, Outcome, Packet, trace};
 
 pub use self::echo::serve as echo_serve;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use dataplane::model::Node;
-use dataplane::ruleset::Family;
+use dataplane::nft::ruleset::Family;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 

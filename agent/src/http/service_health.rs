@@ -19,10 +19,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use dataplane::build::{BuildConfig, NodePortIps, node_port_ips};
 use dataplane::decision::{HealthCheck, health_check};
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::ruleset::Family;
+use dataplane::nft::build::{BuildConfig, NodePortIps, node_port_ips};
+use dataplane::nft::ruleset::Family;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use tokio::net::TcpListener;

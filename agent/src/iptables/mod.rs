@@ -16,13 +16,13 @@ pub mod xtables;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use dataplane::build::{BuildConfig, NoLocalEndpoints};
 use dataplane::iptables::{
     self as ipt, CANARY, Existing, IptTable, IptablesOptions, Tables, parse_save, plan_full,
     plan_partial, plan_removal,
 };
 use dataplane::model::Cluster;
-use dataplane::ruleset::Family;
+use dataplane::nft::build::{BuildConfig, NoLocalEndpoints};
+use dataplane::nft::ruleset::Family;
 
 pub use self::xtables::{Detection, IptError, Variant, Xtables, detect};
 

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use dataplane::iptables::IptTable;
-use dataplane::ruleset::Family;
+use dataplane::nft::ruleset::Family;
 
 /// Seconds `iptables-restore` waits for the xtables lock (`/run/xtables.lock`, legacy only),
 /// as kube-proxy.

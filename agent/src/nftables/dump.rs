@@ -7,12 +7,13 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
-use dataplane::plan::{ChainState, SetState, TableState, dnat_slot, fingerprint};
-use dataplane::ruleset::{
+use dataplane::nft::plan::fingerprint;
+use dataplane::nft::ruleset::{
     Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
     SLOT_MODULUS, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
     slot_elements_from_bounds,
 };
+use dataplane::nft::state::{ChainState, SetState, TableState, dnat_slot};
 use ipnet::IpNet;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nftables::{
@@ -1977,7 +1978,7 @@ fn decode_rule(family: Family, exprs: &[u8], comment: Option<String>) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dataplane::ruleset::{Proto, slot_offset};
+    use dataplane::nft::ruleset::{Proto, slot_offset};
     use netlink_packet_core::Emitable;
     use netlink_packet_netfilter::nftables::MetaKey;
 

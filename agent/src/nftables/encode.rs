@@ -8,15 +8,15 @@
 //! [`str_attr`].
 //!
 //! The encodings are the ones `nft` 1.0.6 produces (checked with `nft --debug=netlink`), so that
-//! `nft list` prints every rule exactly as `dataplane::render::rule_text_in` renders it.
+//! `nft list` prints every rule exactly as `dataplane::nft::render::rule_text_in` renders it.
 
 use std::net::IpAddr;
 
-use dataplane::plan::{Op, Transaction};
-use dataplane::ruleset::{
+use dataplane::nft::ruleset::{
     Action, BaseChain, ChainType, Family, Hook, Key, KeyType, Match, Rule, SLOT_MODULUS, SetDecl,
     TABLE, TABLE_COMMENT, Value, Verdict,
 };
+use dataplane::nft::transaction::{Op, Transaction};
 use ipnet::IpNet;
 use netlink_packet_core::{
     DefaultNla, NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST, NetlinkMessage,
@@ -355,7 +355,7 @@ fn check_family(family: Family, addr: &IpAddr) -> Result<(), String> {
 
 /// The bytes of a set element key: fields in order, protocol and port each padded to 4 bytes.
 pub(super) fn key_bytes(family: Family, key: &Key) -> Result<Vec<u8>, String> {
-    let proto_port = |out: &mut Vec<u8>, proto: dataplane::ruleset::Proto, port: u16| {
+    let proto_port = |out: &mut Vec<u8>, proto: dataplane::nft::ruleset::Proto, port: u16| {
         out.extend_from_slice(&[proto.number(), 0, 0, 0]);
         out.extend_from_slice(&port.to_be_bytes());
         out.extend_from_slice(&[0, 0]);
@@ -1439,7 +1439,7 @@ mod tests {
     fn keys_are_padded_per_field() {
         let k = Key::AddrProtoPort(
             "10.0.0.1".parse().unwrap(),
-            dataplane::ruleset::Proto::Tcp,
+            dataplane::nft::ruleset::Proto::Tcp,
             80,
         );
         assert_eq!(
@@ -1507,7 +1507,7 @@ mod tests {
         );
     }
 
-    use dataplane::ruleset::Proto;
+    use dataplane::nft::ruleset::Proto;
     use netlink_packet_core::Emitable;
     use netlink_packet_netfilter::nftables::{SetElementAttribute, SetElementFlags};
 

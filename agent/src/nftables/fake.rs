@@ -22,9 +22,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use dataplane::plan::{ChainState, Op, SetState, TableState, Transaction, dnat_slot, fingerprint};
-use dataplane::render;
-use dataplane::ruleset::{Action, Chain, Family, Key, Match, Rule, Set, SetDecl, Table, Value};
+use dataplane::nft::plan::fingerprint;
+use dataplane::nft::render;
+use dataplane::nft::ruleset::{
+    Action, Chain, Family, Key, Match, Rule, Set, SetDecl, Table, Value,
+};
+use dataplane::nft::state::{ChainState, SetState, TableState, dnat_slot};
+use dataplane::nft::transaction::{Op, Transaction};
 
 use super::kernel::NftKernel;
 use super::{ApplyStats, NftError, describe_op};

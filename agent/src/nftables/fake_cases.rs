@@ -5,11 +5,11 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use dataplane::plan::{Op, Transaction};
-use dataplane::ruleset::{
+use dataplane::nft::ruleset::{
     Action, BaseChain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
     SetDecl, Value, Verdict,
 };
+use dataplane::nft::transaction::{Op, Transaction};
 
 /// One transaction sent on top of [`setup`].
 pub struct Case {

@@ -1,5 +1,5 @@
-use dataplane::plan::plan;
-use dataplane::ruleset::Family;
+use dataplane::nft::plan::plan;
+use dataplane::nft::ruleset::Family;
 
 use super::cases::{cases, setup};
 use super::*;
@@ -63,7 +63,7 @@ fn a_plan_applied_renders_the_desired_table_and_reads_back_as_planned() {
     kernel.apply(&tx).expect("the plan commits");
     let mut state = current;
     state.apply(&tx);
-    let cleanup = dataplane::plan::plan_cleanup(&state, &desired);
+    let cleanup = dataplane::nft::plan::plan_cleanup(&state, &desired);
     kernel.apply(&cleanup).expect("the cleanup commits");
     assert_eq!(fake.render(family), render::table_text(&desired));
     assert_eq!(

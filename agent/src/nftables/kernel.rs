@@ -4,8 +4,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use dataplane::plan::{TableState, Transaction};
-use dataplane::ruleset::Family;
+use dataplane::nft::ruleset::Family;
+use dataplane::nft::state::TableState;
+use dataplane::nft::transaction::Transaction;
 
 use super::monitor::Quieter;
 use super::{ApplyStats, NftError, Nftables};

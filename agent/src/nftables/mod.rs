@@ -44,9 +44,10 @@ mod socket;
 use std::io;
 use std::sync::mpsc;
 
-use dataplane::plan::{Op, TableState, Transaction};
-use dataplane::render;
-use dataplane::ruleset::{Family, TABLE};
+use dataplane::nft::render;
+use dataplane::nft::ruleset::{Family, TABLE};
+use dataplane::nft::state::TableState;
+use dataplane::nft::transaction::{Op, Transaction};
 use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR};
 use netlink_packet_netfilter::NetfilterHeader;
 use netlink_packet_netfilter::nftables::{NfTablesMessage, TableAttribute, TableMessage};

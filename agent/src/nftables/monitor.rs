@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use dataplane::ruleset::TABLE;
+use dataplane::nft::ruleset::TABLE;
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
 use super::Nftables;

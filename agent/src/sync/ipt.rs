@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
-use dataplane::build::BuildConfig;
 use dataplane::model::Cluster;
-use dataplane::ruleset::{Family, TABLE};
+use dataplane::nft::build::BuildConfig;
+use dataplane::nft::ruleset::{Family, TABLE};
 use metrics::ObjectCounts;
 
 use super::udp::UdpCleanup;

@@ -3,15 +3,16 @@
 
 use std::time::{Duration, Instant};
 
-use dataplane::build::BuildConfig;
 use dataplane::conntrack::Frontends;
-use dataplane::desired::{Desired, Scope, Updated};
 use dataplane::model::Cluster;
-use dataplane::plan::{
-    RULES_PER_PART, TableState, Transaction, plan, plan_cleanup, plan_cleanup_scope, plan_scope,
-    split_new_chains,
+use dataplane::nft::build::BuildConfig;
+use dataplane::nft::desired::{Desired, Scope, Updated};
+use dataplane::nft::plan::{
+    RULES_PER_PART, plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
 };
-use dataplane::ruleset::{Family, Table};
+use dataplane::nft::ruleset::{Family, Table};
+use dataplane::nft::state::TableState;
+use dataplane::nft::transaction::Transaction;
 use metrics::ObjectCounts;
 
 use super::udp::UdpCleanup;
@@ -192,13 +193,13 @@ impl<K: NftKernel> Proxier for NftProxier<K> {
         let Ok(Some(table)) = self.kernel.read_table(self.family) else {
             return Vec::new();
         };
-        let Some(set) = table.sets.get(dataplane::build::NODEPORT_IPS) else {
+        let Some(set) = table.sets.get(dataplane::nft::build::NODEPORT_IPS) else {
             return Vec::new();
         };
         set.elements
             .keys()
             .filter_map(|k| match k {
-                dataplane::ruleset::Key::Addr(ip) => Some(*ip),
+                dataplane::nft::ruleset::Key::Addr(ip) => Some(*ip),
                 _ => None,
             })
             .collect()
@@ -215,11 +216,15 @@ impl<K: NftKernel> Proxier for NftProxier<K> {
     fn cleanup(&mut self) -> Result<(), SyncError> {
         let tx = Transaction {
             family: self.family,
-            ops: vec![dataplane::plan::Op::DeleteTable],
+            ops: vec![dataplane::nft::transaction::Op::DeleteTable],
         };
         match self.kernel.apply(&tx) {
             Ok(_) => tracing::info!(
-                table = format!("{} {}", self.family.nft_name(), dataplane::ruleset::TABLE),
+                table = format!(
+                    "{} {}",
+                    self.family.nft_name(),
+                    dataplane::nft::ruleset::TABLE
+                ),
                 "deleted table"
             ),
             // There is none.

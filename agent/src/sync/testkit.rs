@@ -1,7 +1,7 @@
 //! Test clusters for the proxier and sync-loop unit tests: Services written as the API server
 //! would send them, fed through the change tracker.
 
-use dataplane::convert::{self, Object};
+use dataplane::input::Object;
 use dataplane::model::Cluster;
 use dataplane::tracker::{Kind, Tracker};
 
@@ -70,7 +70,7 @@ pub fn numbered_service(i: u16, endpoints: u8) -> String {
 /// Applies the objects of `yaml` to the tracker.
 pub fn apply(tracker: &mut Tracker, yaml: &str) {
     let mut skipped = Vec::new();
-    convert::for_each_object(yaml, &mut skipped, |o| {
+    dataplane::input::for_each_object(yaml, &mut skipped, |o| {
         let invalid = match &o {
             Object::Service(o) => tracker.apply_service(o),
             Object::Slice(o) => tracker.apply_slice(o),

@@ -4,9 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use dataplane::build::BuildConfig;
 use dataplane::model::{Cluster, ObjectName};
-use dataplane::ruleset::Family;
+use dataplane::nft::build::BuildConfig;
+use dataplane::nft::ruleset::Family;
 
 use super::testkit::{self, cluster, fake_syncer};
 use super::*;
@@ -282,7 +282,7 @@ mod property {
             for record in fake.transactions() {
                 prop_assert!(
                     record.refused.is_none() || record.refused == Some(libc::EIO),
-                    "refused: {}", dataplane::render::transaction_text(&record.tx)
+                    "refused: {}", dataplane::nft::render::transaction_text(&record.tx)
                 );
             }
             for (family, report) in syncer.sync(tracker.cluster(), &config(), true).expect("a full sync") {

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use dataplane::conntrack::{FrontendIndex, FrontendKeys, Frontends, cleanup_needed};
 use dataplane::model::Cluster;
-use dataplane::ruleset::Family;
+use dataplane::nft::ruleset::Family;
 
 use super::Changed;
 use crate::conntrack::Conntrack;

@@ -312,7 +312,7 @@ mod tests {
             let path = dir.join(format.file_name());
             write(&path, format, 45, 3).unwrap();
             let text = std::fs::read_to_string(&path).unwrap();
-            let (objects, skipped) = dataplane::convert::parse_yaml(&text).unwrap();
+            let (objects, skipped) = dataplane::input::parse_yaml(&text).unwrap();
             assert!(skipped.is_empty(), "{format:?}: {skipped:?}");
             let (cluster, skipped) = dataplane::convert::cluster(&objects, NODE, "");
             assert!(skipped.is_empty(), "{format:?}: {skipped:?}");

@@ -215,7 +215,7 @@ impl ElementWatch {
             let mut found = Vec::new();
             receive(&sock, stop, &o, |d, at| {
                 found.clear();
-                added_elements(d, dataplane::ruleset::TABLE, &mut found);
+                added_elements(d, dataplane::nft::ruleset::TABLE, &mut found);
                 if !found.is_empty() {
                     f(&found, at);
                 }

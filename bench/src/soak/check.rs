@@ -5,10 +5,12 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
-use dataplane::desired::Desired;
 use dataplane::model::Cluster;
-use dataplane::plan::{Op, TableState, plan, plan_cleanup};
-use dataplane::ruleset::Family;
+use dataplane::nft::desired::Desired;
+use dataplane::nft::plan::{plan, plan_cleanup};
+use dataplane::nft::ruleset::Family;
+use dataplane::nft::state::TableState;
+use dataplane::nft::transaction::Op;
 use dataplane::tracker::Tracker;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;

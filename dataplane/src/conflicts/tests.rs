@@ -3,10 +3,10 @@ use std::collections::BTreeSet;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::build::{BuildConfig, LocalDetector, build};
 use crate::convert;
 use crate::iptables::{self, IptTable, IptablesOptions};
 use crate::model::Cluster;
+use crate::nft::build::{BuildConfig, LocalDetector, build};
 use crate::trace::{Host, Outcome, Packet, trace};
 
 const DNS_IP: &str = "172.30.0.10";
@@ -64,7 +64,7 @@ fn cluster(objects: &[Value]) -> Cluster {
     let text =
         serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": objects}))
             .unwrap();
-    let (objects, skipped) = convert::parse_yaml(&text).unwrap();
+    let (objects, skipped) = crate::input::parse_yaml(&text).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}");
     let (cluster, skipped) = convert::cluster(&objects, "node", "");
     assert!(skipped.is_empty(), "{skipped:?}");

@@ -4,8 +4,8 @@ use super::*;
 use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
 };
-use crate::plan::SetState;
-use crate::ruleset::{KeyType, SetDecl, Verdict};
+use crate::nft::ruleset::{KeyType, SetDecl, Verdict};
+use crate::nft::state::SetState;
 
 const UDP: u8 = 17;
 const TCP: u8 = 6;
@@ -392,7 +392,7 @@ fn frontends_from_a_table_read_back() {
         timeout_secs: None,
         size: None,
     };
-    let goto = Some(crate::ruleset::Value::Verdict(Verdict::Goto(
+    let goto = Some(crate::nft::ruleset::Value::Verdict(Verdict::Goto(
         "reject-chain".into(),
     )));
     let mut state = TableState::default();
@@ -435,7 +435,7 @@ fn frontends_from_a_table_read_back() {
         },
     );
     // Services without chains are known by their endpoint lists.
-    let endpoint = Some(crate::ruleset::Value::Endpoint(ip("10.0.0.1"), 5353));
+    let endpoint = Some(crate::nft::ruleset::Value::Endpoint(ip("10.0.0.1"), 5353));
     state.sets.insert(
         "cluster-endpoints-1".into(),
         SetState {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::*;
 use crate::conflicts::suppressed;
 use crate::model::{Endpoint, EndpointPort, Node, ServiceType, Services};
-use crate::ruleset::Proto;
+use crate::net::Proto;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

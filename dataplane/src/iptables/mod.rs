@@ -43,12 +43,12 @@ use std::net::{IpAddr, SocketAddr};
 use data_encoding::BASE32;
 use sha2::{Digest, Sha256};
 
-use crate::build::{BuildConfig, NodePortIps, node_port_ips};
 use crate::conflicts::suppressed;
 use crate::convert::slices_by_service;
 use crate::decision::{DecisionEnv, LocalTraffic, NoLocalEndpoints, service_decisions};
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
-use crate::ruleset::{Family, Proto};
+use crate::net::{Family, Proto};
+use crate::settings::{BuildConfig, NodePortIps, node_port_ips};
 
 mod port;
 mod restore;

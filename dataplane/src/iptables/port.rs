@@ -8,7 +8,7 @@ use super::{
     chain_name, comment, endpoint_hash, host, port_name_string, port_proto_hash, proto,
 };
 use crate::decision::{FrontendKind, InternalMasquerade, PortDecision, Target};
-use crate::ruleset::Proto;
+use crate::net::Proto;
 use crate::topology::PortEndpoint;
 
 /// The filter verdict and its comment for traffic that reaches no endpoint.

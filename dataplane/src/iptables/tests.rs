@@ -1,6 +1,6 @@
 use super::*;
-use crate::build::{LocalDetector, NodePortAddresses};
 use crate::convert;
+use crate::nft::build::{LocalDetector, NodePortAddresses};
 use std::fmt::Write as _;
 
 /// The Services of kube-proxy's `TestOverallIPTablesRules` (reference §1.14 / §1.16).
@@ -98,7 +98,7 @@ status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}
 "#;
 
 fn cluster(yaml: &str) -> Cluster {
-    let (objects, skipped) = convert::parse_yaml(yaml).unwrap();
+    let (objects, skipped) = crate::input::parse_yaml(yaml).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}");
     let (cluster, skipped) = convert::cluster(&objects, "test-node", "");
     assert!(skipped.is_empty(), "{skipped:?}");

@@ -1,14 +1,14 @@
 //! The desired table of one family, kept up to date Service by Service.
 //!
-//! A full [`build`](crate::build::build) costs O(cluster). The agent instead keeps the desired
+//! A full [`build`](crate::nft::build::build) costs O(cluster). The agent instead keeps the desired
 //! table between syncs and, when a few Services change, removes what they contributed and adds
 //! what they contribute now: O(changed Services). It also returns the [`Scope`] of the change,
 //! the chains, sets and map elements that may differ, so that planning is O(change) as well.
 //!
 //! The result is always the table a full build would give, except for which endpoint-map region
 //! a Service chain uses and the sets' sizes: regions are kept for as long as their chain exists
-//! (see [`crate::slots`]) and sizes for as long as they fit (see
-//! [`crate::ruleset::Table::fit_set_sizes`]), so after changes both may differ from a fresh
+//! (see [`crate::nft::slots`]) and sizes for as long as they fit (see
+//! [`crate::nft::ruleset::Table::fit_set_sizes`]), so after changes both may differ from a fresh
 //! build's (and a build at startup adopts the kernel's). Elements of plain sets may be shared (an
 //! endpoint of several Services is one `hairpin-endpoints` element): they are counted and stay
 //! while any Service claims them.
@@ -27,12 +27,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::IpNet;
 
-use crate::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
 use crate::conflicts::{Suppressed, claims_differ, neighbours, suppressed};
 use crate::model::{Cluster, Node, ObjectName};
-use crate::plan::TableState;
-use crate::ruleset::{ChainName, Family, Key, KeyType, Table, Value};
-use crate::slots::{SlotSource, Slots};
+use crate::nft::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
+use crate::nft::ruleset::{ChainName, Family, Key, KeyType, Table, Value};
+use crate::nft::slots::{SlotSource, Slots};
+use crate::nft::state::TableState;
 
 /// What an incremental update touched: everything a planner must compare.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

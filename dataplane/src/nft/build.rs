@@ -27,79 +27,31 @@
 //!   `services` (`ip daddr @cluster-ips`) instead of one rule per Service chain.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use data_encoding::BASE32;
-use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
 use crate::conflicts::{Suppressed, suppressed};
 use crate::convert::slices_by_service;
 use crate::decision::{DecisionEnv, LocalTraffic, service_decisions};
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
-use crate::ruleset::{
+use crate::nft::ruleset::{
     Action, Chain, ChainName, Family, Key, KeyType, Match, Proto, Rule, Set, SetDecl, Table, Value,
     Verdict,
 };
-use crate::slots::{SlotSource, Slots};
+use crate::nft::slots::{SlotSource, Slots};
 use crate::topology::PortEndpoint;
 
 pub use crate::decision::{NoLocalEndpoints, port_endpoints};
+pub use crate::settings::{
+    BuildConfig, LocalDetector, NodePortAddresses, NodePortIps, node_port_ips,
+};
 
 mod base;
 mod port;
 
 pub use base::base_table;
-
-/// How to tell traffic that comes from pods on this node (kube-proxy's `detectLocalMode`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LocalDetector {
-    /// No detection: no ClusterIP masquerade, no pod short-circuit for eTP=Local.
-    None,
-    /// `ClusterCIDR`: the configured cluster CIDRs (first per family is used).
-    ClusterCidr(Vec<IpNet>),
-    /// `NodeCIDR`: the Node's `spec.podCIDRs`.
-    NodeCidr,
-    /// `BridgeInterface`: packets arriving on this bridge.
-    BridgeInterface(String),
-    /// `InterfaceNamePrefix`: packets arriving on interfaces named with this prefix.
-    InterfaceNamePrefix(String),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NodePortAddresses {
-    /// The Node object's primary IPs (kube-proxy's nftables default).
-    Primary,
-    /// Local addresses inside these CIDRs; a family without CIDRs, or a zero-length CIDR,
-    /// means every local address of that family except loopback.
-    Cidrs(Vec<IpNet>),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BuildConfig {
-    pub node_name: String,
-    pub masquerade_all: bool,
-    /// Bit of the packet mark that asks for masquerade (kube-proxy default 14).
-    pub masquerade_bit: u32,
-    pub local_detector: LocalDetector,
-    pub node_port_addresses: NodePortAddresses,
-    /// This host's addresses (for CIDR `nodePortAddresses`).
-    pub local_addresses: Vec<IpAddr>,
-}
-
-impl Default for BuildConfig {
-    fn default() -> BuildConfig {
-        BuildConfig {
-            node_name: String::new(),
-            masquerade_all: false,
-            masquerade_bit: 14,
-            local_detector: LocalDetector::None,
-            node_port_addresses: NodePortAddresses::Primary,
-            local_addresses: Vec::new(),
-        }
-    }
-}
 
 // Chain, set and map names, shared with kube-proxy so operators find their way around.
 pub const SERVICES: &str = "services";
@@ -317,60 +269,6 @@ impl Detector {
     }
 }
 
-/// Which local addresses accept NodePort traffic, per family.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NodePortIps {
-    /// Every local address except loopback.
-    All,
-    List(Vec<IpAddr>),
-}
-
-/// The addresses `nodePortAddresses` selects for `family`. A CIDR list may select loopback
-/// addresses: nftables mode never serves NodePorts on them ([`NodePortIps::without_loopback`]),
-/// iptables mode may (`localhostNodePorts`).
-pub fn node_port_ips(config: &BuildConfig, cluster: &Cluster, family: Family) -> NodePortIps {
-    match &config.node_port_addresses {
-        NodePortAddresses::Primary => NodePortIps::List(
-            cluster
-                .node
-                .as_ref()
-                .and_then(|n| n.primary_ip(family))
-                .into_iter()
-                .collect(),
-        ),
-        NodePortAddresses::Cidrs(cidrs) => {
-            let mine: Vec<&IpNet> = cidrs
-                .iter()
-                .filter(|c| Family::of_net(c) == family)
-                .collect();
-            if mine.is_empty() || mine.iter().any(|c| c.prefix_len() == 0) {
-                return NodePortIps::All;
-            }
-            let mut ips: Vec<IpAddr> = config
-                .local_addresses
-                .iter()
-                .copied()
-                .filter(|a| mine.iter().any(|c| c.contains(a)))
-                .collect();
-            ips.sort();
-            ips.dedup();
-            NodePortIps::List(ips)
-        }
-    }
-}
-
-impl NodePortIps {
-    pub fn without_loopback(self) -> NodePortIps {
-        match self {
-            NodePortIps::All => NodePortIps::All,
-            NodePortIps::List(mut ips) => {
-                ips.retain(|a| !a.is_loopback());
-                NodePortIps::List(ips)
-            }
-        }
-    }
-}
-
 /// What kube-proxy's external chain of a Service with externalTrafficPolicy Local does: pod and
 /// host sources go to all endpoints (`cluster`, host sources masqueraded), the rest to this
 /// node's (`local`, if it has any).
@@ -425,7 +323,7 @@ pub struct Part {
 
 impl Part {
     /// Creates the endpoint maps this part has elements in and `table` lacks: an endpoint map
-    /// (see [`crate::ruleset::Action::DnatSlot`]) exists while it has elements.
+    /// (see [`crate::nft::ruleset::Action::DnatSlot`]) exists while it has elements.
     fn add_endpoint_maps(&self, table: &mut Table) {
         for (set, key) in self.elements.keys() {
             if key.key_type() == KeyType::Slot && !table.sets.contains_key(*set) {
@@ -499,16 +397,6 @@ pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Built {
     Built {
         table,
         no_local_endpoints: counts,
-    }
-}
-
-/// `ns/name:port` (`ns/name` for an unnamed port): how chain comments and traces name a
-/// Service port.
-pub fn port_label(svc: &Service, port: &ServicePort) -> String {
-    if port.name.is_empty() {
-        svc.name.to_string()
-    } else {
-        format!("{}:{}", svc.name, port.name)
     }
 }
 

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::decision::{DecisionEnv, InternalMasquerade};
 use crate::model::Cluster;
-use crate::ruleset::{
+use crate::nft::ruleset::{
     Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Rule, Set,
     SetDecl, Table, Verdict,
 };

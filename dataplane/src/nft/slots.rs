@@ -6,11 +6,11 @@
 //! Regions are therefore assigned once and kept, and released when the chain goes away. The map
 //! is chosen by a hash of the chain name, the region is the lowest free one in it.
 //!
-//! [`Action::DnatSlot`]: crate::ruleset::Action::DnatSlot
+//! [`Action::DnatSlot`]: crate::nft::ruleset::Action::DnatSlot
 
 use std::collections::HashMap;
 
-use crate::ruleset::{ChainName, ENDPOINT_MAPS, SLOT_REGIONS_PER_MAP, endpoint_map_name};
+use crate::nft::ruleset::{ChainName, ENDPOINT_MAPS, SLOT_REGIONS_PER_MAP, endpoint_map_name};
 
 const WORDS_PER_MAP: usize = (SLOT_REGIONS_PER_MAP / 64) as usize;
 

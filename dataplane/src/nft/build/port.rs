@@ -1,5 +1,5 @@
 //! One Service port's part of the nftables table, from its [`PortDecision`]: chains, sets and
-//! map elements in nftproxy's shapes (see the module documentation of [`crate::build`]).
+//! map elements in nftproxy's shapes (see the module documentation of [`crate::nft::build`]).
 
 use std::cell::LazyCell;
 use std::collections::BTreeMap;
@@ -12,15 +12,16 @@ use super::{
     LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS,
     MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, Part, REJECT_CHAIN,
     SERVICE_IPS, SERVICE_NODEPORTS, dnat_rule, empty_set, endpoint_base, goto, jump,
-    local_policy_rules, port_label, regular, service_port_base,
+    local_policy_rules, regular, service_port_base,
 };
 use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
+use crate::model::port_label;
 use crate::model::{Service, ServicePort};
-use crate::ruleset::{
+use crate::nft::ruleset::{
     Action, ChainName, Key, KeyType, Match, Proto, Rule, SLOT_MAX_ENDPOINTS, SetDecl, Value,
     Verdict, slot_elements, slot_offset,
 };
-use crate::slots::SlotSource;
+use crate::nft::slots::SlotSource;
 use crate::topology::PortEndpoint;
 
 /// The chains a Service port may have.

@@ -5,11 +5,11 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::plan::{Op, Transaction};
-use crate::ruleset::{
+use crate::nft::ruleset::{
     Action, BaseChain, ChainType, Family, Key, KeyType, Match, Rule, SLOT_MODULUS, SetDecl, TABLE,
     TABLE_COMMENT, Table, Value, Verdict,
 };
+use crate::nft::transaction::{Op, Transaction};
 
 fn addr_keyword(family: Family) -> &'static str {
     family.nft_name()

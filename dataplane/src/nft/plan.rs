@@ -5,197 +5,14 @@
 //! agent keeps after its own commits.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::desired::Scope;
-use crate::render;
-use crate::ruleset::{
-    Action, BaseChain, Chain, ChainName, Family, Key, Match, Rule, Set, SetDecl, Table, Value,
-    endpoint_map_index, slot_region,
-};
-use crate::slots::Slot;
-
-/// One nftables operation inside a transaction on table `nftproxy` of the transaction's family.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Op {
-    AddTable,
-    DeleteTable,
-    /// Create a chain (a no-op for the kernel if it exists). The rules that follow in the same
-    /// transaction give it the content `fingerprint` describes.
-    AddChain {
-        name: ChainName,
-        base: Option<BaseChain>,
-        comment: Option<Arc<str>>,
-        fingerprint: u64,
-    },
-    FlushChain {
-        name: ChainName,
-    },
-    DeleteChain {
-        name: ChainName,
-    },
-    /// Append rules to a chain (one message per rule).
-    AddRules {
-        chain: ChainName,
-        rules: Arc<Vec<Rule>>,
-    },
-    AddSet {
-        name: String,
-        decl: SetDecl,
-    },
-    DeleteSet {
-        name: String,
-    },
-    AddElements {
-        set: String,
-        elements: Vec<(Key, Option<Value>)>,
-    },
-    DeleteElements {
-        set: String,
-        keys: Vec<Key>,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Transaction {
-    pub family: Family,
-    pub ops: Vec<Op>,
-}
-
-impl Transaction {
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-}
-
-/// What the kernel holds for one chain, as far as planning needs to know.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChainState {
-    pub base: Option<BaseChain>,
-    /// Fingerprint of the rules as written by nftproxy; `None` if unreadable (forces a rewrite).
-    pub fingerprint: Option<u64>,
-    /// Whether the chain holds no rules (stale chains are emptied before they are deleted).
-    pub empty: bool,
-    /// The endpoint-map region the chain's rules DNAT through, so that a restarted agent can
-    /// give the chain the same region again (see [`crate::slots`]).
-    pub slot: Option<Slot>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SetState {
-    pub decl: SetDecl,
-    pub elements: BTreeMap<Key, Option<Value>>,
-}
-
-/// What the kernel holds for one family's `nftproxy` table.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct TableState {
-    pub chains: BTreeMap<ChainName, ChainState>,
-    pub sets: BTreeMap<String, SetState>,
-}
-
-impl TableState {
-    /// The state the kernel is in right after `tx` committed successfully on top of `self`.
-    pub fn apply(&mut self, tx: &Transaction) {
-        for op in &tx.ops {
-            self.apply_op(op);
-        }
-    }
-
-    /// [`TableState::apply`] without the element operations, for the transactions of a
-    /// [`plan`] of the whole table; [`TableState::copy_elements`] completes the state once all
-    /// of them have committed.
-    pub fn apply_except_elements(&mut self, tx: &Transaction) {
-        for op in &tx.ops {
-            if !matches!(op, Op::AddElements { .. } | Op::DeleteElements { .. }) {
-                self.apply_op(op);
-            }
-        }
-    }
-
-    /// Gives every set `desired`'s elements, which is what a [`plan`] of the whole table leaves
-    /// them at. The copy keeps `desired`'s dense B-tree layout; inserting the elements one by
-    /// one, in key order, would leave the nodes half full.
-    pub fn copy_elements(&mut self, desired: &Table) {
-        for (name, set) in &desired.sets {
-            if let Some(s) = self.sets.get_mut(name) {
-                s.elements = set.elements.clone();
-            }
-        }
-    }
-
-    fn apply_op(&mut self, op: &Op) {
-        match op {
-            Op::AddTable => {}
-            Op::DeleteTable => *self = TableState::default(),
-            Op::AddChain {
-                name,
-                base,
-                fingerprint,
-                ..
-            } => {
-                let entry = self.chains.entry(name.clone()).or_insert(ChainState {
-                    base: *base,
-                    fingerprint: None,
-                    empty: true,
-                    slot: None,
-                });
-                entry.fingerprint = Some(*fingerprint);
-            }
-            Op::FlushChain { name } => {
-                if let Some(c) = self.chains.get_mut(name) {
-                    c.empty = true;
-                    c.slot = None;
-                }
-            }
-            Op::DeleteChain { name } => {
-                self.chains.remove(name);
-            }
-            Op::AddRules { chain, rules } => {
-                if let Some(c) = self.chains.get_mut(chain) {
-                    c.empty &= rules.is_empty();
-                    c.slot = c.slot.or(dnat_slot(rules));
-                }
-            }
-            Op::AddSet { name, decl } => {
-                self.sets.entry(name.clone()).or_insert(SetState {
-                    decl: decl.clone(),
-                    elements: BTreeMap::new(),
-                });
-            }
-            Op::DeleteSet { name } => {
-                self.sets.remove(name);
-            }
-            Op::AddElements { set, elements } => {
-                if let Some(s) = self.sets.get_mut(set) {
-                    for (k, v) in elements {
-                        s.elements.insert(*k, v.clone());
-                    }
-                }
-            }
-            Op::DeleteElements { set, keys } => {
-                if let Some(s) = self.sets.get_mut(set) {
-                    for k in keys {
-                        s.elements.remove(k);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The endpoint-map region the first `DnatSlot` rule of `rules` uses.
-pub fn dnat_slot(rules: &[Rule]) -> Option<Slot> {
-    rules.iter().find_map(|r| match &r.action {
-        Action::DnatSlot { map, offset } => Some(Slot {
-            map: endpoint_map_index(map)?,
-            region: slot_region(*offset),
-        }),
-        _ => None,
-    })
-}
+use crate::nft::desired::Scope;
+use crate::nft::render;
+use crate::nft::ruleset::{Action, Chain, Key, Match, Set, Table, Value};
+use crate::nft::state::{SetState, TableState};
+use crate::nft::transaction::{Op, Transaction};
 
 /// Content fingerprint of a chain: its hook and its rules as nft text. The comment is not part
 /// of it: comments derive from the chain's name, and the kernel keeps a chain's first comment.
@@ -406,7 +223,7 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
     }
 }
 
-/// Plans the transaction for a change confined to `scope` (see [`crate::desired`]): what
+/// Plans the transaction for a change confined to `scope` (see [`crate::nft::desired`]): what
 /// [`plan`] gives for the whole table, found by comparing only what the scope names, so it costs
 /// O(change) instead of O(table).
 pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Transaction {
