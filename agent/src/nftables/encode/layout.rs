@@ -1,0 +1,293 @@
+//! Layouts and encodings shared by the message builders and the decoder: families, hooks, set
+//! key and data types, the `typeof` user data nft reads back, keys, verdicts and attributes.
+
+use super::*;
+
+pub(in crate::nftables) fn nfproto(family: Family) -> NetfilterProtoFamily {
+    match family {
+        Family::V4 => NetfilterProtoFamily::IPv4,
+        Family::V6 => NetfilterProtoFamily::IPv6,
+    }
+}
+
+/// Offsets of the source and destination address in the network header, and their length.
+pub(in crate::nftables) fn addr_layout(family: Family) -> (u32, u32, u32) {
+    match family {
+        Family::V4 => (12, 16, 4),
+        Family::V6 => (8, 24, 16),
+    }
+}
+
+pub(in crate::nftables) fn hook_number(hook: Hook) -> InetHookNumber {
+    match hook {
+        Hook::Prerouting => InetHookNumber::PreRouting,
+        Hook::Input => InetHookNumber::LocalIn,
+        Hook::Forward => InetHookNumber::Forward,
+        Hook::Output => InetHookNumber::LocalOut,
+        Hook::Postrouting => InetHookNumber::PostRouting,
+    }
+}
+
+pub(in crate::nftables) fn chain_type_name(t: ChainType) -> &'static str {
+    match t {
+        ChainType::Filter => "filter",
+        ChainType::Nat => "nat",
+    }
+}
+
+pub(super) fn addr_type(family: Family) -> (u32, u32) {
+    match family {
+        Family::V4 => (TYPE_IPV4_ADDR, 4),
+        Family::V6 => (TYPE_IPV6_ADDR, 16),
+    }
+}
+
+pub(super) fn concat(types: &[u32]) -> u32 {
+    types.iter().fold(0, |acc, t| (acc << CONCAT_TYPE_BITS) | t)
+}
+
+/// `NFTA_SET_KEY_TYPE` and `NFTA_SET_KEY_LEN` of a key type. Concatenated fields are each padded
+/// to 4 bytes, the width of the 32-bit registers they are loaded into.
+pub(in crate::nftables) fn key_layout(family: Family, key: KeyType) -> (u32, u32) {
+    let (addr_type, addr_len) = addr_type(family);
+    match key {
+        KeyType::Addr => (addr_type, addr_len),
+        KeyType::AddrProtoPort => (
+            concat(&[addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE]),
+            addr_len + 8,
+        ),
+        KeyType::ProtoPort => (concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]), 8),
+        KeyType::AddrPair => (concat(&[addr_type, addr_type]), 2 * addr_len),
+        // A `numgen` value, big-endian in the map (the rule converts it with `byteorder`).
+        KeyType::Slot => (TYPE_INTEGER, 4),
+        // The index is the `numgen` value as the rule computes it: host-endian.
+        KeyType::AddrProtoPortIndex => (
+            concat(&[addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_INTEGER]),
+            addr_len + 12,
+        ),
+        KeyType::ProtoPortIndex => (
+            concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_INTEGER]),
+            12,
+        ),
+    }
+}
+
+/// `NFTA_SET_DATA_TYPE` and `NFTA_SET_DATA_LEN` of maps to endpoints (endpoint maps and
+/// endpoint lists): `ADDR . inet_service`, the port padded to 4 bytes.
+pub(in crate::nftables) fn endpoint_data_layout(family: Family) -> (u32, u32) {
+    let (addr_type, addr_len) = addr_type(family);
+    (concat(&[addr_type, TYPE_INET_SERVICE]), addr_len + 4)
+}
+
+/// An endpoint as map data (of an endpoint-list entry or an endpoint-map interval start): the
+/// address, then the port (big-endian) padded to 4 bytes, as `nat` reads them from consecutive
+/// registers.
+pub(in crate::nftables) fn endpoint_data(
+    family: Family,
+    addr: &IpAddr,
+    port: u16,
+) -> Result<Vec<u8>, String> {
+    check_family(family, addr)?;
+    let mut out = addr_bytes(addr);
+    out.extend_from_slice(&port.to_be_bytes());
+    out.extend_from_slice(&[0, 0]);
+    Ok(out)
+}
+
+/// One libnftnl user-data TLV.
+pub(super) fn tlv(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
+    out.push(kind);
+    out.push(value.len() as u8);
+    out.extend_from_slice(value);
+}
+
+/// A TLV holding a host-endian u32, as `nftnl_udata_put_u32` writes it.
+pub(super) fn tlv_u32(out: &mut Vec<u8>, kind: u8, value: u32) {
+    tlv(out, kind, &value.to_ne_bytes());
+}
+
+/// nft's `typeof` description of one expression: its kind, then its own TLVs.
+pub(super) fn typeof_expr(kind: u32, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    tlv_u32(&mut out, UDATA_TYPEOF_EXPR, kind);
+    tlv(&mut out, UDATA_TYPEOF_DATA, data);
+    out
+}
+
+pub(super) fn typeof_numgen(modulus: u32) -> Vec<u8> {
+    let mut numgen = Vec::new();
+    tlv_u32(&mut numgen, 0, NFT_NG_RANDOM); // NFTNL_UDATA_NUMGEN_TYPE
+    tlv_u32(&mut numgen, 1, modulus); // NFTNL_UDATA_NUMGEN_MODULUS
+    tlv_u32(&mut numgen, 2, 0); // NFTNL_UDATA_NUMGEN_OFFSET
+    typeof_expr(EXPR_NUMGEN, &numgen)
+}
+
+pub(super) fn typeof_daddr(family: Family) -> Vec<u8> {
+    match family {
+        Family::V4 => typeof_payload(PROTO_DESC_IP, IPHDR_DADDR),
+        Family::V6 => typeof_payload(PROTO_DESC_IP6, IP6HDR_DADDR),
+    }
+}
+
+/// A concatenation; its members are TLVs numbered from 0.
+pub(super) fn typeof_concat(members: &[Vec<u8>]) -> Vec<u8> {
+    let mut data = Vec::new();
+    for (i, m) in (0u8..).zip(members) {
+        tlv(&mut data, i, m);
+    }
+    typeof_expr(EXPR_CONCAT, &data)
+}
+
+/// The `typeof` of an endpoint map's data: `ip daddr . th dport`.
+pub(super) fn typeof_endpoint(family: Family) -> Vec<u8> {
+    typeof_concat(&[
+        typeof_daddr(family),
+        typeof_payload(PROTO_DESC_TH, THDR_DPORT),
+    ])
+}
+
+/// The set user data nft 1.0.6 writes for an endpoint-list map, `typeof [ip daddr .] meta
+/// l4proto . th dport . numgen random mod 2 : ip daddr . th dport`.
+pub(super) fn list_udata(family: Family, nodeport: bool) -> Vec<u8> {
+    let mut key = Vec::new();
+    if !nodeport {
+        key.push(typeof_daddr(family));
+    }
+    let mut l4proto = Vec::new();
+    tlv_u32(&mut l4proto, 0, MetaKey::L4Proto.into()); // NFTNL_UDATA_META_KEY
+    key.push(typeof_expr(EXPR_META, &l4proto));
+    key.push(typeof_payload(PROTO_DESC_TH, THDR_DPORT));
+    key.push(typeof_numgen(2));
+    let mut out = Vec::new();
+    tlv_u32(&mut out, UDATA_SET_KEYBYTEORDER, BYTEORDER_INVALID);
+    tlv_u32(&mut out, UDATA_SET_DATABYTEORDER, BYTEORDER_INVALID);
+    tlv(&mut out, UDATA_SET_KEY_TYPEOF, &typeof_concat(&key));
+    tlv(&mut out, UDATA_SET_DATA_TYPEOF, &typeof_endpoint(family));
+    tlv_u32(&mut out, UDATA_SET_DATA_INTERVAL, 0);
+    out
+}
+
+pub(super) fn typeof_payload(desc: u32, field: u32) -> Vec<u8> {
+    let mut data = Vec::new();
+    tlv_u32(&mut data, 0, desc);
+    tlv_u32(&mut data, 1, field);
+    typeof_expr(EXPR_PAYLOAD, &data)
+}
+
+/// The set user data nft 1.0.6 writes for `typeof numgen random mod 2 : ip daddr . th dport`,
+/// `flags interval` (100 bytes for both families): the key and data byte orders, the two
+/// `typeof` expressions, and "data is not an interval". `nft list` prints the map from it.
+pub(super) fn slot_udata(family: Family) -> Vec<u8> {
+    let mut out = Vec::new();
+    tlv_u32(&mut out, UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST_ENDIAN);
+    tlv_u32(&mut out, UDATA_SET_DATABYTEORDER, BYTEORDER_INVALID);
+    tlv(&mut out, UDATA_SET_KEY_TYPEOF, &typeof_numgen(2));
+    tlv(&mut out, UDATA_SET_DATA_TYPEOF, &typeof_endpoint(family));
+    tlv_u32(&mut out, UDATA_SET_DATA_INTERVAL, 0);
+    out
+}
+
+pub(super) fn addr_bytes(addr: &IpAddr) -> Vec<u8> {
+    match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+pub(super) fn check_family(family: Family, addr: &IpAddr) -> Result<(), String> {
+    if Family::of(addr) == family {
+        Ok(())
+    } else {
+        Err(format!(
+            "address {addr} does not belong in a table of family {}",
+            family.nft_name()
+        ))
+    }
+}
+
+/// The bytes of a set element key: fields in order, protocol and port each padded to 4 bytes.
+pub(in crate::nftables) fn key_bytes(family: Family, key: &Key) -> Result<Vec<u8>, String> {
+    let proto_port = |out: &mut Vec<u8>, proto: dataplane::nft::ruleset::Proto, port: u16| {
+        out.extend_from_slice(&[proto.number(), 0, 0, 0]);
+        out.extend_from_slice(&port.to_be_bytes());
+        out.extend_from_slice(&[0, 0]);
+    };
+    let mut out = Vec::with_capacity(24);
+    match key {
+        Key::Addr(a) => {
+            check_family(family, a)?;
+            out.extend(addr_bytes(a));
+        }
+        Key::AddrProtoPort(a, proto, port) => {
+            check_family(family, a)?;
+            out.extend(addr_bytes(a));
+            proto_port(&mut out, *proto, *port);
+        }
+        Key::ProtoPort(proto, port) => proto_port(&mut out, *proto, *port),
+        Key::AddrPair(a) => {
+            check_family(family, a)?;
+            out.extend(addr_bytes(a));
+            out.extend(addr_bytes(a));
+        }
+        Key::Slot { at, .. } => out.extend_from_slice(&at.to_be_bytes()),
+        Key::AddrProtoPortIndex(a, proto, port, i) => {
+            check_family(family, a)?;
+            out.extend(addr_bytes(a));
+            proto_port(&mut out, *proto, *port);
+            out.extend_from_slice(&u32::from(*i).to_ne_bytes());
+        }
+        Key::ProtoPortIndex(proto, port, i) => {
+            proto_port(&mut out, *proto, *port);
+            out.extend_from_slice(&u32::from(*i).to_ne_bytes());
+        }
+    }
+    Ok(out)
+}
+
+pub(in crate::nftables) fn verdict_attrs(v: &Verdict) -> Vec<VerdictAttribute> {
+    match v {
+        Verdict::Accept => vec![VerdictAttribute::Code(NlVerdict::Other(NF_ACCEPT))],
+        Verdict::Drop => vec![VerdictAttribute::Code(NlVerdict::Other(NF_DROP))],
+        Verdict::Return => vec![VerdictAttribute::Code(NlVerdict::Return)],
+        Verdict::Jump(c) => vec![
+            VerdictAttribute::Code(NlVerdict::Jump),
+            VerdictAttribute::Chain(c.to_string()),
+        ],
+        Verdict::Goto(c) => vec![
+            VerdictAttribute::Code(NlVerdict::Goto),
+            VerdictAttribute::Chain(c.to_string()),
+        ],
+    }
+}
+
+/// One libnftnl user-data TLV holding a NUL-terminated string.
+pub(super) fn udata_string(kind: u8, text: &str) -> Result<Vec<u8>, String> {
+    if text.contains('\0') {
+        return Err("comment contains a NUL byte".to_string());
+    }
+    let len = text.len() + 1;
+    // The TLV length is one byte, and the kernel caps the whole user data at 256 bytes.
+    if len > usize::from(u8::MAX) || len + 2 > USERDATA_MAXLEN {
+        return Err(format!(
+            "comment of {} bytes is longer than nftables allows (254)",
+            text.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(len + 2);
+    out.push(kind);
+    out.push(len as u8);
+    out.extend_from_slice(text.as_bytes());
+    out.push(0);
+    Ok(out)
+}
+
+pub(super) fn u32_attr(kind: u16, value: u32) -> DefaultNla {
+    DefaultNla::new(kind, value.to_be_bytes().to_vec())
+}
+
+pub(super) fn str_attr(kind: u16, value: &str) -> DefaultNla {
+    let mut bytes = Vec::with_capacity(value.len() + 1);
+    bytes.extend_from_slice(value.as_bytes());
+    bytes.push(0);
+    DefaultNla::new(kind, bytes)
+}
