@@ -23,14 +23,6 @@ const LONG_FILES: &[(&str, &str)] = &[
         "to split: the config unit tests by section (issue 21)",
     ),
     (
-        "agent/tests/fuzz.rs",
-        "to split: the fuzz suite's generators into helper modules (issue 21)",
-    ),
-    (
-        "agent/tests/nftables_kernel.rs",
-        "to split: the kernel suite's helpers into tests/nftables_kernel/ (issue 21)",
-    ),
-    (
         "bench/src/main.rs",
         "to split: one module per benchmark (issue 21)",
     ),
@@ -61,14 +53,6 @@ const LONG_FILES: &[(&str, &str)] = &[
     (
         "tests/tests/iptables.rs",
         "to split: the suite's helpers into tests/iptables/ (issue 21)",
-    ),
-    (
-        "tests/tests/observability.rs",
-        "to split: the suite's helpers into tests/observability/ (issue 21)",
-    ),
-    (
-        "tests/tests/semantics.rs",
-        "to split: the suite's helpers into tests/semantics/ (issue 21)",
     ),
 ];
 
