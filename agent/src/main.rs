@@ -18,8 +18,8 @@ use nftproxy::clock::SystemClock;
 use nftproxy::config::{KubeProxyConfiguration, LogFormat, Overrides, ProxyMode, Settings};
 use nftproxy::nftables::monitor::Monitor;
 use nftproxy::node_wait::{NODE_WAIT, NodeWait};
+use nftproxy::proxier::{self, Syncer};
 use nftproxy::source;
-use nftproxy::sync::{self, Syncer};
 use nftproxy::syncloop::{self, Shared, Wake};
 use nftproxy::{addresses, apiclient, iptables, watch};
 
@@ -588,7 +588,7 @@ fn main() -> ExitCode {
         Command::DemoEcho { name, ports, .. } => {
             nftproxy::demo::echo_serve(name, ports).map_err(runtime)
         }
-        Command::Cleanup { kube_proxy } => sync::cleanup_all(*kube_proxy).map_err(runtime),
+        Command::Cleanup { kube_proxy } => proxier::cleanup_all(*kube_proxy).map_err(runtime),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

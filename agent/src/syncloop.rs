@@ -22,9 +22,9 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::http::health::{HealthState, node_eligible};
 use crate::node_wait::{Gate, NodeWait};
+use crate::proxier::{Changed, FamilyReport, SyncError, Syncer};
 use crate::quarantine::{self, Moves, Quarantine};
 use crate::ratelimit::Bucket;
-use crate::sync::{Changed, FamilyReport, SyncError, Syncer};
 
 /// How often a full sync (read back, repair drift) runs when nothing asks for one sooner. Like
 /// kube-proxy's nftables mode: full syncs cost O(cluster), so they are rare.

@@ -14,8 +14,8 @@ use crate::clock::TestClock;
 use crate::config::Settings;
 use crate::nftables::fake::FakeKernel;
 use crate::node_wait::NodeWait;
-use crate::sync::Syncer;
-use crate::sync::testkit::{self, NODE, fake_syncer, service};
+use crate::proxier::Syncer;
+use crate::proxier::testkit::{self, NODE, fake_syncer, service};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)

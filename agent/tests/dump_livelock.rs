@@ -25,7 +25,7 @@ use dataplane::nft::ruleset::{Family, Key};
 use dataplane::nft::state::TableState;
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 use nftproxy::nftables::{Nftables, ReadStats};
-use nftproxy::sync::Syncer;
+use nftproxy::proxier::Syncer;
 use serde_json::{Value, json};
 
 mod common;

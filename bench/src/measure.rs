@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail, ensure};
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::nft::build::BuildConfig;
 use dataplane::nft::ruleset::Family;
-use nftproxy::sync::{Changed, Phase, Probe, Syncer};
+use nftproxy::proxier::{Changed, Phase, Probe, Syncer};
 use serde::Serialize;
 
 use crate::heap;
@@ -495,7 +495,7 @@ impl Phases {
 }
 
 /// Times the phases of one family's sync as the agent's proxier reports them
-/// ([`nftproxy::sync::Probe`]): wall and CPU per phase, and the heap at the phase boundaries.
+/// ([`nftproxy::proxier::Probe`]): wall and CPU per phase, and the heap at the phase boundaries.
 struct PhaseTimer {
     current: Option<(Phase, Instant, (Duration, Duration))>,
     wall: BTreeMap<Phase, Duration>,

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::nft::build::{BuildConfig, LIST_MAX_ENDPOINTS};
 use dataplane::nft::ruleset::Family;
-use nftproxy::sync::{Changed, Syncer};
+use nftproxy::proxier::{Changed, Syncer};
 use serde::Serialize;
 
 use crate::measure::{median, ms};

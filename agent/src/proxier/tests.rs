@@ -202,7 +202,7 @@ mod property {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::sync::testkit::service;
+    use crate::proxier::testkit::service;
     use dataplane::tracker::{Kind, Tracker};
 
     #[derive(Clone, Debug)]

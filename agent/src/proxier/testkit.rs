@@ -7,8 +7,8 @@ use dataplane::tracker::{Kind, Tracker};
 
 use crate::config::{KubeProxyConfiguration, Overrides, Settings};
 use crate::nftables::fake::FakeKernel;
-use crate::sync::Syncer;
-use crate::sync::udp::UdpCleanup;
+use crate::proxier::Syncer;
+use crate::proxier::udp::UdpCleanup;
 
 pub const NODE: &str = "node1";
 
