@@ -24,12 +24,12 @@ const DUMP_ATTEMPTS: usize = 5;
 
 /// What identifies one configured address besides its IP: the interface and the prefix length
 /// (the same IP may be configured more than once; it stays local until the last one goes).
-type Slot = (u32, u8);
+type Assignment = (u32, u8);
 
 /// The addresses configured on this host's interfaces, as rtnetlink reports them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AddressTable {
-    by_ip: BTreeMap<IpAddr, BTreeSet<Slot>>,
+    by_ip: BTreeMap<IpAddr, BTreeSet<Assignment>>,
 }
 
 impl AddressTable {
@@ -49,24 +49,24 @@ impl AddressTable {
     }
 
     fn add(&mut self, msg: &AddressMessage) -> bool {
-        let Some((ip, slot)) = entry(msg) else {
+        let Some((ip, assignment)) = entry(msg) else {
             return false;
         };
-        let slots = self.by_ip.entry(ip).or_default();
-        let fresh = slots.is_empty();
-        slots.insert(slot);
+        let assignments = self.by_ip.entry(ip).or_default();
+        let fresh = assignments.is_empty();
+        assignments.insert(assignment);
         fresh
     }
 
     fn remove(&mut self, msg: &AddressMessage) -> bool {
-        let Some((ip, slot)) = entry(msg) else {
+        let Some((ip, assignment)) = entry(msg) else {
             return false;
         };
-        let Some(slots) = self.by_ip.get_mut(&ip) else {
+        let Some(assignments) = self.by_ip.get_mut(&ip) else {
             return false;
         };
-        slots.remove(&slot);
-        let gone = slots.is_empty();
+        assignments.remove(&assignment);
+        let gone = assignments.is_empty();
         if gone {
             self.by_ip.remove(&ip);
         }
@@ -76,7 +76,7 @@ impl AddressTable {
 
 /// The local IP of an address message: `IFA_LOCAL` if present (on point-to-point links
 /// `IFA_ADDRESS` is the peer's), else `IFA_ADDRESS`, as `getifaddrs` reports it.
-fn entry(msg: &AddressMessage) -> Option<(IpAddr, Slot)> {
+fn entry(msg: &AddressMessage) -> Option<(IpAddr, Assignment)> {
     let local = msg.attributes.iter().find_map(|a| match a {
         AddressAttribute::Local(ip) => Some(*ip),
         _ => None,

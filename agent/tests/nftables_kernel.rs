@@ -229,12 +229,12 @@ fn check_endpoint_region_changes(family: Family) {
 
     // One more endpoint: every interval of region 0 moves.
     let mut b = a.clone();
-    set_region(&mut b, 0, &slot_targets(family, k + 1));
+    set_region(&mut b, 0, &region_targets(family, k + 1));
     let state = apply_and_check(&ns, &mut nft, &state, &b, "k+1 endpoints");
 
     // One endpoint replaced (same count, same bounds, other address).
     let mut c = b.clone();
-    let mut targets = slot_targets(family, k + 1);
+    let mut targets = region_targets(family, k + 1);
     targets[1].0 = addrs(family).ep[0];
     set_region(&mut c, 0, &targets);
     let state = apply_and_check(&ns, &mut nft, &state, &c, "endpoint replaced");
@@ -242,10 +242,10 @@ fn check_endpoint_region_changes(family: Family) {
     // With thousands of endpoints some intervals keep their bounds when one more comes: those
     // stay, their neighbours are replaced around them.
     let mut big = c.clone();
-    set_region(&mut big, 0, &slot_targets(family, 5000));
+    set_region(&mut big, 0, &region_targets(family, 5000));
     let state = apply_and_check(&ns, &mut nft, &state, &big, "5000 endpoints");
     let mut bigger = big.clone();
-    set_region(&mut bigger, 0, &slot_targets(family, 5001));
+    set_region(&mut bigger, 0, &region_targets(family, 5001));
     let kept = bigger.sets[endpoint_map_name(ENDPOINT_MAP)]
         .elements
         .keys()
@@ -260,9 +260,9 @@ fn check_endpoint_region_changes(family: Family) {
 
     // Down to one endpoint, and region 5 moves to region 6 (another Service's region).
     let mut d = c.clone();
-    set_region(&mut d, 0, &slot_targets(family, 1));
+    set_region(&mut d, 0, &region_targets(family, 1));
     set_region(&mut d, 5, &[]);
-    set_region(&mut d, 6, &slot_targets(family, 2));
+    set_region(&mut d, 6, &region_targets(family, 2));
     Arc::make_mut(&mut d.chains.get_mut("svc-slot-dns").unwrap().rules)[0] = Rule::new(
         vec![Match::L4Proto(Proto::Udp)],
         Action::DnatSlot {

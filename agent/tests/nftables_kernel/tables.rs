@@ -96,7 +96,7 @@ pub(super) fn goto(c: &str) -> Action {
 pub(super) const ENDPOINT_MAP: usize = 3;
 
 /// `n` endpoints on port 8080: 10.244.3.1, 10.244.3.2, ... (fd00:244:3::1, ... for IPv6).
-pub(super) fn slot_targets(family: Family, n: usize) -> Vec<(IpAddr, u16)> {
+pub(super) fn region_targets(family: Family, n: usize) -> Vec<(IpAddr, u16)> {
     (1..=n)
         .map(|i| {
             let addr = match family {
@@ -167,7 +167,7 @@ pub(super) fn full_table(family: Family) -> Table {
         endpoint_map_name(ENDPOINT_MAP).into(),
         set(KeyType::Slot, false, None, None),
     );
-    set_region(&mut t, 0, &slot_targets(family, 3));
+    set_region(&mut t, 0, &region_targets(family, 3));
     set_region(&mut t, 5, &[(a.ep[1], 53)]);
 
     let mut nodeports = set(KeyType::ProtoPort, true, None, None);
