@@ -23,22 +23,6 @@ const LONG_FILES: &[(&str, &str)] = &[
         "to split: the config unit tests by section (issue 21)",
     ),
     (
-        "bench/src/main.rs",
-        "to split: one module per benchmark (issue 21)",
-    ),
-    (
-        "bench/src/measure.rs",
-        "to split: one module per measurement (issue 21)",
-    ),
-    (
-        "bench/src/soak/main.rs",
-        "to split: the soak's phases into modules (issue 21)",
-    ),
-    (
-        "dataplane/tests/fuzz/k8s.rs",
-        "to split: the object generators by kind (issue 21)",
-    ),
-    (
         "dataplane/tests/planner.rs",
         "being reworked on another branch; split after it lands (issue 21)",
     ),
