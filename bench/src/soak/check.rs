@@ -60,7 +60,7 @@ pub struct Check {
 
 impl Check {
     /// Operations that would still be needed to make the kernel equal the model.
-    pub fn differences(&self) -> usize {
+    pub fn pending_ops(&self) -> usize {
         self.families.iter().map(|f| f.ops + f.cleanup_ops).sum()
     }
 }

@@ -445,17 +445,17 @@ fn soak(cli: &Cli, agent_bin: &Path) -> Result<Report> {
     let mut check = check::check(&ns, &api, &config_text)?;
     check.at_s = start.elapsed().as_secs_f64() - churn.as_secs_f64();
     let mut rechecks = Vec::new();
-    if check.differences() > 0 {
+    if check.pending_ops() > 0 {
         progress(&format!(
             "the kernel differs from the objects by {} operations; checking again for up to 30 s",
-            check.differences()
+            check.pending_ops()
         ));
         let until = Instant::now() + Duration::from_secs(30);
         while Instant::now() < until {
             std::thread::sleep(Duration::from_secs(2));
             let mut again = check::check(&ns, &api, &config_text)?;
             again.at_s = start.elapsed().as_secs_f64() - churn.as_secs_f64();
-            let done = again.differences() == 0;
+            let done = again.pending_ops() == 0;
             rechecks.push(again);
             if done {
                 break;
