@@ -235,8 +235,14 @@ fn drop_test_items(toks: Vec<Tok>) -> (Vec<Tok>, Vec<String>) {
                 }
             }
         }
-        if let (Some(Tok::Ident(m)), Some(Tok::Ident(name))) = (toks.get(i), toks.get(i + 1))
-            && m == "mod"
+        // `[pub] mod NAME;`: a test-only module file (under `#[path]`, it is found by its
+        // name ending in `tests.rs` instead).
+        let head = toks[i..]
+            .iter()
+            .take_while(|t| !matches!(t, Tok::Open | Tok::Semi));
+        let head: Vec<&Tok> = head.collect();
+        if let Some(w) = head.windows(2).find(|w| *w[0] == Tok::Ident("mod".into()))
+            && let Tok::Ident(name) = w[1]
         {
             test_mods.push(name.clone());
         }
