@@ -12,6 +12,7 @@ figures and what they mean. Run as root:
     scripts/flat-path-experiment.py pipapo    # one concatenated interval map (pipapo backend)
     scripts/flat-path-experiment.py spread    # 1,000 endpoints, 300k connections: chi-square
     scripts/flat-path-experiment.py affinity  # shared ClientIP affinity map, with traffic
+    scripts/flat-path-experiment.py affinity-checked  # the same, entries checked (raw netlink)
     scripts/flat-path-experiment.py latency   # cost of a new connection per Service shape
 
 The kernel time of a change is the time nft spends in sendmsg(2) for its batch (strace -T):
@@ -383,18 +384,103 @@ def run_spread(ns, _svcs):
           f"chi-square {chi2:.0f} on {len(c) - 1} degrees of freedom")
 
 
-def run_affinity(ns, _svcs):
+# Raw nf_tables netlink, for the two rules nft's syntax cannot write: a map's result used as
+# part of a second lookup's key (the affinity entry checked against the Service's endpoints),
+# and a dynset delete on a map.
+def nla(kind, payload):
+    import struct
+    return struct.pack("=HH", 4 + len(payload), kind) + payload + b"\0" * (-len(payload) % 4)
+
+
+def nest(kind, *attrs):
+    return nla(kind | 0x8000, b"".join(attrs))
+
+
+def be32(kind, v):
+    import struct
+    return nla(kind, struct.pack(">I", v))
+
+
+def expr(name, *attrs):
+    return nest(1, nla(1, name.encode() + b"\0"), nest(2, *attrs))
+
+
+def payload(dreg, base, offset, length):
+    return expr("payload", be32(1, dreg), be32(2, base), be32(3, offset), be32(4, length))
+
+
+def meta_l4proto(dreg):
+    return expr("meta", be32(1, dreg), be32(2, 16))
+
+
+def ct_original(dreg, key):  # key 20: dst_ip, 12: proto_dst
+    return expr("ct", be32(1, dreg), be32(2, key), nla(3, b"\0"))
+
+
+def lookup(set_, sreg, dreg=None, invert=False):
+    attrs = [nla(1, set_.encode() + b"\0"), be32(2, sreg)] + ([be32(3, dreg)] if dreg else [])
+    return expr("lookup", *attrs, *([be32(5, 1)] if invert else []))
+
+
+RAW_RULES = """
+import socket, struct, sys
+def msg(kind, flags, family, body, seq):
+    return struct.pack("=IHHII", 20 + len(body), kind, flags, seq, 0) + struct.pack("=BBH", family, 0, socket.htons(10)) + body
+rules = [bytes.fromhex(h) for h in sys.argv[1:]]
+batch = msg(16, 1, 0, b"", 1)
+for i, r in enumerate(rules):
+    batch += msg((10 << 8) | 6, 1 | 4 | 0x400 | 0x800, 2, r, 2 + i)
+batch += msg(17, 1, 0, b"", 2 + len(rules))
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)
+s.send(batch)
+s.settimeout(1)
+for _ in rules:
+    data = s.recv(65536)
+    err = struct.unpack("=i", data[16:20])[0]
+    if err:
+        sys.exit("netlink error %d" % err)
+"""
+
+
+def raw_rules(ns, *rules):
+    """Appends rules ((table, chain, expressions)) in one batch."""
+    hexes = [(nla(1, b"t\0") + nla(2, c.encode() + b"\0") + nest(4, *e)).hex() for c, e in rules]
+    ns.run(sys.executable, "-c", RAW_RULES, *hexes)
+
+
+def run_affinity(ns, _svcs, checked=False):
     traffic_ns(ns, 10)
     key = "ip daddr . meta l4proto . th dport"
     orig = "ct original ip daddr . meta l4proto . ct original proto-dst"
     ns.nft(udp_table(
         100, 7,
         extra_maps=(f" set affinity-services-10800 {{ typeof {key} ; elements = {{ 10.96.0.10 . udp . 80 }} ; }}\n"
-                    f" map affinity-10800 {{ typeof ip saddr . {key} : ip daddr . th dport ; flags dynamic,timeout ; timeout 10800s ; size 65536 ; }}"),
-        extra_rules=f"  meta l4proto udp dnat ip to ip saddr . {key} map @affinity-10800",
-        post_nat=(f"  meta l4proto udp ct status dnat {orig} @affinity-services-10800 "
+                    f" map affinity-10800 {{ typeof ip saddr . {key} : ip daddr . th dport ; flags dynamic,timeout ; timeout 10800s ; size 65536 ; }}\n"
+                    f" set service-endpoints {{ typeof {key} . ip daddr . th dport ; size 12288 ; }}\n"
+                    " chain affinity-checked { }\n chain affinity-stale { }"),
+        extra_rules=("  jump affinity-checked" if checked else
+                     f"  meta l4proto udp dnat ip to ip saddr . {key} map @affinity-10800"),
+        post_nat=("  jump affinity-stale\n" if checked else "") +
+                 (f"  meta l4proto udp ct status dnat {orig} @affinity-services-10800 "
                   f"update @affinity-10800 {{ ip saddr . {orig} : ip daddr . th dport }}"),
     ), "affinity", quiet=True)
+    k = "10.96.0.10 . udp . 80"
+    ns.nft(add("service-endpoints", [f"{k} . {ip(EP0 + i)} . 8080" for i in range(100)]), "endpoints", quiet=True)
+    if checked:
+        # Registers 8-11: client, destination, protocol, port; the affinity entry's endpoint
+        # lands in 12-13, so 9-13 is the key of service-endpoints.
+        raw_rules(ns,
+                  ("affinity-checked", [payload(8, 1, 12, 4), payload(9, 1, 16, 4), meta_l4proto(10),
+                                        payload(11, 2, 2, 2), lookup("affinity-10800", 8, 12),
+                                        lookup("service-endpoints", 9),
+                                        expr("nat", be32(1, 1), be32(2, 2), be32(3, 12), be32(5, 13))]),
+                  ("affinity-stale", [payload(8, 1, 12, 4), ct_original(9, 20), meta_l4proto(10), ct_original(11, 12),
+                                      lookup("affinity-10800", 8, 12), lookup("service-endpoints", 9, invert=True),
+                                      expr("dynset", nla(1, b"affinity-10800\0"), be32(3, 2), be32(4, 8), be32(5, 12))]))
+        for chain in ("affinity-checked", "affinity-stale"):
+            r = ns.run("nft", "list", "chain", "ip", "t", chain, check=False, capture_output=True, text=True)
+            shown = [line.strip() for line in r.stdout.splitlines() if "@" in line]
+            print(f"  nft list chain {chain}: " + (f"{shown}" if r.returncode == 0 else f"nft fails ({r.returncode})"))
     send(ns, "10.96.0.10", 10, 50)
     by = {}
     for (c, ep), k in seen(ns).items():
@@ -404,12 +490,13 @@ def run_affinity(ns, _svcs):
     c1 = next(iter(by["192.168.7.1"]))
     slot = int(c1.split(".")[3]) - 1
     k = "10.96.0.10 . udp . 80"
-    ns.nft(delete("big-endpoints", [f"{k} . {slot}", f"{k} . 99"]) + add("big-endpoints", [f"{k} . {slot} : {ip(EP0 + 99)} . 8080"]),
-           "remove client 1's endpoint", quiet=True)
+    ns.nft(delete("big-endpoints", [f"{k} . {slot}", f"{k} . 99"]) + add("big-endpoints", [f"{k} . {slot} : {ip(EP0 + 99)} . 8080"])
+           + delete("service-endpoints", [f"{k} . {c1} . 8080"]), "remove client 1's endpoint", quiet=True)
     ns.run("nft", "flush", "set", "ip", "t", "seen")
     send(ns, "10.96.0.10", 1, 50, port0=20000)
-    print(f"  after removing its endpoint {c1} from the Service, client 192.168.7.1 goes to "
-          f"{sorted({ep for (_, ep) in seen(ns)})} (a shared map keeps a stale entry)")
+    after = sorted({ep for (_, ep) in seen(ns)})
+    print(f"  after removing its endpoint {c1} from the Service, client 192.168.7.1's next 50 "
+          f"connections go to {after}")
 
 
 BURST_C = r"""
@@ -472,7 +559,8 @@ def run_latency(ns, svcs):
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "hash"
     runs = {"hash": run_hash, "rbtree": run_rbtree, "pipapo": run_pipapo, "spread": run_spread,
-            "affinity": run_affinity, "latency": run_latency}
+            "affinity": run_affinity, "affinity-checked": lambda ns, svcs: run_affinity(ns, svcs, checked=True),
+            "latency": run_latency}
     if what not in runs:
         sys.exit(f"usage: {sys.argv[0]} {'|'.join(runs)}")
     svcs = cluster()
