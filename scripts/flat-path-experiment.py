@@ -14,6 +14,7 @@ figures and what they mean. Run as root:
     scripts/flat-path-experiment.py affinity  # shared ClientIP affinity map, with traffic
     scripts/flat-path-experiment.py affinity-checked  # the same, entries checked (raw netlink)
     scripts/flat-path-experiment.py latency   # cost of a new connection per Service shape
+    scripts/flat-path-experiment.py grow      # 1 -> 200 -> 1 endpoints under probes
 
 The kernel time of a change is the time nft spends in sendmsg(2) for its batch (strace -T):
 nf_tables processes and commits the whole batch inside that call. nft's own time (its cache
@@ -499,6 +500,85 @@ def run_affinity(ns, _svcs, checked=False):
           f"connections go to {after}")
 
 
+GROW = r"""
+import socket, subprocess, sys, threading, time
+steps = [t for t in sys.argv[1].split("\x1e")]
+server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+server.bind(("0.0.0.0", 8080))
+def echo():
+    while True:
+        data, peer = server.recvfrom(64)
+        server.sendto(data, peer)
+threading.Thread(target=echo, daemon=True).start()
+done, sent, lost, step, where = False, 0, 0, 0, []
+def probe():
+    global sent, lost
+    port = 20000
+    while not done:
+        c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        c.bind(("192.168.7.1", port)); port = 20000 + (port - 19999) % 40000
+        c.settimeout(0.5)
+        c.sendto(b"p", ("10.96.0.10", 80))
+        sent += 1
+        try:
+            c.recv(64)
+        except socket.timeout:
+            lost += 1
+            where.append(step)
+        c.close()
+subprocess.run(["nft", "-f", "-"], input=steps[0], text=True, check=True)
+t = threading.Thread(target=probe); t.start()
+for step, text in enumerate(steps[1:], 1):
+    subprocess.run(["nft", "-f", "-"], input=text, text=True, check=True)
+    time.sleep(0.02)
+done = True; t.join()
+print(f"  {len(steps) - 1} changes (1 -> 200 -> 1 endpoints, one at a time), {sent} probes, {lost} lost" + (f" (during changes {where})" if where else ""))
+"""
+
+
+def grow_steps():
+    """nft scripts taking a UDP Service from 1 endpoint to 200 and back, one endpoint per
+    transaction: lists up to 16 (the list moves to the next length's map), then the hash map
+    (one key per change, plus the class-set element when a power of two is crossed)."""
+    vip = (10 << 24) | (96 << 16) | 10
+    k = f"{ip(vip)} . udp . 80"
+
+    def elems(n):
+        return hash_elems(vip, n, 0, "udp")
+
+    def keys(n):
+        return [f"{k} . {i}" for i in range(n)]
+
+    def place(n):  # the elements that hold a Service of n endpoints
+        if n <= 16:
+            return add(f"cluster-endpoints-{n}", elems(n))
+        return (add("big-endpoints", elems(n)) + add(f"big-class-{class_of(n)}", [k])
+                + add("big-fallback", [f"{k} : {ip(EP0)} . 8080"]))
+
+    def unplace(n):
+        if n <= 16:
+            return delete(f"cluster-endpoints-{n}", keys(n))
+        return delete("big-endpoints", keys(n)) + delete(f"big-class-{class_of(n)}", [k]) + delete("big-fallback", [k])
+
+    def step(n, m):  # n -> m = n +- 1 endpoints
+        if n <= 16 or m <= 16:
+            return unplace(n) + place(m)
+        text = (add("big-endpoints", [elems(m)[n]]) if m > n else delete("big-endpoints", [f"{k} . {m}"]))
+        if class_of(n) != class_of(m):
+            text += delete(f"big-class-{class_of(n)}", [k]) + add(f"big-class-{class_of(m)}", [k])
+        return text
+
+    counts = list(range(1, 201)) + list(range(199, 0, -1))
+    return [place(1)] + [step(a, b) for a, b in zip(counts, counts[1:])]
+
+
+def run_grow(ns, _svcs):
+    traffic_ns(ns, 1)
+    ns.sh("for i in $(seq 0 199); do ip addr add 10.128.0.$i/32 dev lo; done")
+    ns.nft(base_table("type nat hook output priority -100"), "table", quiet=True)
+    ns.run(sys.executable, "-c", GROW, "\x1e".join(grow_steps()))
+
+
 BURST_C = r"""
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -560,7 +640,7 @@ def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "hash"
     runs = {"hash": run_hash, "rbtree": run_rbtree, "pipapo": run_pipapo, "spread": run_spread,
             "affinity": run_affinity, "affinity-checked": lambda ns, svcs: run_affinity(ns, svcs, checked=True),
-            "latency": run_latency}
+            "latency": run_latency, "grow": run_grow}
     if what not in runs:
         sys.exit(f"usage: {sys.argv[0]} {'|'.join(runs)}")
     svcs = cluster()
