@@ -661,3 +661,44 @@ fn the_fake_kernel_refuses_what_the_kernel_refuses() {
         }
     }
 }
+
+/// A cold start cut by `split_cold_elements`: the table, sets and chains first, the elements
+/// in parts, the rules last. Until the last part no base chain has a rule, so nothing in the
+/// table is reachable; the elements arrive part by part; the end is the whole table.
+#[test]
+fn a_cold_start_cut_by_elements_is_inert_until_its_last_part() {
+    nftproxy_tests::require_root!();
+    let family = Family::V4;
+    let ns = Netns::new("coldparts");
+    let mut nft = ns.open();
+    let t = many_services(family, 300);
+    let parts = dataplane::nft::cold::split_cold_elements(
+        None,
+        split_new_chains(None, plan(None, &t), 100),
+        50,
+    );
+    let (last, early) = parts.split_last().unwrap();
+    let element_parts = early
+        .iter()
+        .filter(|p| p.ops.iter().all(|op| matches!(op, Op::AddElements { .. })))
+        .count();
+    assert!(element_parts >= 6, "{element_parts} element parts");
+    let mut elements = 0;
+    for part in early {
+        nft.apply(part).expect("apply a part");
+        let read = nft.read_table(family).unwrap().expect("table");
+        for (name, chain) in &t.chains {
+            if chain.base.is_some() {
+                assert!(read.chains[name].empty, "base chain {name} has rules early");
+            }
+        }
+        let now: usize = read.sets.values().map(|s| s.elements.len()).sum();
+        assert!(now >= elements, "elements went from {elements} to {now}");
+        elements = now;
+    }
+    assert!(elements > 0, "no elements before the last part");
+    nft.apply(last).expect("apply the last part");
+    let state = assert_idempotent(&mut nft, &t);
+    assert_eq!(state.sets["service-ips"].elements.len(), 300);
+    assert_listing(&ns, &t, false);
+}

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use dataplane::conntrack::Frontends;
 use dataplane::model::Cluster;
 use dataplane::nft::build::BuildConfig;
+use dataplane::nft::cold::{ELEMENTS_PER_PART, split_cold_elements};
 use dataplane::nft::desired::{Desired, Scope, Updated};
 use dataplane::nft::plan::{
     RULES_PER_PART, plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
@@ -89,6 +90,9 @@ impl<K: NftKernel> NftProxier<K> {
         let drift_repaired = drifted && !tx.is_empty();
         let big = tx.ops.len() >= QUIET_MIN_OPS;
         let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
+        // A new table's elements go in parts, which a process listening to nf_tables
+        // notifications slows much less than one large transaction.
+        let parts = split_cold_elements(current.as_ref(), parts, ELEMENTS_PER_PART);
         let mut state = current.unwrap_or_default();
         let commit = |kernel: &mut K| {
             commit_and_clean_up(kernel, parts, &mut state, scope.as_ref(), table, probe)

@@ -135,6 +135,22 @@ fn receive(
     mut f: impl FnMut(&[u8], Instant),
 ) {
     let mut buf = vec![0u8; 1 << 17];
+    // A receive that times out now and then sees the stop flag even when nothing is
+    // committed any more.
+    let timeout = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 100_000,
+    };
+    // SAFETY: setsockopt(2) on an open socket with a timeval of the size given.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
     while !stop.load(Ordering::Relaxed) {
         match sock.recv(&mut &mut buf[..], 0) {
             Ok(n) => f(&buf[..n.min(buf.len())], Instant::now()),

@@ -22,6 +22,7 @@ mod objects;
 #[allow(dead_code)] // Shared with nftproxy-soak.
 #[path = "../soak/probe.rs"]
 mod probe;
+mod timeline;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,7 @@ use crate::churn::{Matcher, percentile};
 use crate::kernel::{ElementWatch, Generations, Listener};
 use crate::netns::Netns;
 use crate::objects::Rng;
+use crate::timeline::Timeline;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -76,6 +78,10 @@ struct Cli {
     /// The nftproxy binary [default: next to this one].
     #[arg(long)]
     agent: Option<PathBuf>,
+    /// Another nftproxy binary (an earlier build) whose cold starts are measured too,
+    /// interleaved with the agent's, for figures before and after in one run.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
     /// Also write the agent's log (stderr) of the churn run to this file.
     #[arg(long)]
     agent_log: Option<PathBuf>,
@@ -127,6 +133,9 @@ fn real_main() -> Result<bool> {
     ensure!(cli.runs >= 1, "--runs: at least 1");
     go_duration(&cli.min_sync_period).map_err(anyhow::Error::msg)?;
     let agent_bin = agent::agent_binary(cli.agent.as_deref())?;
+    if let Some(b) = &cli.baseline {
+        ensure!(b.is_file(), "--baseline {}: not found", b.display());
+    }
     netns::install_signal_handler()?;
     netns::remove_stale();
     run(&cli, &agent_bin)
@@ -196,13 +205,18 @@ struct ColdStart {
     commits: u64,
     /// What the listener received (MiB) and how often its buffer overflowed.
     heard: Option<(f64, u64)>,
+    timeline: Timeline,
 }
 
 impl Setup {
     fn start_agent(&self, log: Option<&Path>) -> Result<Agent> {
+        self.start(&self.agent_bin, log)
+    }
+
+    fn start(&self, bin: &Path, log: Option<&Path>) -> Result<Agent> {
         Agent::start(
             &self.ns,
-            &self.agent_bin,
+            bin,
             &self.api.kubeconfig(),
             &self.config_file,
             log,
@@ -224,20 +238,30 @@ impl Setup {
 
     /// One cold start: from exec until the kernel's generation last moved when the agent had
     /// logged both families' first commits.
-    fn cold_start(&self, listener: bool) -> Result<ColdStart> {
+    fn cold_start(&self, bin: &Path, listener: bool) -> Result<ColdStart> {
         self.clean()?;
         let generations = Generations::start(&self.ns)?;
         let listening = listener.then(|| Listener::start(&self.ns)).transpose()?;
-        let mut agent = self.start_agent(None)?;
+        let mut agent = self.start(bin, None)?;
         agent.wait_commits(2, Duration::from_secs(600))?;
         let end = generations
             .last_change()
             .context("the agent logged commits the kernel did not see")?;
+        let timeline = agent
+            .with_log(|l| Timeline::of(agent.pid, agent.started, &l.marks))
+            .unwrap_or_else(|e| {
+                progress(&format!(
+                    "no timeline of this cold start: {e:#}{}",
+                    agent.tail()
+                ));
+                Timeline::default()
+            });
         let out = ColdStart {
             secs: end.saturating_duration_since(agent.started).as_secs_f64(),
             peak_rss_mib: peak_rss_mib(agent.pid)?,
             commits: generations.commits(),
             heard: None,
+            timeline,
         };
         agent.stop();
         let heard = listening.map(|l| {
@@ -308,33 +332,26 @@ fn run(cli: &Cli, agent_bin: &Path) -> Result<bool> {
         agent_bin: agent_bin.to_path_buf(),
     };
 
-    // Cold starts, interleaved with the floor so that noise hits all alike.
-    let (mut floors, mut quiet, mut listened) = (Vec::new(), Vec::new(), Vec::new());
-    let mut peak_rss = 0.0f64;
+    // Cold starts, interleaved with the floor (and the baseline's) so that noise hits all
+    // alike.
+    let mut floors = Vec::new();
+    let mut agent = Starts::default();
+    let mut baseline = Starts::default();
     let mut listed = 0;
     for run in 1..=cli.runs {
         let (floor, n) = floor::measure(&setup.ns, &setup.api.kubeconfig())?;
         listed = n;
-        let q = setup.cold_start(false)?;
-        let l = setup.cold_start(true)?;
-        progress(&format!(
-            "run {run}: floor {:.2} s ({n} objects); cold start {:.2} s ({} commits, peak RSS {:.0} MiB); \
-             with a listener {:.2} s ({} commits; it heard {:.0} MiB, {} overflows)",
-            floor.as_secs_f64(),
-            q.secs,
-            q.commits,
-            q.peak_rss_mib,
-            l.secs,
-            l.commits,
-            l.heard.map_or(0.0, |h| h.0),
-            l.heard.map_or(0, |h| h.1),
-        ));
         floors.push(floor.as_secs_f64());
-        peak_rss = peak_rss.max(q.peak_rss_mib).max(l.peak_rss_mib);
-        quiet.push(q.secs);
-        listened.push(l.secs);
+        progress(&format!(
+            "run {run}: floor {:.2} s ({n} objects)",
+            floor.as_secs_f64()
+        ));
+        agent.run(&setup, &setup.agent_bin, "agent")?;
+        if let Some(b) = &cli.baseline {
+            baseline.run(&setup, b, "baseline")?;
+        }
     }
-    let (floor, cold, cold_listened) = (median(floors), median(quiet), median(listened));
+    let floor = median(floors);
     let mut pass = true;
     let mut lines = vec![format!(
         "nftproxy-live-bench: {} Services × {} endpoints over HTTP from the test API server \
@@ -347,35 +364,15 @@ fn run(cli: &Cli, agent_bin: &Path) -> Result<bool> {
             .unwrap_or_default()
             .trim()
     )];
-    let ratio = cold / floor;
-    let ok = ratio <= COLD_START_RATIO;
+    lines.push(format!("  listing floor {floor:.2} s ({listed} objects)"));
+    if let Some(b) = &cli.baseline {
+        lines.push(format!("  baseline {} (not judged):", b.display()));
+        lines.extend(baseline.report(cli, floor).0);
+        lines.push("  agent:".to_string());
+    }
+    let (agent_lines, ok) = agent.report(cli, floor);
+    lines.extend(agent_lines);
     pass &= ok;
-    lines.push(format!(
-        "  cold start (exec → kernel commit)  {cold:.2} s = {ratio:.2}× the listing floor {floor:.2} s \
-         ({listed} objects)   {} (≤ {COLD_START_RATIO}×)",
-        verdict(ok)
-    ));
-    // The target is set at 30k Services; larger runs print the figure unjudged.
-    let judged = cli.services <= PEAK_RSS_AT;
-    let ok = peak_rss <= PEAK_RSS_MIB;
-    pass &= ok || !judged;
-    lines.push(format!(
-        "  agent peak RSS (VmHWM)             {peak_rss:.0} MiB   {}",
-        if judged {
-            format!("{} (≤ {PEAK_RSS_MIB:.0} MiB)", verdict(ok))
-        } else {
-            format!("(the ≤ {PEAK_RSS_MIB:.0} MiB target is for {PEAK_RSS_AT} Services)")
-        }
-    ));
-    let slowdown = cold_listened / cold - 1.0;
-    let ok = slowdown <= LISTENER_SLOWDOWN;
-    pass &= ok;
-    lines.push(format!(
-        "  cold start with an nf_tables listener {cold_listened:.2} s = {:+.0}%   {} (≤ +{:.0}%)",
-        slowdown * 100.0,
-        verdict(ok),
-        LISTENER_SLOWDOWN * 100.0
-    ));
 
     if !cli.duration.is_zero() {
         let (churn_lines, ok) = churn(cli, &setup, &mut current, seed)?;
@@ -385,6 +382,93 @@ fn run(cli: &Cli, agent_bin: &Path) -> Result<bool> {
     drop(setup);
     println!("{}", lines.join("\n"));
     Ok(pass)
+}
+
+/// One binary's cold starts, quiet and with a listener.
+#[derive(Default)]
+struct Starts {
+    quiet: Vec<f64>,
+    listened: Vec<f64>,
+    timelines: Vec<Timeline>,
+    listened_timelines: Vec<Timeline>,
+    peak_rss: f64,
+}
+
+impl Starts {
+    fn run(&mut self, setup: &Setup, bin: &Path, label: &str) -> Result<()> {
+        let q = setup.cold_start(bin, false)?;
+        let l = setup.cold_start(bin, true)?;
+        progress(&format!(
+            "  {label}: cold start {:.2} s ({} commits, peak RSS {:.0} MiB); with a listener \
+             {:.2} s ({} commits; it heard {:.0} MiB, {} overflows)",
+            q.secs,
+            q.commits,
+            q.peak_rss_mib,
+            l.secs,
+            l.commits,
+            l.heard.map_or(0.0, |h| h.0),
+            l.heard.map_or(0, |h| h.1),
+        ));
+        self.peak_rss = self.peak_rss.max(q.peak_rss_mib).max(l.peak_rss_mib);
+        self.quiet.push(q.secs);
+        self.listened.push(l.secs);
+        self.timelines.push(q.timeline);
+        self.listened_timelines.push(l.timeline);
+        Ok(())
+    }
+
+    /// The lines for these cold starts against `floor`, and whether all targets were met.
+    fn report(&self, cli: &Cli, floor: f64) -> (Vec<String>, bool) {
+        let (cold, cold_listened) = (median(self.quiet.clone()), median(self.listened.clone()));
+        let mut pass = true;
+        let mut lines = Vec::new();
+        let ratio = cold / floor;
+        let ok = ratio <= COLD_START_RATIO;
+        pass &= ok;
+        lines.push(format!(
+            "  cold start (exec → kernel commit)  {cold:.2} s = {ratio:.2}× the listing floor   \
+             {} (≤ {COLD_START_RATIO}×)",
+            verdict(ok)
+        ));
+        lines.push(format!(
+            "    {}",
+            Timeline::median(&self.timelines).describe(floor)
+        ));
+        // The target is set at 30k Services; larger runs print the figure unjudged.
+        let judged = cli.services <= PEAK_RSS_AT;
+        let peak_rss = self.peak_rss;
+        let ok = peak_rss <= PEAK_RSS_MIB;
+        pass &= ok || !judged;
+        lines.push(format!(
+            "  agent peak RSS (VmHWM)             {peak_rss:.0} MiB   {}",
+            if judged {
+                format!("{} (≤ {PEAK_RSS_MIB:.0} MiB)", verdict(ok))
+            } else {
+                format!("(the ≤ {PEAK_RSS_MIB:.0} MiB target is for {PEAK_RSS_AT} Services)")
+            }
+        ));
+        let slowdown = cold_listened / cold - 1.0;
+        let ok = slowdown <= LISTENER_SLOWDOWN;
+        pass &= ok;
+        lines.push(format!(
+            "  cold start with an nf_tables listener {cold_listened:.2} s = {:+.0}% (runs: {})   \
+             {} (≤ +{:.0}%)",
+            slowdown * 100.0,
+            self.listened
+                .iter()
+                .zip(&self.quiet)
+                .map(|(l, q)| format!("{:+.0}%", (l / q - 1.0) * 100.0))
+                .collect::<Vec<_>>()
+                .join(" "),
+            verdict(ok),
+            LISTENER_SLOWDOWN * 100.0
+        ));
+        lines.push(format!(
+            "    {}",
+            Timeline::median(&self.listened_timelines).describe(floor)
+        ));
+        (lines, pass)
+    }
 }
 
 /// The churn: the agent started (cold) and settled, then EndpointSlice writes at `--rate` for

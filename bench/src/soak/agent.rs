@@ -42,7 +42,13 @@ pub struct AgentLog {
     pub first_warnings: Vec<String>,
     pub tail: VecDeque<String>,
     pub closed: bool,
+    /// When the "listed" and "nftables sync committed" lines arrived (the first few), for the
+    /// live bench's timeline of a cold start.
+    pub marks: Vec<(Instant, String)>,
 }
+
+/// Lines kept in `marks` (a cold start logs four lists and two commits).
+const MAX_MARKS: usize = 16;
 
 /// The agent, started inside the namespace; stopped (SIGTERM, then SIGKILL) by PID on drop.
 pub struct Agent {
@@ -93,9 +99,12 @@ impl Agent {
                     if let Some(f) = file.as_mut() {
                         let _ = writeln!(f, "{line}");
                     }
+                    let at = Instant::now();
                     let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
-                    if line.contains("nftables sync committed") {
-                        st.commits += 1;
+                    let committed = line.contains("nftables sync committed");
+                    st.commits += usize::from(committed);
+                    if (committed || line.contains(" listed ")) && st.marks.len() < MAX_MARKS {
+                        st.marks.push((at, line.clone()));
                     }
                     let warn = line.contains(" WARN ");
                     let error = line.contains(" ERROR ");

@@ -2,6 +2,7 @@
 //! between syncs, the planner and the nft text renderer.
 
 pub mod build;
+pub mod cold;
 pub mod desired;
 pub mod plan;
 pub mod render;
