@@ -13,7 +13,7 @@ use dataplane::nft::ruleset::{
     SLOT_MODULUS, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
     slot_elements_from_bounds,
 };
-use dataplane::nft::state::{ChainState, SetState, TableState, dnat_slot};
+use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_slot};
 use ipnet::IpNet;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nftables::{
@@ -728,7 +728,10 @@ pub fn decode_state(
             decodable = decode_elements(family, d, &msgs, &mut elements);
         }
         let state_entry = match decl {
-            Some(decl) if decodable => SetState { decl, elements },
+            Some(decl) if decodable => SetState {
+                decl,
+                elements: Elements::Read(elements),
+            },
             _ => SetState {
                 decl: SetDecl {
                     key: KeyType::Addr,
@@ -737,7 +740,7 @@ pub fn decode_state(
                     timeout_secs: None,
                     size: None,
                 },
-                elements: BTreeMap::new(),
+                elements: Elements::Read(BTreeMap::new()),
             },
         };
         state.sets.insert(raw.name, state_entry);
