@@ -1,8 +1,9 @@
 //! The committed state is thin (no elements): partial syncs are planned from what the desired
 //! table's update recorded. Property: over random clusters and random change sequences, that
 //! delta planning, scoped planning against the table read back, and a full plan against the
-//! table read back leave the fake kernel in the same state, which is the desired table, and a
-//! restarted agent finds nothing to change.
+//! table read back leave the fake kernel in the same state, which is the desired table, also
+//! after set resizes and a node-wide change (both plan the whole table from the thin state), and
+//! a restarted agent finds nothing to change.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -108,8 +109,18 @@ fn config() -> BuildConfig {
 
 /// Syncs IPv4 only, as a partial (`full` false) or full sync after `changed` changed.
 fn sync(syncer: &mut Syncer, c: &Cluster, changed: &BTreeSet<ObjectName>, full: bool) -> usize {
+    sync_with(syncer, c, &config(), changed, full)
+}
+
+fn sync_with(
+    syncer: &mut Syncer,
+    c: &Cluster,
+    config: &BuildConfig,
+    changed: &BTreeSet<ObjectName>,
+    full: bool,
+) -> usize {
     let families = BTreeMap::from([(Family::V4, full)]);
-    let mut reports = syncer.sync_families(c, &config(), &families, Changed::Services(changed));
+    let mut reports = syncer.sync_families(c, config, &families, Changed::Services(changed));
     let report = reports.remove(&Family::V4).expect("IPv4 synced");
     report.expect("the sync succeeds").ops
 }
@@ -120,10 +131,11 @@ fn scoped_from_read_back(
     kernel: &mut FakeKernel,
     desired: &mut Desired,
     c: &Cluster,
+    config: &BuildConfig,
     names: &BTreeSet<ObjectName>,
 ) {
     let read = kernel.read_table(Family::V4).expect("readable");
-    let updated = desired.update(c, &config(), names);
+    let updated = desired.update(c, config, names);
     let table = desired.table();
     let (tx, scope) = match (&read, updated) {
         (Some(read), Updated::Scope(scope)) => (plan_scope(read, table, &scope), Some(scope)),
@@ -180,7 +192,7 @@ proptest! {
             }
             let c = tracker.cluster().clone();
             sync(&mut delta, &c, &names, false);
-            scoped_from_read_back(&mut scoped_kernel, &mut desired, &c, &names);
+            scoped_from_read_back(&mut scoped_kernel, &mut desired, &c, &config(), &names);
             sync(&mut full, &c, &names, true);
             let want = render::table_text(desired.table());
             prop_assert_eq!(&delta_fake.render(Family::V4), &want);
@@ -188,10 +200,22 @@ proptest! {
             prop_assert_eq!(&full_fake.render(Family::V4), &want);
         }
 
+        // A node-wide change (masquerade everything) rebuilds the desired table: the partial
+        // sync plans it against the previous table's elements.
+        let c = tracker.cluster().clone();
+        let masquerade_all = BuildConfig { masquerade_all: true, ..config() };
+        let none = BTreeSet::new();
+        sync_with(&mut delta, &c, &masquerade_all, &none, false);
+        scoped_from_read_back(&mut scoped_kernel, &mut desired, &c, &masquerade_all, &none);
+        sync_with(&mut full, &c, &masquerade_all, &none, true);
+        let want = render::table_text(desired.table());
+        prop_assert_eq!(&delta_fake.render(Family::V4), &want);
+        prop_assert_eq!(&scoped_fake.render(Family::V4), &want);
+        prop_assert_eq!(&full_fake.render(Family::V4), &want);
+
         // A restarted agent builds the table afresh (adopting the kernel's regions and set
         // sizes) and finds nothing to change.
-        let c = tracker.cluster().clone();
         let mut restarted = fake_syncer(&delta_fake);
-        prop_assert_eq!(sync(&mut restarted, &c, &all, true), 0);
+        prop_assert_eq!(sync_with(&mut restarted, &c, &masquerade_all, &all, true), 0);
     }
 }
