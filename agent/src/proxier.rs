@@ -14,6 +14,8 @@ pub mod nft;
 pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod thin_tests;
 pub mod udp;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -96,7 +98,7 @@ pub enum Changed<'a> {
 
 /// Where a family's sync is, for a [`Probe`] timing it (the benchmark). An nftables sync
 /// enters State, Build, Conntrack (the frontends read back), Plan, Commit (interrupted by
-/// StateUpdate after each committed part), StateUpdate, Cleanup, Free, Conntrack (the cleanup)
+/// StateUpdate after each committed part), Cleanup, Free, Conntrack (the cleanup)
 /// and Done; an iptables sync only Commit, Conntrack and Done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Phase {

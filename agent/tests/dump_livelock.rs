@@ -22,7 +22,7 @@ use dataplane::convert::{self, Objects};
 use dataplane::model::Cluster;
 use dataplane::nft::build::{BuildConfig, LocalDetector};
 use dataplane::nft::ruleset::{Family, Key};
-use dataplane::nft::state::TableState;
+use dataplane::nft::state::{Elements, TableState};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 use nftproxy::nftables::{Nftables, ReadStats};
 use nftproxy::proxier::Syncer;
@@ -354,7 +354,12 @@ fn a_large_table_reads_back_while_another_table_changes_every_millisecond() {
             .all(|(s, _, st)| *s == reference && st.attempts == 1),
         "quiet reads differ"
     );
-    let elements: usize = reference.sets.values().map(|s| s.elements.len()).sum();
+    let elements: usize = reference
+        .sets
+        .values()
+        .filter_map(|s| s.elements.read())
+        .map(|e| e.len())
+        .sum();
     let quiet_median = median(quiet.iter().map(|r| r.1).collect());
 
     // Another program adds and deletes an element of its own table every millisecond.
@@ -471,8 +476,10 @@ fn commits_to_our_own_table_make_the_read_start_again() {
     for (i, (state, took, stats)) in busy.iter().enumerate() {
         // Either with or without the element, never anything else.
         let mut state = state.clone();
-        if let Some(set) = state.sets.get_mut("cluster-ips") {
-            set.elements.remove(&Key::Addr(stray));
+        if let Some(set) = state.sets.get_mut("cluster-ips")
+            && let Elements::Read(elements) = &mut set.elements
+        {
+            elements.remove(&Key::Addr(stray));
         }
         assert!(
             state == reference,

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use dataplane::conntrack::{Frontends, Tuple, is_stale};
 use dataplane::convert;
 use dataplane::nft::build::{BuildConfig, LocalDetector, NodePortAddresses, build};
+use dataplane::nft::desired::Before;
 use dataplane::nft::plan::{plan, plan_cleanup};
 use dataplane::nft::ruleset::{Family, Table};
 use dataplane::nft::state::TableState;

@@ -142,7 +142,8 @@ impl Frontends {
         let keys = state
             .into_iter()
             .flat_map(|s| s.sets.values())
-            .flat_map(|s| s.elements.keys());
+            .filter_map(|s| s.elements.read())
+            .flat_map(|elements| elements.keys());
         for key in keys {
             match *key {
                 Key::AddrProtoPort(addr, Proto::Udp, port)

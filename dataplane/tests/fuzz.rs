@@ -199,7 +199,11 @@ fn build_everything(cluster: &Cluster, config: &BuildConfig) {
     for family in Family::ALL {
         let built = build(cluster, config, family);
         let _ = render::table_text(&built.table);
-        let tx = nftproxy_dataplane::nft::plan::plan(None, &built.table);
+        let tx = nftproxy_dataplane::nft::plan::plan(
+            None,
+            &nftproxy_dataplane::nft::desired::Before::Nothing,
+            &built.table,
+        );
         let _ = render::transaction_text(&tx);
         let ipt = iptables::build(cluster, config, &IptablesOptions::default(), family);
         let restore = plan_full(&ipt, &Existing::default());

@@ -11,15 +11,16 @@ use nftproxy_dataplane::model::{
     Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
 };
 use nftproxy_dataplane::nft::build::{BuildConfig, LIST_MAX_ENDPOINTS, LocalDetector, build};
-use nftproxy_dataplane::nft::desired::{Desired, Updated};
+use nftproxy_dataplane::nft::desired::{Before, Desired, Scope, Updated};
 use nftproxy_dataplane::nft::plan::{
     fingerprint, plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
 };
+use nftproxy_dataplane::nft::render;
 use nftproxy_dataplane::nft::ruleset::{
-    Action, Chain, Family, Key, KeyType, Proto, Rule, Table, Value, slot_region,
+    Action, Chain, Family, Key, KeyType, Proto, Rule, Set, Table, Value, Verdict, slot_region,
 };
-use nftproxy_dataplane::nft::state::TableState;
-use nftproxy_dataplane::nft::transaction::Op;
+use nftproxy_dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_slot};
+use nftproxy_dataplane::nft::transaction::{Op, Transaction};
 use proptest::prelude::*;
 
 /// The fewest endpoints that give a Service port a chain of its own (more than the shared
@@ -167,29 +168,267 @@ fn without_regions(t: &Table) -> Table {
     out
 }
 
-/// The state the kernel would hold if `t` had been written from scratch.
-fn fresh_state(t: &Table) -> TableState {
-    let mut s = TableState::default();
-    s.apply(&plan(None, t));
-    s
+/// A strict model of table `nftproxy` in the kernel, elements included: it refuses what
+/// nf_tables refuses (rules in missing chains, rules, elements and verdicts naming missing
+/// sets or chains, an element added again with other data, deleting a missing element, a chain
+/// with rules or one something still jumps to, a set a rule still uses). The planner's own
+/// [`TableState`] is thin (no elements), so it cannot serve as the kernel here.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Kernel {
+    table: Option<Table>,
 }
 
-/// Applies plan + cleanup to an existing state.
-fn step_from(state: &mut TableState, t: &Table) {
-    state.apply(&plan(Some(state), t));
-    let cleanup = plan_cleanup(state, t);
-    state.apply(&cleanup);
+/// The sets (`@name`) and chains (`jump`/`goto name`) nft text refers to.
+fn references(text: &str) -> (Vec<String>, Vec<String>) {
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '{' || c == '}' || c == ':')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let sets = words
+        .iter()
+        .filter_map(|w| w.strip_prefix('@'))
+        .map(str::to_string)
+        .collect();
+    let chains = words
+        .windows(2)
+        .filter(|w| w[0] == "jump" || w[0] == "goto")
+        .map(|w| w[1].to_string())
+        .collect();
+    (sets, chains)
 }
 
-/// Applies plan + cleanup, like the agent does.
-fn step(state: &mut Option<TableState>, t: &Table) -> usize {
-    let tx = plan(state.as_ref(), t);
-    let mut s = state.take().unwrap_or_default();
-    s.apply(&tx);
-    let cleanup = plan_cleanup(&s, t);
-    s.apply(&cleanup);
-    *state = Some(s);
+fn value_chain(v: &Option<Value>) -> Option<&str> {
+    match v {
+        Some(Value::Verdict(Verdict::Jump(c) | Verdict::Goto(c))) => Some(c),
+        _ => None,
+    }
+}
+
+impl Kernel {
+    fn table(&mut self) -> &mut Table {
+        self.table.as_mut().expect("ENOENT: no table")
+    }
+
+    /// Applies `tx` as nf_tables would, panicking where it would refuse it.
+    fn apply(&mut self, tx: &Transaction) {
+        for op in &tx.ops {
+            self.apply_op(op);
+        }
+    }
+
+    fn apply_op(&mut self, op: &Op) {
+        match op {
+            Op::AddTable => {
+                self.table.get_or_insert_with(|| Table::new(Family::V4));
+            }
+            Op::DeleteTable => self.table = None,
+            Op::AddChain { name, base, .. } => {
+                let t = self.table();
+                match t.chains.get(name) {
+                    Some(c) => assert_eq!(&c.base, base, "EEXIST: chain {name} hook changed"),
+                    None => {
+                        t.chains.insert(
+                            name.clone(),
+                            Chain {
+                                base: *base,
+                                comment: None,
+                                rules: Arc::new(Vec::new()),
+                            },
+                        );
+                    }
+                }
+            }
+            Op::FlushChain { name } => {
+                let c = self.table().chains.get_mut(name);
+                c.unwrap_or_else(|| panic!("ENOENT: flush chain {name}"))
+                    .rules = Arc::new(Vec::new());
+            }
+            Op::DeleteChain { name } => {
+                let t = self.table();
+                let c = t
+                    .chains
+                    .get(name)
+                    .unwrap_or_else(|| panic!("ENOENT: chain {name}"));
+                assert!(c.rules.is_empty(), "EBUSY: chain {name} has rules");
+                let jumped = t.chains.values().flat_map(|c| c.rules.iter()).any(|r| {
+                    references(&render::rule_text(r))
+                        .1
+                        .iter()
+                        .any(|c| c == &**name)
+                });
+                let mapped = t
+                    .sets
+                    .values()
+                    .flat_map(|s| s.elements.values())
+                    .any(|v| value_chain(v) == Some(name));
+                assert!(!jumped && !mapped, "EBUSY: chain {name} in use");
+                t.chains.remove(name);
+            }
+            Op::AddRules { chain, rules } => {
+                let t = self.table();
+                for r in rules.iter() {
+                    let (sets, chains) = references(&render::rule_text(r));
+                    for s in sets {
+                        assert!(t.sets.contains_key(&s), "ENOENT: set {s} in {chain}");
+                    }
+                    for c in chains {
+                        assert!(
+                            t.chains.contains_key(c.as_str()),
+                            "ENOENT: chain {c} in {chain}"
+                        );
+                    }
+                }
+                let c = t
+                    .chains
+                    .get_mut(chain)
+                    .unwrap_or_else(|| panic!("ENOENT: add rules to {chain}"));
+                Arc::make_mut(&mut c.rules).extend(rules.iter().cloned());
+            }
+            Op::AddSet { name, decl } => {
+                let t = self.table();
+                match t.sets.get(name) {
+                    Some(s) => assert_eq!(&s.decl, decl, "EEXIST: set {name} declared again"),
+                    None => {
+                        t.sets.insert(
+                            name.clone(),
+                            Set {
+                                decl: decl.clone(),
+                                elements: BTreeMap::new(),
+                            },
+                        );
+                    }
+                }
+            }
+            Op::DeleteSet { name } => {
+                let t = self.table();
+                let used = t.chains.values().flat_map(|c| c.rules.iter()).any(|r| {
+                    references(&render::rule_text(r))
+                        .0
+                        .iter()
+                        .any(|s| s == name)
+                });
+                assert!(!used, "EBUSY: set {name} in use");
+                assert!(t.sets.remove(name).is_some(), "ENOENT: set {name}");
+            }
+            Op::AddElements { set, elements } => {
+                let t = self.table();
+                for (_, v) in elements {
+                    if let Some(c) = value_chain(v) {
+                        assert!(t.chains.contains_key(c), "ENOENT: chain {c} in @{set}");
+                    }
+                }
+                let s = t
+                    .sets
+                    .get_mut(set)
+                    .unwrap_or_else(|| panic!("ENOENT: elements of {set}"));
+                for (k, v) in elements {
+                    if let Some(old) = s.elements.insert(*k, v.clone()) {
+                        assert_eq!(&old, v, "EEXIST: {k:?} in {set} with other data");
+                    }
+                }
+            }
+            Op::DeleteElements { set, keys } => {
+                let s = self
+                    .table()
+                    .sets
+                    .get_mut(set)
+                    .unwrap_or_else(|| panic!("ENOENT: elements of {set}"));
+                for k in keys {
+                    assert!(s.elements.remove(k).is_some(), "ENOENT: {k:?} in {set}");
+                }
+            }
+        }
+    }
+
+    /// What reading the table back gives (elements included).
+    fn read(&self) -> Option<TableState> {
+        let t = self.table.as_ref()?;
+        let chains = t
+            .chains
+            .iter()
+            .map(|(name, c)| {
+                let state = ChainState {
+                    base: c.base,
+                    fingerprint: Some(fingerprint(c)),
+                    empty: c.rules.is_empty(),
+                    slot: dnat_slot(&c.rules),
+                };
+                (name.clone(), state)
+            })
+            .collect();
+        let sets = t
+            .sets
+            .iter()
+            .map(|(name, s)| {
+                let state = SetState {
+                    decl: s.decl.clone(),
+                    elements: Elements::Read(s.elements.clone()),
+                };
+                (name.clone(), state)
+            })
+            .collect();
+        Some(TableState { chains, sets })
+    }
+
+    /// What the agent keeps after committing the desired table the kernel holds now.
+    fn thin(&self) -> TableState {
+        let mut state = self.read().unwrap_or_default();
+        state.settle();
+        state
+    }
+}
+
+/// The kernel's table if `t` had been written from scratch.
+fn fresh_state(t: &Table) -> Kernel {
+    let mut k = Kernel::default();
+    k.apply(&plan(None, &Before::Nothing, t));
+    k
+}
+
+/// Applies plan + cleanup of a whole table after an update that returned `before`, planned
+/// against the thin state the agent keeps: it must leave the kernel as a plan against the table
+/// read back does.
+fn step_from(kernel: &mut Kernel, t: &Table, before: &Before) {
+    let mut read_back = kernel.clone();
+    step(&mut read_back, t);
+    let mut state = kernel.thin();
+    let tx = plan(Some(&state), before, t);
+    kernel.apply(&tx);
+    state.apply(&tx);
+    kernel.apply(&plan_cleanup(&state, t));
+    assert_eq!(kernel, &read_back, "delta and read-back plans differ");
+}
+
+/// Applies plan + cleanup, planned against the table read back, like the agent's full syncs.
+fn step(kernel: &mut Kernel, t: &Table) -> usize {
+    let read = kernel.read();
+    let tx = plan(read.as_ref(), &Before::Nothing, t);
+    kernel.apply(&tx);
+    let mut state = read.unwrap_or_default();
+    state.settle();
+    state.apply(&tx);
+    let cleanup = plan_cleanup(&state, t);
+    kernel.apply(&cleanup);
     tx.ops.len() + cleanup.ops.len()
+}
+
+/// Plans a change confined to `scope` twice, against the thin state the agent keeps (from the
+/// changes the update recorded) and against the table read back: both must agree. Applies it.
+fn step_scope(kernel: &mut Kernel, t: &Table, scope: &Scope) -> Transaction {
+    let thin = kernel.thin();
+    let tx = plan_scope(&thin, t, scope);
+    let read = kernel.read().unwrap_or_default();
+    assert_eq!(
+        tx,
+        plan_scope(&read, t, scope),
+        "delta and read-back plans differ"
+    );
+    kernel.apply(&tx);
+    let mut state = thin;
+    state.apply(&tx);
+    let cleanup = plan_cleanup_scope(&state, t, scope);
+    kernel.apply(&cleanup);
+    tx
 }
 
 fn specs() -> impl Strategy<Value = Vec<SvcSpec>> {
@@ -270,14 +509,19 @@ proptest! {
     fn plan_reaches_the_desired_state(a in specs(), b in specs()) {
         let ta = table(&a);
         let tb = table(&b);
-        let mut state = None;
-        step(&mut state, &ta);
-        step(&mut state, &tb);
-        let state = state.unwrap();
-        prop_assert_eq!(&state, &fresh_state(&tb));
-        // Nothing left to do afterwards.
-        prop_assert!(plan(Some(&state), &tb).is_empty());
+        let mut kernel = Kernel::default();
+        step(&mut kernel, &ta);
+        step(&mut kernel, &tb);
+        prop_assert_eq!(&kernel, &fresh_state(&tb));
+        // Nothing left to do afterwards, whether planned against the table read back or
+        // against what the agent keeps.
+        let state = kernel.read().unwrap();
+        prop_assert!(plan(Some(&state), &Before::Nothing, &tb).is_empty());
         prop_assert!(plan_cleanup(&state, &tb).is_empty());
+        let thin = kernel.thin();
+        prop_assert!(plan(Some(&thin), &Before::Delta(Default::default()), &tb).is_empty());
+        prop_assert!(plan(Some(&thin), &Before::Sets(tb.sets.clone()), &tb).is_empty());
+        prop_assert!(thin.agrees_with(&state, &tb));
     }
 }
 
@@ -289,27 +533,31 @@ proptest! {
         cold in any::<bool>(),
         per_part in 1usize..8,
     ) {
-        let mut start = None;
+        let mut kernel = Kernel::default();
         if !cold {
-            step(&mut start, &table(&a));
+            step(&mut kernel, &table(&a));
         }
+        let start = kernel.read();
         let tb = table(&b);
-        let tx = plan(start.as_ref(), &tb);
+        let tx = plan(start.as_ref(), &Before::Nothing, &tb);
         let parts = split_new_chains(start.as_ref(), tx.clone(), per_part);
 
-        let mut whole = start.clone().unwrap_or_default();
+        let mut whole = kernel.clone();
         whole.apply(&tx);
-        let mut stepwise = start.clone().unwrap_or_default();
+        let mut stepwise = kernel.clone();
         for part in &parts {
             stepwise.apply(part);
         }
         prop_assert_eq!(&stepwise, &whole);
+        // The state the agent keeps, part by part, is the one the whole transaction gives.
         let mut planned = start.clone().unwrap_or_default();
+        planned.settle();
+        let mut at_once = planned.clone();
+        at_once.apply(&tx);
         for part in &parts {
-            planned.apply_except_elements(part);
+            planned.apply(part);
         }
-        planned.copy_elements(&tb);
-        prop_assert_eq!(&planned, &whole);
+        prop_assert_eq!(&planned, &at_once);
         prop_assert_eq!(
             parts.iter().map(|p| p.ops.len()).sum::<usize>(),
             tx.ops.len()
@@ -369,9 +617,8 @@ proptest! {
         let (ca, cb) = (cluster(&a), cluster(&b));
         let mut desired = Desired::build(&ca, &config(), Family::V4);
         prop_assert_eq!(desired.table(), &table(&a));
-        let mut state = None;
+        let mut state = Kernel::default();
         step(&mut state, desired.table());
-        let mut state = state.unwrap();
 
         let names = changed_names(&a, &b, &extra);
         let updated = desired.update(&cb, &config(), &names);
@@ -389,19 +636,14 @@ proptest! {
         // plan everything: conflicting frontends are decided per Service.
         match updated {
             Updated::Scope(scope) => {
-                let tx = plan_scope(&state, desired.table(), &scope);
-                state.apply(&tx);
-                let cleanup = plan_cleanup_scope(&state, desired.table(), &scope);
-                state.apply(&cleanup);
+                step_scope(&mut state, desired.table(), &scope);
             }
-            Updated::All => {
-                let resized = desired
-                    .table()
-                    .sets
-                    .iter()
-                    .any(|(name, s)| state.sets.get(name).is_some_and(|k| k.decl.size != s.decl.size));
+            Updated::All(before) => {
+                let resized = desired.table().sets.iter().any(|(name, s)| {
+                    state.thin().sets.get(name).is_some_and(|k| k.decl.size != s.decl.size)
+                });
                 prop_assert!(resized, "a full plan without a resized set");
-                step_from(&mut state, desired.table());
+                step_from(&mut state, desired.table(), &before);
             }
         }
         prop_assert_eq!(&state, &fresh_state(desired.table()));
@@ -453,15 +695,14 @@ proptest! {
             prop_assert_eq!(desired.no_local_endpoints(), full.no_local_endpoints);
             match updated {
                 Updated::Scope(scope) => {
-                    state.apply(&plan_scope(&state, desired.table(), &scope));
-                    state.apply(&plan_cleanup_scope(&state, desired.table(), &scope));
+                    step_scope(&mut state, desired.table(), &scope);
                 }
-                Updated::All => {
+                Updated::All(before) => {
                     let resized = desired.table().sets.iter().any(|(name, s)| {
-                        state.sets.get(name).is_some_and(|k| k.decl.size != s.decl.size)
+                        state.thin().sets.get(name).is_some_and(|k| k.decl.size != s.decl.size)
                     });
                     prop_assert!(resized, "a full plan without a resized set");
-                    step_from(&mut state, desired.table());
+                    step_from(&mut state, desired.table(), &before);
                 }
             }
             prop_assert_eq!(&state, &fresh_state(desired.table()));
@@ -547,9 +788,7 @@ fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
             panic!("a shared plain-set element is no conflict: expected a scoped update");
         };
         assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
-        let tx = plan_scope(&state, desired.table(), &scope);
-        state.apply(&tx);
-        state.apply(&plan_cleanup_scope(&state, desired.table(), &scope));
+        step_scope(&mut state, desired.table(), &scope);
         assert_eq!(state, fresh_state(desired.table()));
         assert_eq!(hairpin(&desired), gone == "svc1", "after deleting {gone}");
     }
@@ -630,8 +869,7 @@ fn services_claiming_one_frontend_update_in_place_like_a_full_build() {
             without_regions(&build(&c, &config(), Family::V4).table)
         );
         assert_eq!(owner(&desired), [IpAddr::from(want)]);
-        state.apply(&plan_scope(&state, desired.table(), &scope));
-        state.apply(&plan_cleanup_scope(&state, desired.table(), &scope));
+        step_scope(&mut state, desired.table(), &scope);
         assert_eq!(state, fresh_state(desired.table()));
     }
     // A new Service whose ClusterIP is svc2's new external IP: it is the ClusterIP's.
@@ -677,14 +915,15 @@ fn one_endpoint_change_touches_only_that_service() {
             ..SvcSpec::default()
         })
         .collect();
-    let mut state = None;
-    step(&mut state, &table(&many));
+    let mut kernel = Kernel::default();
+    step(&mut kernel, &table(&many));
+    let state = kernel.read();
 
     // svc7 (2 → 3 endpoints): its list moves from the 2- to the 3-endpoint map.
     let mut changed = many.clone();
     changed[6].endpoints.push(3);
     let after = table(&changed);
-    let tx = plan(state.as_ref(), &after);
+    let tx = plan(state.as_ref(), &Before::Nothing, &after);
     assert!(tx.ops.len() <= 3, "{:#?}", tx.ops);
     let cip: IpAddr = "172.30.0.7".parse().unwrap();
     for op in &tx.ops {
@@ -717,7 +956,7 @@ fn one_endpoint_change_touches_only_that_service() {
     let mut changed = many.clone();
     changed[7].endpoints.push(LONG + 2);
     let after = table(&changed);
-    let tx = plan(state.as_ref(), &after);
+    let tx = plan(state.as_ref(), &Before::Nothing, &after);
     assert!(tx.ops.len() <= 3, "{:#?}", tx.ops);
     let (map, offset) = after
         .chains
@@ -797,8 +1036,7 @@ fn a_restart_adopts_the_regions_the_kernel_has() {
     let Updated::Scope(scope) = desired.update(&c, &config(), &names) else {
         panic!("expected a scoped update");
     };
-    state.apply(&plan_scope(&state, desired.table(), &scope));
-    state.apply(&plan_cleanup_scope(&state, desired.table(), &scope));
+    step_scope(&mut state, desired.table(), &scope);
     assert_ne!(
         desired.table(),
         &build(&c, &config(), Family::V4).table,
@@ -806,9 +1044,10 @@ fn a_restart_adopts_the_regions_the_kernel_has() {
     );
 
     // A new process: the first build adopts the kernel's regions, and nothing is rewritten.
+    let state = state.read().unwrap();
     let restarted = Desired::build_adopting(&c, &config(), Family::V4, &state);
     assert_eq!(restarted.table(), desired.table());
-    assert!(plan(Some(&state), restarted.table()).is_empty());
+    assert!(plan(Some(&state), &Before::Nothing, restarted.table()).is_empty());
 }
 
 #[test]
@@ -894,9 +1133,16 @@ fn a_set_that_outgrows_its_size_is_recreated_with_room() {
         .map(|id| ObjectName::new("ns", &format!("svc{id}")))
         .collect();
     let c = cluster(&after);
-    assert_eq!(desired.update(&c, &config(), &names), Updated::All);
+    let Updated::All(before) = desired.update(&c, &config(), &names) else {
+        panic!("expected a full plan");
+    };
     assert_eq!(size_of(&desired), Some(384));
-    let tx = plan(Some(&state), desired.table());
+    let tx = plan(Some(&state.thin()), &before, desired.table());
+    assert_eq!(
+        tx,
+        plan(state.read().as_ref(), &Before::Nothing, desired.table()),
+        "delta and read-back plans differ"
+    );
     assert!(
         tx.ops
             .iter()
@@ -908,8 +1154,7 @@ fn a_set_that_outgrows_its_size_is_recreated_with_room() {
             .iter()
             .any(|op| matches!(op, Op::AddRules { chain, .. } if &**chain == "cluster-endpoints"))
     );
-    state.apply(&tx);
-    state.apply(&plan_cleanup(&state, desired.table()));
+    step_from(&mut state, desired.table(), &before);
     assert_eq!(state, fresh_state(desired.table()));
 
     // One Service fewer keeps the new size (no recreation back and forth).

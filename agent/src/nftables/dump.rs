@@ -13,7 +13,7 @@ use dataplane::nft::ruleset::{
     SLOT_MODULUS, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
     slot_elements_from_bounds,
 };
-use dataplane::nft::state::{ChainState, SetState, TableState, dnat_slot};
+use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_slot};
 use ipnet::IpNet;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nftables::{

@@ -27,7 +27,7 @@ use dataplane::nft::render;
 use dataplane::nft::ruleset::{
     Action, Chain, Family, Key, Match, Rule, Set, SetDecl, Table, Value,
 };
-use dataplane::nft::state::{ChainState, SetState, TableState, dnat_slot};
+use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_slot};
 use dataplane::nft::transaction::{Op, Transaction};
 
 use super::kernel::NftKernel;
@@ -214,7 +214,7 @@ pub fn table_state(table: &Table) -> TableState {
                 };
                 let state = SetState {
                     decl: s.decl.clone(),
-                    elements,
+                    elements: Elements::Read(elements),
                 };
                 (name.clone(), state)
             })

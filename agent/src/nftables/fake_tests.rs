@@ -1,3 +1,4 @@
+use dataplane::nft::desired::Before;
 use dataplane::nft::plan::plan;
 use dataplane::nft::ruleset::Family;
 
@@ -59,17 +60,18 @@ fn a_plan_applied_renders_the_desired_table_and_reads_back_as_planned() {
     let mut desired = fake.table(family).unwrap();
     desired.chains.remove("c");
     desired.sets.get_mut("m").unwrap().elements.clear();
-    let tx = plan(Some(&current), &desired);
+    let tx = plan(Some(&current), &Before::Nothing, &desired);
     kernel.apply(&tx).expect("the plan commits");
     let mut state = current;
+    state.settle();
     state.apply(&tx);
     let cleanup = dataplane::nft::plan::plan_cleanup(&state, &desired);
     kernel.apply(&cleanup).expect("the cleanup commits");
+    state.apply(&cleanup);
     assert_eq!(fake.render(family), render::table_text(&desired));
-    assert_eq!(
-        kernel.read_table(family).unwrap(),
-        Some(table_state(&desired))
-    );
+    let read = kernel.read_table(family).unwrap().expect("a table");
+    assert_eq!(read, table_state(&desired));
+    assert!(state.agrees_with(&read, &desired));
     // The other family has no table.
     assert_eq!(kernel.read_table(Family::V4).unwrap(), None);
     assert_eq!(fake.render(Family::V4), "");

@@ -7,7 +7,7 @@ use dataplane::conntrack::Frontends;
 use dataplane::model::Cluster;
 use dataplane::nft::build::BuildConfig;
 use dataplane::nft::cold::{ELEMENTS_PER_PART, split_cold_elements};
-use dataplane::nft::desired::{Desired, Scope, Updated};
+use dataplane::nft::desired::{Before, Desired, Scope, Updated};
 use dataplane::nft::plan::{
     RULES_PER_PART, plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
 };
@@ -62,7 +62,15 @@ impl<K: NftKernel> NftProxier<K> {
         // A table programmed by a previous run is read before the first build, whose Service
         // chains then keep their endpoint-map regions (and so their rules).
         let fresh = self.desired.is_none();
-        let current = self.current_state(full, fresh)?;
+        let committed_from = self.desired.as_ref().map(Desired::table);
+        let current = current_state(
+            &mut self.kernel,
+            family,
+            &mut self.committed,
+            full,
+            fresh,
+            committed_from,
+        )?;
         probe.enter(family, Phase::Build);
         let kernel = current.state.as_ref().filter(|_| fresh);
         let updated = update_desired(&mut self.desired, cluster, config, family, changed, kernel);
@@ -78,15 +86,17 @@ impl<K: NftKernel> NftProxier<K> {
         probe.enter(family, Phase::Plan);
         let table = desired.table();
         // A state read back may lack changes an earlier, failed sync was about to make: compare
-        // all.
-        let scope = match (&current, updated, read) {
-            (Some(_), Updated::Scope(scope), false) => Some(scope),
-            _ => None,
+        // all (its sets carry the elements read back, so what the update changed is not needed).
+        let (scope, before) = match (&current, updated, read) {
+            (Some(_), Updated::Scope(scope), false) => (Some(scope), Before::Nothing),
+            (_, Updated::All(before), false) => (None, before),
+            _ => (None, Before::Nothing),
         };
         let tx = match (&current, &scope) {
             (Some(cur), Some(scope)) => plan_scope(cur, table, scope),
-            _ => plan(current.as_ref(), table),
+            _ => plan(current.as_ref(), &before, table),
         };
+        drop(before);
         let drift_repaired = drifted && !tx.is_empty();
         let big = tx.ops.len() >= QUIET_MIN_OPS;
         let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
@@ -94,6 +104,9 @@ impl<K: NftKernel> NftProxier<K> {
         // notifications slows much less than one large transaction.
         let parts = split_cold_elements(current.as_ref(), parts, ELEMENTS_PER_PART);
         let mut state = current.unwrap_or_default();
+        // Once `parts` commit, every set holds the desired table's elements; the elements
+        // read back are no longer needed (should a part fail, the state is read back again).
+        state.settle();
         let commit = |kernel: &mut K| {
             commit_and_clean_up(kernel, parts, &mut state, scope.as_ref(), table, probe)
         };
@@ -132,27 +145,6 @@ impl<K: NftKernel> NftProxier<K> {
         probe.enter(family, Phase::Conntrack);
         self.udp.synced(cluster, changed, read_back);
         Ok(report)
-    }
-
-    /// Takes the committed state out (while the sync runs it is unknown, should the sync
-    /// fail), or reads the table from the kernel: on a full sync, before the first build, and
-    /// when nothing was committed.
-    fn current_state(&mut self, full: bool, fresh: bool) -> Result<Current, NftError> {
-        match self.committed.take() {
-            Some(state) if !full && !fresh => Ok(Current {
-                state,
-                read: false,
-                drifted: false,
-            }),
-            previous => {
-                let state = self.kernel.read_table(self.family)?;
-                Ok(Current {
-                    drifted: full && previous.is_some_and(|p| p != state),
-                    state,
-                    read: true,
-                })
-            }
-        }
     }
 }
 
@@ -197,10 +189,14 @@ impl<K: NftKernel> Proxier for NftProxier<K> {
         let Ok(Some(table)) = self.kernel.read_table(self.family) else {
             return Vec::new();
         };
-        let Some(set) = table.sets.get(dataplane::nft::build::NODEPORT_IPS) else {
+        let Some(elements) = table
+            .sets
+            .get(dataplane::nft::build::NODEPORT_IPS)
+            .and_then(|s| s.elements.read())
+        else {
             return Vec::new();
         };
-        set.elements
+        elements
             .keys()
             .filter_map(|k| match k {
                 dataplane::nft::ruleset::Key::Addr(ip) => Some(*ip),
@@ -260,6 +256,39 @@ impl<K> NftProxier<K> {
     }
 }
 
+/// Takes the committed state out (while the sync runs it is unknown, should the sync fail), or
+/// reads the table from the kernel: on a full sync, before the first build, and when nothing
+/// was committed. `committed_from` is the desired table of the last sync.
+fn current_state<K: NftKernel>(
+    kernel: &mut K,
+    family: Family,
+    committed: &mut Option<Option<TableState>>,
+    full: bool,
+    fresh: bool,
+    committed_from: Option<&Table>,
+) -> Result<Current, NftError> {
+    match committed.take() {
+        Some(state) if !full && !fresh => Ok(Current {
+            state,
+            read: false,
+            drifted: false,
+        }),
+        previous => {
+            let state = kernel.read_table(family)?;
+            // Drift: the kernel holds something other than what was committed.
+            let agrees = |previous: &Option<TableState>| match (previous, &state) {
+                (Some(p), Some(read)) => committed_from.is_some_and(|t| p.agrees_with(read, t)),
+                (p, read) => p.is_none() && read.is_none(),
+            };
+            Ok(Current {
+                drifted: full && previous.is_some_and(|p| !agrees(&p)),
+                state,
+                read: true,
+            })
+        }
+    }
+}
+
 /// Brings the desired table up to date: in place for the changed Services, or rebuilt (the
 /// first build adopting the endpoint-map regions of `kernel`'s table).
 fn update_desired(
@@ -272,16 +301,13 @@ fn update_desired(
 ) -> Updated {
     match (desired.as_mut(), changed) {
         (Some(d), Changed::Services(names)) => d.update(cluster, config, names),
-        (Some(d), Changed::All) => {
-            d.rebuild(cluster, config);
-            Updated::All
-        }
+        (Some(d), Changed::All) => Updated::All(Before::Sets(d.rebuild(cluster, config))),
         (None, _) => {
             *desired = Some(match kernel {
                 Some(state) => Desired::build_adopting(cluster, config, family, state),
                 None => Desired::build(cluster, config, family),
             });
-            Updated::All
+            Updated::All(Before::Nothing)
         }
     }
 }
@@ -319,16 +345,9 @@ fn commit_and_clean_up<K: NftKernel>(
     let mut stats = kernel.apply_all(parts, &mut |part| {
         probe.enter(family, Phase::StateUpdate);
         ops += part.ops.len();
-        match scope {
-            Some(_) => state.apply(part),
-            None => state.apply_except_elements(part),
-        }
+        state.apply(part);
         probe.enter(family, Phase::Commit);
     })?;
-    probe.enter(family, Phase::StateUpdate);
-    if scope.is_none() {
-        state.copy_elements(table);
-    }
     probe.enter(family, Phase::Cleanup);
     let cleanup = match scope {
         Some(scope) => plan_cleanup_scope(state, table, scope),

@@ -188,7 +188,6 @@ fn a_probe_sees_each_phase_of_a_sync() {
             Commit,
             StateUpdate,
             Commit,
-            StateUpdate,
             Cleanup,
             Free,
             Conntrack,

@@ -174,7 +174,7 @@ pub(super) fn assert_idempotent(nft: &mut Nftables, table: &Table) -> TableState
         .read_table(table.family)
         .expect("read_table")
         .expect("table exists");
-    let again = plan(Some(&state), table);
+    let again = plan(Some(&state), &Before::Nothing, table);
     assert!(
         again.is_empty(),
         "plan against the read-back state is not empty ({} ops):\n{}",

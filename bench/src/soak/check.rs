@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use dataplane::model::Cluster;
-use dataplane::nft::desired::Desired;
+use dataplane::nft::desired::{Before, Desired};
 use dataplane::nft::plan::{plan, plan_cleanup};
 use dataplane::nft::ruleset::Family;
 use dataplane::nft::state::TableState;
@@ -154,7 +154,12 @@ fn abbreviated(op: &Op) -> String {
 }
 
 fn elements(state: &TableState) -> usize {
-    state.sets.values().map(|s| s.elements.len()).sum()
+    state
+        .sets
+        .values()
+        .filter_map(|s| s.elements.read())
+        .map(|e| e.len())
+        .sum()
 }
 
 /// Reads the kernel and compares it with the model of the API server's objects.
@@ -182,7 +187,7 @@ pub fn check(ns: &Netns, api: &ApiServer, config_text: &str) -> Result<Check> {
             None => Desired::build(&cluster, &config, *family),
         };
         let table = desired.table();
-        let tx = plan(kernel.as_ref(), table);
+        let tx = plan(kernel.as_ref(), &Before::Nothing, table);
         let cleanup = kernel
             .as_ref()
             .map(|k| plan_cleanup(k, table))
@@ -214,7 +219,7 @@ pub fn check(ns: &Netns, api: &ApiServer, config_text: &str) -> Result<Check> {
         tracker.apply_slice(&moved);
         let cluster = complete(&tracker, &settings);
         let desired = Desired::build_adopting(&cluster, &config, Family::V4, v4);
-        out.control_ops = plan(Some(v4), desired.table()).ops.len();
+        out.control_ops = plan(Some(v4), &Before::Nothing, desired.table()).ops.len();
     }
     out.took_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(out)

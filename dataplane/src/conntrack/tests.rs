@@ -5,7 +5,7 @@ use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
 };
 use crate::nft::ruleset::{KeyType, SetDecl, Verdict};
-use crate::nft::state::SetState;
+use crate::nft::state::{Elements, SetState};
 
 const UDP: u8 = 17;
 const TCP: u8 = 6;
@@ -400,28 +400,32 @@ fn frontends_from_a_table_read_back() {
         "service-ips".into(),
         SetState {
             decl: decl(KeyType::AddrProtoPort),
-            elements: [
-                (
-                    Key::AddrProtoPort(ip("172.30.0.10"), Proto::Udp, 53),
-                    goto.clone(),
-                ),
-                (
-                    Key::AddrProtoPort(ip("172.30.0.10"), Proto::Tcp, 53),
-                    goto.clone(),
-                ),
-            ]
-            .into(),
+            elements: Elements::Read(
+                [
+                    (
+                        Key::AddrProtoPort(ip("172.30.0.10"), Proto::Udp, 53),
+                        goto.clone(),
+                    ),
+                    (
+                        Key::AddrProtoPort(ip("172.30.0.10"), Proto::Tcp, 53),
+                        goto.clone(),
+                    ),
+                ]
+                .into(),
+            ),
         },
     );
     state.sets.insert(
         "no-endpoint-nodeports".into(),
         SetState {
             decl: decl(KeyType::ProtoPort),
-            elements: [
-                (Key::ProtoPort(Proto::Udp, 30053), goto.clone()),
-                (Key::ProtoPort(Proto::Sctp, 30054), goto.clone()),
-            ]
-            .into(),
+            elements: Elements::Read(
+                [
+                    (Key::ProtoPort(Proto::Udp, 30053), goto.clone()),
+                    (Key::ProtoPort(Proto::Sctp, 30054), goto.clone()),
+                ]
+                .into(),
+            ),
         },
     );
     state.sets.insert(
@@ -431,7 +435,7 @@ fn frontends_from_a_table_read_back() {
                 is_vmap: false,
                 ..decl(KeyType::Addr)
             },
-            elements: [(Key::Addr(ip("172.30.0.10")), None)].into(),
+            elements: Elements::Read([(Key::Addr(ip("172.30.0.10")), None)].into()),
         },
     );
     // Services without chains are known by their endpoint lists.
@@ -443,11 +447,13 @@ fn frontends_from_a_table_read_back() {
                 is_vmap: false,
                 ..decl(KeyType::AddrProtoPortIndex)
             },
-            elements: [(
-                Key::AddrProtoPortIndex(ip("172.30.0.11"), Proto::Udp, 53, 0),
-                endpoint.clone(),
-            )]
-            .into(),
+            elements: Elements::Read(
+                [(
+                    Key::AddrProtoPortIndex(ip("172.30.0.11"), Proto::Udp, 53, 0),
+                    endpoint.clone(),
+                )]
+                .into(),
+            ),
         },
     );
     state.sets.insert(
@@ -457,7 +463,9 @@ fn frontends_from_a_table_read_back() {
                 is_vmap: false,
                 ..decl(KeyType::ProtoPortIndex)
             },
-            elements: [(Key::ProtoPortIndex(Proto::Udp, 30055, 0), endpoint)].into(),
+            elements: Elements::Read(
+                [(Key::ProtoPortIndex(Proto::Udp, 30055, 0), endpoint)].into(),
+            ),
         },
     );
     let f = Frontends::from_table_state(Some(&state));

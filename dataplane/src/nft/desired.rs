@@ -30,9 +30,17 @@ use ipnet::IpNet;
 use crate::conflicts::{Suppressed, claims_differ, neighbours, suppressed};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::nft::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
-use crate::nft::ruleset::{ChainName, Family, Key, KeyType, Table, Value};
+use crate::nft::ruleset::{ChainName, Family, Key, KeyType, Set, SetDecl, Table, Value};
 use crate::nft::slots::{SlotSource, Slots};
 use crate::nft::state::TableState;
+
+/// What an element of a set was before a change: absent (`None`), or present with this value.
+pub type Was = Option<Option<Value>>;
+
+/// The elements a change touched, per set, with what each was before it (the same everywhere
+/// else). Recorded as the change is made, it is what a planner needs to plan the change
+/// without a copy of the table as it was.
+pub type Delta = BTreeMap<String, BTreeMap<Key, Was>>;
 
 /// What an incremental update touched: everything a planner must compare.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -40,8 +48,8 @@ pub struct Scope {
     pub chains: BTreeSet<ChainName>,
     /// Sets owned by one Service (affinity sets), compared whole.
     pub sets: BTreeSet<String>,
-    /// Elements of shared maps, per map.
-    pub elements: BTreeMap<String, BTreeSet<Key>>,
+    /// The elements touched (of shared maps, and of the sets above), with what they were.
+    pub elements: Delta,
 }
 
 impl Scope {
@@ -52,13 +60,58 @@ impl Scope {
     fn cover(&mut self, part: &Part) {
         self.chains.extend(part.chains.keys().cloned());
         self.sets.extend(part.sets.keys().cloned());
+    }
+
+    /// Records what the elements `part` touches are in `table` now, unless an earlier step of
+    /// the same change recorded them already: call before `part` is added or taken out.
+    fn note(&mut self, table: &Table, part: &Part) {
+        let mut note = |set: &str, key: Key| {
+            let was = || {
+                table
+                    .sets
+                    .get(set)
+                    .and_then(|s| s.elements.get(&key))
+                    .cloned()
+            };
+            match self.elements.get_mut(set) {
+                Some(keys) => {
+                    keys.entry(key).or_insert_with(was);
+                }
+                None => {
+                    let w = was();
+                    self.elements
+                        .insert(set.to_string(), BTreeMap::from([(key, w)]));
+                }
+            }
+        };
         for (set, key) in part.elements.keys() {
-            self.elements
-                .entry((*set).to_string())
-                .or_default()
-                .insert(*key);
+            note(set, *key);
+        }
+        // A Service's own sets are replaced whole.
+        for (name, set) in &part.sets {
+            let now = table.sets.get(name).into_iter();
+            for key in set
+                .elements
+                .keys()
+                .chain(now.flat_map(|s| s.elements.keys()))
+            {
+                note(name, *key);
+            }
         }
     }
+}
+
+/// Where a planner finds the elements of the sets the committed state marks as the previous
+/// desired table's ([`crate::nft::state::Elements::Desired`]) after [`Desired::update`] or a
+/// rebuild.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Before {
+    /// They are the desired table's, but for these elements.
+    Delta(Delta),
+    /// They are these sets' (the desired table before it was rebuilt).
+    Sets(BTreeMap<String, Set>),
+    /// Not known: the state holds no such set (it was read back, or there is none).
+    Nothing,
 }
 
 /// The outcome of [`Desired::update`].
@@ -66,8 +119,8 @@ impl Scope {
 pub enum Updated {
     /// Only this scope may differ from the previous desired table.
     Scope(Scope),
-    /// Everything was rebuilt: plan the whole table.
-    All,
+    /// Everything was rebuilt, or a set resized: plan the whole table.
+    All(Before),
 }
 
 /// The cluster-wide inputs of every Service's part: when they change, everything is rebuilt.
@@ -257,8 +310,7 @@ impl Desired {
     ) -> Updated {
         let family = self.family();
         if *config != self.config || NodeInputs::of(cluster, family) != self.inputs {
-            self.rebuild(cluster, config);
-            return Updated::All;
+            return Updated::All(Before::Sets(self.rebuild(cluster, config)));
         }
         // The node-wide inputs are unchanged, so the environment is the one the table was
         // built in, and rebuilding a Service's part from `built_from` gives what it added then.
@@ -285,6 +337,7 @@ impl Desired {
             }
         }
         for old in &old_parts {
+            scope.note(&self.table, old);
             contested |= self.remove(old);
             scope.cover(old);
             released.extend(old.chains.keys().cloned());
@@ -300,6 +353,7 @@ impl Desired {
                     new,
                 );
                 scope.cover(&part);
+                scope.note(&self.table, &part);
                 contested |= self.insert(&part);
                 for chain in part.chains.keys() {
                     released.remove(chain);
@@ -314,8 +368,8 @@ impl Desired {
                 family = family.k8s_name(),
                 "two Services claim one map element (a NodePort?): rebuilding the desired table"
             );
-            self.rebuild(cluster, config);
-            return Updated::All;
+            revert(&mut self.table.sets, &scope.elements);
+            return Updated::All(Before::Sets(self.rebuild(cluster, config)));
         }
         self.built_from = cluster.clone();
         // A set that outgrew its size (or shrank far below it) is recreated with a new one,
@@ -323,7 +377,7 @@ impl Desired {
         let touched = scope.elements.keys().chain(&scope.sets).map(String::as_str);
         if !self.table.set_sizes_fit(touched) {
             self.table.fit_set_sizes(|_| None);
-            return Updated::All;
+            return Updated::All(Before::Delta(scope.elements));
         }
         Updated::Scope(scope)
     }
@@ -373,13 +427,14 @@ impl Desired {
     }
 
     /// Rebuilds everything (O(cluster)), keeping the chains' endpoint-map regions and the set
-    /// sizes that still fit.
-    pub fn rebuild(&mut self, cluster: &Cluster, config: &BuildConfig) {
+    /// sizes that still fit. Returns the sets of the table before, for the planner.
+    pub fn rebuild(&mut self, cluster: &Cluster, config: &BuildConfig) -> BTreeMap<String, Set> {
         let slots = std::mem::take(&mut self.slots);
         let old = std::mem::take(&mut self.table.sets);
         *self = Desired::build_keeping(cluster, config, self.family(), slots, |name| {
             old.get(name)?.decl.size
         });
+        old
     }
 
     /// Adds a Service's part; true if another Service already claims one of its elements.
@@ -466,6 +521,29 @@ impl Desired {
         self.rules -= rules_of(part);
         self.no_local_endpoints.sub(part.no_local_endpoints);
         contested
+    }
+}
+
+/// Gives `sets` back the elements `delta` says they had (only the elements matter: a set that
+/// was taken out is put back with a placeholder declaration).
+fn revert(sets: &mut BTreeMap<String, Set>, delta: &Delta) {
+    for (name, keys) in delta {
+        for (key, was) in keys {
+            match was {
+                Some(value) => {
+                    let set = sets.entry(name.clone()).or_insert_with(|| Set {
+                        decl: SetDecl::new(key.key_type()),
+                        elements: BTreeMap::new(),
+                    });
+                    set.elements.insert(*key, value.clone());
+                }
+                None => {
+                    if let Some(set) = sets.get_mut(name) {
+                        set.elements.remove(key);
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -8,10 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 
-use crate::nft::desired::Scope;
+use crate::nft::desired::{Before, Delta, Scope};
 use crate::nft::render;
 use crate::nft::ruleset::{Action, Chain, Key, Match, Set, Table, Value};
-use crate::nft::state::{SetState, TableState};
+use crate::nft::state::{Elements, SetState, TableState};
 use crate::nft::transaction::{Op, Transaction};
 
 /// Content fingerprint of a chain: its hook and its rules as nft text. The comment is not part
@@ -80,12 +80,49 @@ fn in_chunks<T>(elements: impl Iterator<Item = T>) -> Vec<Vec<T>> {
     chunks
 }
 
-/// Plans the main transaction taking `current` to `desired`.
+/// Plans the main transaction taking `current` to `desired`. The elements of the sets
+/// `current` marks as the previous desired table's are found through `before`.
 ///
 /// Chains that are no longer wanted are only flushed here; [`plan_cleanup`] deletes them in a
 /// later transaction, once nothing refers to them any more (older kernels answer EBUSY when a
 /// chain is deleted in the same transaction that drops the last map element pointing at it).
-pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
+pub fn plan(current: Option<&TableState>, before: &Before, desired: &Table) -> Transaction {
+    let before = match before {
+        Before::Delta(delta) => Committed::Delta(delta),
+        Before::Sets(sets) => Committed::Sets(sets),
+        Before::Nothing => Committed::Nothing,
+    };
+    plan_with(current, before, desired)
+}
+
+/// [`Before`], borrowed.
+#[derive(Clone, Copy)]
+enum Committed<'a> {
+    Delta(&'a Delta),
+    Sets(&'a BTreeMap<String, Set>),
+    Nothing,
+}
+
+/// The element operations taking a set from `have` to `want`: the keys to delete (those that
+/// go or change value: the kernel refuses to add an element it holds with other data) and
+/// the elements to add.
+fn diff<'a>(
+    have: &'a BTreeMap<Key, Option<Value>>,
+    want: &'a BTreeMap<Key, Option<Value>>,
+) -> (Vec<Key>, impl Iterator<Item = (Key, Option<Value>)> + 'a) {
+    let del = have
+        .iter()
+        .filter(|(k, v)| want.get(*k) != Some(*v))
+        .map(|(k, _)| *k)
+        .collect();
+    let add = want
+        .iter()
+        .filter(|(k, v)| have.get(*k) != Some(*v))
+        .map(|(k, v)| (*k, v.clone()));
+    (del, add)
+}
+
+fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Table) -> Transaction {
     let empty = TableState::default();
     let cur = current.unwrap_or(&empty);
     let mut ops = Vec::new();
@@ -93,11 +130,15 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
         ops.push(Op::AddTable);
     }
 
-    // Sets whose declaration changed are recreated: the kernel cannot alter a set's type.
+    // Sets whose declaration changed are recreated: the kernel cannot alter a set's type. So
+    // are sets whose elements are not known (never the case in the agent).
     let mut recreate_sets = BTreeSet::new();
     for (name, set) in &desired.sets {
         match cur.sets.get(name) {
-            Some(s) if s.decl == set.decl => {}
+            Some(s)
+                if s.decl == set.decl
+                    && !(s.elements == Elements::Desired
+                        && matches!(before, Committed::Nothing)) => {}
             Some(_) => {
                 recreate_sets.insert(name.clone());
             }
@@ -149,26 +190,47 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
     }
 
     // Elements that disappear or change value go before any rule rewrite.
+    let empty = BTreeMap::new();
     let mut add_elements = Vec::new();
     for (name, set) in &desired.sets {
         if recreate_sets.contains(name) {
             continue;
         }
-        let current_elements = cur.sets.get(name).map(|s| &s.elements);
-        let mut del = Vec::new();
-        if let Some(have) = current_elements {
-            for (k, v) in have {
-                match set.elements.get(k) {
-                    Some(want) if want == v => {}
-                    Some(_) | None => del.push(*k),
-                }
+        let (del, add) = match cur.sets.get(name).map(|s| (&s.elements, before)) {
+            None => (
+                Vec::new(),
+                in_chunks(set.elements.iter().map(|(k, v)| (*k, v.clone()))),
+            ),
+            Some((Elements::Read(have), _)) => {
+                let (del, add) = diff(have, &set.elements);
+                (del, in_chunks(add))
             }
-        }
-        let add = set
-            .elements
-            .iter()
-            .filter(|(k, v)| current_elements.and_then(|h| h.get(*k)) != Some(*v));
-        let add = in_chunks(add.map(|(k, v)| (*k, v.clone())));
+            Some((Elements::Desired, Committed::Sets(old))) => {
+                let have = old.get(name).map_or(&empty, |s| &s.elements);
+                let (del, add) = diff(have, &set.elements);
+                (del, in_chunks(add))
+            }
+            Some((Elements::Desired, Committed::Delta(delta))) => {
+                // Only the elements the change touched can differ.
+                let touched = delta.get(name).into_iter().flatten();
+                let mut del = Vec::new();
+                let mut add = Vec::new();
+                for (k, was) in touched {
+                    let now = set.elements.get(k);
+                    if now == was.as_ref() {
+                        continue;
+                    }
+                    if was.is_some() {
+                        del.push(*k);
+                    }
+                    if let Some(v) = now {
+                        add.push((*k, v.clone()));
+                    }
+                }
+                (del, in_chunks(add.into_iter()))
+            }
+            Some((Elements::Desired, Committed::Nothing)) => unreachable!("recreated above"),
+        };
         for chunk in del.chunks(ELEMENTS_PER_OP) {
             ops.push(Op::DeleteElements {
                 set: name.clone(),
@@ -225,7 +287,8 @@ pub fn plan(current: Option<&TableState>, desired: &Table) -> Transaction {
 
 /// Plans the transaction for a change confined to `scope` (see [`crate::nft::desired`]): what
 /// [`plan`] gives for the whole table, found by comparing only what the scope names, so it costs
-/// O(change) instead of O(table).
+/// O(change) instead of O(table). The sets `current` marks as the previous desired table's
+/// held what the scope records for the elements it touched.
 pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Transaction {
     let mut cur = TableState::default();
     let mut want = Table::new(desired.family);
@@ -246,17 +309,24 @@ pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Trans
         }
     }
     for (name, keys) in &scope.elements {
+        if scope.sets.contains(name) {
+            continue;
+        }
         let pick = |elements: &BTreeMap<Key, Option<Value>>| {
-            keys.iter()
+            keys.keys()
                 .filter_map(|k| elements.get(k).map(|v| (*k, v.clone())))
                 .collect()
         };
         if let Some(s) = current.sets.get(name) {
+            let elements = match &s.elements {
+                Elements::Read(have) => Elements::Read(pick(have)),
+                Elements::Desired => Elements::Desired,
+            };
             cur.sets.insert(
                 name.clone(),
                 SetState {
                     decl: s.decl.clone(),
-                    elements: pick(&s.elements),
+                    elements,
                 },
             );
         }
@@ -270,7 +340,7 @@ pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Trans
             );
         }
     }
-    plan(Some(&cur), &want)
+    plan_with(Some(&cur), Committed::Delta(&scope.elements), &want)
 }
 
 /// [`plan_cleanup`] for the chains of `scope` only.

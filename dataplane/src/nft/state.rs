@@ -1,5 +1,15 @@
 //! What the kernel holds for a family's table, as far as planning needs to know: kept after each
 //! commit, or read back from the kernel.
+//!
+//! The state is thin: it records what only the kernel knows (which chains exist with which
+//! fingerprint and endpoint-map region, which sets with which declaration), not the sets'
+//! elements. After our own commit every set holds the elements of the desired table it was
+//! committed from ([`Elements::Desired`]), which the agent keeps anyway; the next plan finds
+//! them there, or in the changes the desired table made since (see
+//! [`crate::nft::desired::Before`]). Copying them into the state held the table's elements
+//! twice (about 20 MiB at 30k Services) and took a noticeable share of every cold sync.
+//! Only a state read back from the kernel carries elements ([`Elements::Read`]), for the one
+//! full plan that follows it.
 
 use std::collections::BTreeMap;
 
@@ -22,10 +32,31 @@ pub struct ChainState {
     pub slot: Option<Slot>,
 }
 
+/// What the state knows of a set's elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Elements {
+    /// Those of the desired table the state was last committed from (the planner is told where
+    /// to find them: [`crate::nft::desired::Before`]).
+    Desired,
+    /// Read back from the kernel: held for the full plan that follows the read, then dropped
+    /// ([`TableState::settle`]).
+    Read(BTreeMap<Key, Option<Value>>),
+}
+
+impl Elements {
+    /// The elements read back, if these were.
+    pub fn read(&self) -> Option<&BTreeMap<Key, Option<Value>>> {
+        match self {
+            Elements::Read(elements) => Some(elements),
+            Elements::Desired => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetState {
     pub decl: SetDecl,
-    pub elements: BTreeMap<Key, Option<Value>>,
+    pub elements: Elements,
 }
 
 /// What the kernel holds for one family's `nftproxy` table.
@@ -36,33 +67,41 @@ pub struct TableState {
 }
 
 impl TableState {
-    /// The state the kernel is in right after `tx` committed successfully on top of `self`.
+    /// The state the kernel is in right after `tx`, planned against `self` for a desired
+    /// table, committed successfully on top of it. Element operations change nothing: every
+    /// set then holds the desired table's elements ([`TableState::settle`] marks the sets read
+    /// back so before the commit).
     pub fn apply(&mut self, tx: &Transaction) {
         for op in &tx.ops {
             self.apply_op(op);
         }
     }
 
-    /// [`TableState::apply`] without the element operations, for the transactions of a
-    /// [`plan`] of the whole table; [`TableState::copy_elements`] completes the state once all
-    /// of them have committed.
-    pub fn apply_except_elements(&mut self, tx: &Transaction) {
-        for op in &tx.ops {
-            if !matches!(op, Op::AddElements { .. } | Op::DeleteElements { .. }) {
-                self.apply_op(op);
-            }
+    /// Marks every set as holding the desired table's elements, dropping the elements read
+    /// back: called once the transaction taking the kernel to the desired table is planned
+    /// (if it fails, the state is forgotten and read back again).
+    pub fn settle(&mut self) {
+        for set in self.sets.values_mut() {
+            set.elements = Elements::Desired;
         }
     }
 
-    /// Gives every set `desired`'s elements, which is what a [`plan`] of the whole table leaves
-    /// them at. The copy keeps `desired`'s dense B-tree layout; inserting the elements one by
-    /// one, in key order, would leave the nodes half full.
-    pub fn copy_elements(&mut self, desired: &Table) {
-        for (name, set) in &desired.sets {
-            if let Some(s) = self.sets.get_mut(name) {
-                s.elements = set.elements.clone();
-            }
-        }
+    /// Whether `read`, read back from the kernel, is what this state says the kernel holds,
+    /// `table` being the desired table the state was committed from.
+    pub fn agrees_with(&self, read: &TableState, table: &Table) -> bool {
+        self.chains == read.chains
+            && self.sets.len() == read.sets.len()
+            && self.sets.iter().zip(&read.sets).all(|((name, s), (n, r))| {
+                name == n
+                    && s.decl == r.decl
+                    && match (&s.elements, &r.elements) {
+                        (Elements::Desired, Elements::Read(read)) => table
+                            .sets
+                            .get(name)
+                            .map_or(read.is_empty(), |t| t.elements == *read),
+                        (a, b) => a == b,
+                    }
+            })
     }
 
     fn apply_op(&mut self, op: &Op) {
@@ -101,26 +140,13 @@ impl TableState {
             Op::AddSet { name, decl } => {
                 self.sets.entry(name.clone()).or_insert(SetState {
                     decl: decl.clone(),
-                    elements: BTreeMap::new(),
+                    elements: Elements::Desired,
                 });
             }
             Op::DeleteSet { name } => {
                 self.sets.remove(name);
             }
-            Op::AddElements { set, elements } => {
-                if let Some(s) = self.sets.get_mut(set) {
-                    for (k, v) in elements {
-                        s.elements.insert(*k, v.clone());
-                    }
-                }
-            }
-            Op::DeleteElements { set, keys } => {
-                if let Some(s) = self.sets.get_mut(set) {
-                    for k in keys {
-                        s.elements.remove(k);
-                    }
-                }
-            }
+            Op::AddElements { .. } | Op::DeleteElements { .. } => {}
         }
     }
 }

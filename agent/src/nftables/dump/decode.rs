@@ -79,7 +79,10 @@ pub fn decode_state(
             decodable = decode_elements(family, d, &msgs, &mut elements);
         }
         let state_entry = match decl {
-            Some(decl) if decodable => SetState { decl, elements },
+            Some(decl) if decodable => SetState {
+                decl,
+                elements: Elements::Read(elements),
+            },
             _ => SetState {
                 decl: SetDecl {
                     key: KeyType::Addr,
@@ -88,7 +91,7 @@ pub fn decode_state(
                     timeout_secs: None,
                     size: None,
                 },
-                elements: BTreeMap::new(),
+                elements: Elements::Read(BTreeMap::new()),
             },
         };
         state.sets.insert(raw.name, state_entry);
