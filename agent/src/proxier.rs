@@ -89,7 +89,7 @@ pub struct FamilyReport {
 
 /// Which Services changed since the previous sync.
 #[derive(Clone, Copy, Debug)]
-pub enum Changed<'a> {
+pub enum ChangedServices<'a> {
     /// Unknown, or something every Service depends on: consider them all.
     All,
     /// Only these (created, updated or deleted).
@@ -146,7 +146,7 @@ pub trait Proxier: Send {
         cluster: &Cluster,
         config: &BuildConfig,
         full: bool,
-        changed: Changed<'_>,
+        changed: ChangedServices<'_>,
         probe: &mut dyn Probe,
     ) -> Result<FamilyReport, SyncError>;
 
@@ -268,7 +268,7 @@ impl Syncer {
         full: bool,
     ) -> Result<BTreeMap<Family, FamilyReport>, SyncError> {
         let all = self.families().map(|f| (f, full)).collect();
-        self.sync_families(cluster, config, &all, Changed::All)
+        self.sync_families(cluster, config, &all, ChangedServices::All)
             .into_iter()
             .map(|(family, r)| r.map(|report| (family, report)))
             .collect()
@@ -282,7 +282,7 @@ impl Syncer {
         cluster: &Cluster,
         config: &BuildConfig,
         families: &BTreeMap<Family, bool>,
-        changed: Changed<'_>,
+        changed: ChangedServices<'_>,
     ) -> BTreeMap<Family, Result<FamilyReport, SyncError>> {
         let mut results = BTreeMap::new();
         for (&family, &full) in families {

@@ -22,7 +22,7 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::http::health::{HealthState, node_eligible};
 use crate::node_wait::{Gate, NodeWait};
-use crate::proxier::{Changed, FamilyReport, SyncError, Syncer};
+use crate::proxier::{ChangedServices, FamilyReport, SyncError, Syncer};
 use crate::quarantine::{self, Moves, Quarantine};
 use crate::ratelimit::Bucket;
 
@@ -34,7 +34,7 @@ pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wake {
     /// The tracker may hold changes.
-    Changed,
+    ChangedServices,
     /// The kernel state may differ from what we committed: re-read it.
     Drift,
     /// This host's addresses changed (NodePort addresses may differ).
@@ -95,7 +95,7 @@ impl Shared {
             }
             m.queued(SystemTime::now());
         }
-        let _ = self.wake.send(Wake::Changed);
+        let _ = self.wake.send(Wake::ChangedServices);
     }
 
     /// This host's addresses (for the address watcher to keep current).
@@ -362,7 +362,7 @@ pub fn run(
         }
         let mut drift = false;
         match clock.recv_until(&rx, deadline) {
-            Ok(Wake::Changed) | Err(RecvTimeoutError::Timeout) => {}
+            Ok(Wake::ChangedServices) | Err(RecvTimeoutError::Timeout) => {}
             Ok(Wake::Drift) => drift = true,
             Ok(Wake::Addresses) => addresses_changed = true,
             Err(RecvTimeoutError::Disconnected) => return,
@@ -440,9 +440,9 @@ pub fn run(
         }
         addresses_changed = false;
         let changed = if changes.all {
-            Changed::All
+            ChangedServices::All
         } else {
-            Changed::Services(&changes.services)
+            ChangedServices::Services(&changes.services)
         };
         let plan: BTreeMap<Family, bool> =
             ready.iter().map(|f| (*f, families[f].need_full)).collect();

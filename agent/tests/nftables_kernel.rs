@@ -14,7 +14,7 @@ use dataplane::nft::plan::{plan, plan_cleanup, split_new_chains};
 use dataplane::nft::render;
 use dataplane::nft::ruleset::{
     Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
-    Set, SetDecl, Table, Value, Verdict, endpoint_map_name, slot_elements, slot_offset,
+    Set, SetDecl, Table, Value, Verdict, endpoint_map_name, region_elements, region_offset,
 };
 use dataplane::nft::state::TableState;
 use dataplane::nft::transaction::{Op, Transaction};
@@ -273,9 +273,9 @@ fn check_endpoint_region_changes(family: Family) {
     set_region(&mut d, 6, &region_targets(family, 2));
     Arc::make_mut(&mut d.chains.get_mut("svc-slot-dns").unwrap().rules)[0] = Rule::new(
         vec![Match::L4Proto(Proto::Udp)],
-        Action::DnatSlot {
+        Action::DnatRegion {
             map: endpoint_map_name(ENDPOINT_MAP),
-            offset: slot_offset(6),
+            offset: region_offset(6),
         },
     );
     let tx = plan(Some(&state), &Before::Nothing, &d);
@@ -507,7 +507,7 @@ fn large_transaction_20k_services() {
 }
 
 /// 300 Services and the cold start that writes them, split into parts of at most 100 rules.
-fn cold_start_in_parts(family: Family) -> (Table, Vec<Transaction>) {
+fn cold_start_in_stages(family: Family) -> (Table, Vec<Transaction>) {
     let t = many_services(family, 300);
     let parts = split_new_chains(None, plan(None, &Before::Nothing, &t), 100);
     assert!(parts.len() >= 6, "{} parts", parts.len());
@@ -520,7 +520,7 @@ fn a_split_cold_start_commits_in_parts_and_a_retry_completes_it() {
     let family = Family::V4;
     let ns = Netns::new("split");
     let mut nft = ns.open();
-    let (t, parts) = cold_start_in_parts(family);
+    let (t, parts) = cold_start_in_stages(family);
     let (last, early) = parts.split_last().unwrap();
     for part in early {
         nft.apply(part).expect("apply a part");
@@ -554,7 +554,7 @@ fn parts_applied_together_commit_in_order_and_stop_at_the_first_failure() {
     let family = Family::V4;
     let ns = Netns::new("parts");
     let mut nft = ns.open();
-    let (t, parts) = cold_start_in_parts(family);
+    let (t, parts) = cold_start_in_stages(family);
     let sizes: Vec<usize> = parts.iter().map(|p| p.ops.len()).collect();
     let mut seen = Vec::new();
     let stats = nft
@@ -571,7 +571,7 @@ fn parts_applied_together_commit_in_order_and_stop_at_the_first_failure() {
     // The third part fails: the first two stay committed, nothing after it is sent.
     let ns = Netns::new("partsfail");
     let mut nft = ns.open();
-    let (_, mut parts) = cold_start_in_parts(family);
+    let (_, mut parts) = cold_start_in_stages(family);
     let filled_later = match parts[3].ops.first() {
         Some(Op::AddRules { chain, .. }) => chain.clone(),
         other => panic!("expected rules in the fourth part: {other:?}"),
@@ -609,7 +609,7 @@ fn paused_notifications_still_reveal_commits_by_others() {
             missed.fetch_add(1, Ordering::SeqCst);
         })
     };
-    let (t, parts) = cold_start_in_parts(family);
+    let (t, parts) = cold_start_in_stages(family);
 
     // Only our own commits while paused: nothing was queued for the monitor, nothing missed.
     quieter

@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail, ensure};
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::nft::build::BuildConfig;
 use dataplane::nft::ruleset::Family;
-use nftproxy::proxier::{Changed, Phase, Probe, Syncer};
+use nftproxy::proxier::{ChangedServices, Phase, Probe, Syncer};
 use serde::Serialize;
 
 use crate::heap;
@@ -254,7 +254,7 @@ pub fn syncer_bench(
         let mut cluster = cluster.clone();
         let mut syncer = Syncer::new().context("opening the Syncer")?;
         let mut out = SyncerResult {
-            cold: syncer_run(&mut syncer, &cluster, &config, true, Changed::All)?,
+            cold: syncer_run(&mut syncer, &cluster, &config, true, ChangedServices::All)?,
             ..SyncerResult::default()
         };
         for rep in 0..WARM_UP_ROUNDS + reps {
@@ -292,7 +292,13 @@ fn partial_run(
     config: &BuildConfig,
     changed: &BTreeSet<ObjectName>,
 ) -> Result<SyncRun> {
-    syncer_run(syncer, cluster, config, false, Changed::Services(changed))
+    syncer_run(
+        syncer,
+        cluster,
+        config,
+        false,
+        ChangedServices::Services(changed),
+    )
 }
 
 fn record(runs: &mut BTreeMap<String, Vec<SyncRun>>, op: PartialOp, run: SyncRun) {
@@ -402,7 +408,7 @@ fn syncer_run(
     cluster: &Cluster,
     config: &BuildConfig,
     full: bool,
-    changed: Changed<'_>,
+    changed: ChangedServices<'_>,
 ) -> Result<SyncRun> {
     let sw = Stopwatch::start();
     let both = Family::ALL.iter().map(|f| (*f, full)).collect();

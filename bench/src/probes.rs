@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::nft::build::{BuildConfig, LIST_MAX_ENDPOINTS};
 use dataplane::nft::ruleset::Family;
-use nftproxy::proxier::{Changed, Syncer};
+use nftproxy::proxier::{ChangedServices, Syncer};
 use serde::Serialize;
 
 use crate::measure::{median, ms};
@@ -127,7 +127,7 @@ fn timed_sync(
 ) -> Result<Run> {
     let full = changed.is_none();
     let both = Family::ALL.iter().map(|f| (*f, full)).collect();
-    let changed = changed.map_or(Changed::All, Changed::Services);
+    let changed = changed.map_or(ChangedServices::All, ChangedServices::Services);
     let t = Instant::now();
     let results = syncer.sync_families(cluster, config, &both, changed);
     let wall_ms = ms(t.elapsed());

@@ -15,7 +15,7 @@ use crate::decision::{self, Frontend};
 use crate::model::Cluster;
 use crate::model::port_label;
 use crate::nft::ruleset::{
-    Action, Chain, Family, Key, Match, Proto, Table, Value, Verdict, slot_region,
+    Action, Chain, Family, Key, Match, Proto, Table, Value, Verdict, region_at,
 };
 
 /// The first packet of a connection.
@@ -249,12 +249,12 @@ impl Tracer<'_> {
         let Some(set) = self.table.sets.get(map) else {
             return Vec::new();
         };
-        let region = slot_region(offset);
+        let region = region_at(offset);
         set.elements
             .iter()
             .filter_map(|(k, v)| match (k, v) {
-                (Key::Slot { at, .. }, Some(Value::Endpoint(addr, port)))
-                    if slot_region(*at) == region =>
+                (Key::Interval { at, .. }, Some(Value::Endpoint(addr, port)))
+                    if region_at(*at) == region =>
                 {
                     Some(SocketAddr::new(*addr, *port))
                 }
@@ -350,7 +350,7 @@ impl Tracer<'_> {
                 state.dnat = Some(SocketAddr::new(*addr, *port));
                 vec![End::Accept(state)]
             }
-            Action::DnatSlot { map, offset } => {
+            Action::DnatRegion { map, offset } => {
                 // Every endpoint with an interval in the region is a possible outcome.
                 let targets = self.slot_targets(map, *offset);
                 if targets.is_empty() {

@@ -17,9 +17,9 @@ use nftproxy_dataplane::nft::plan::{
 };
 use nftproxy_dataplane::nft::render;
 use nftproxy_dataplane::nft::ruleset::{
-    Action, Chain, Family, Key, KeyType, Proto, Rule, Set, Table, Value, Verdict, slot_region,
+    Action, Chain, Family, Key, KeyType, Proto, Rule, Set, Table, Value, Verdict, region_at,
 };
-use nftproxy_dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_slot};
+use nftproxy_dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_region};
 use nftproxy_dataplane::nft::transaction::{Op, Transaction};
 use proptest::prelude::*;
 
@@ -124,12 +124,12 @@ fn table(specs: &[SvcSpec]) -> Table {
     build(&cluster(specs), &config(), Family::V4).table
 }
 
-/// `t` without its choice of endpoint-map regions: every `DnatSlot` rule becomes one `dnat` rule
+/// `t` without its choice of endpoint-map regions: every `DnatRegion` rule becomes one `dnat` rule
 /// per endpoint of its region, in order, and the endpoint maps go. Two tables that agree here
 /// send every connection to the same endpoints with the same odds.
 fn without_regions(t: &Table) -> Table {
     let mut out = t.clone();
-    out.sets.retain(|_, s| s.decl.key != KeyType::Slot);
+    out.sets.retain(|_, s| s.decl.key != KeyType::Interval);
     // Set sizes depend on history too (a set keeps its size while it fits).
     for set in out.sets.values_mut() {
         set.decl.size = None;
@@ -139,12 +139,12 @@ fn without_regions(t: &Table) -> Table {
             .rules
             .iter()
             .flat_map(|rule| match &rule.action {
-                Action::DnatSlot { map, offset } => t.sets[*map]
+                Action::DnatRegion { map, offset } => t.sets[*map]
                     .elements
                     .iter()
                     .filter_map(|(k, v)| match (k, v) {
-                        (Key::Slot { at, .. }, Some(Value::Endpoint(addr, port)))
-                            if slot_region(*at) == slot_region(*offset) =>
+                        (Key::Interval { at, .. }, Some(Value::Endpoint(addr, port)))
+                            if region_at(*at) == region_at(*offset) =>
                         {
                             Some(Rule::new(
                                 rule.matches.clone(),
@@ -351,7 +351,7 @@ impl Kernel {
                     base: c.base,
                     fingerprint: Some(fingerprint(c)),
                     empty: c.rules.is_empty(),
-                    slot: dnat_slot(&c.rules),
+                    region: dnat_region(&c.rules),
                 };
                 (name.clone(), state)
             })
@@ -719,12 +719,12 @@ fn regions_stay_with_their_chains_and_are_reused() {
         udp: false,
         ..SvcSpec::default()
     };
-    let slot_of = |t: &Table, svc: &str| {
+    let region_of = |t: &Table, svc: &str| {
         t.chains
             .iter()
             .find(|(name, _)| name.starts_with("service-") && name.contains(svc))
             .and_then(|(_, c)| match &c.rules[0].action {
-                Action::DnatSlot { map, offset } => Some((*map, *offset)),
+                Action::DnatRegion { map, offset } => Some((*map, *offset)),
                 _ => None,
             })
     };
@@ -732,13 +732,13 @@ fn regions_stay_with_their_chains_and_are_reused() {
     let many = |from: u8, to: u8| (from..=to).collect::<Vec<u8>>();
     let mut c = cluster(&[spec(1, many(1, LONG)), spec(2, many(1, LONG + 1))]);
     let mut desired = Desired::build(&c, &config(), Family::V4);
-    let before = slot_of(desired.table(), "ns/svc1/").expect("svc1 uses an endpoint map");
+    let before = region_of(desired.table(), "ns/svc1/").expect("svc1 uses an endpoint map");
     // Endpoints come and go: the rule, and so the region, stays.
     for endpoints in [many(1, LONG + 1), many(3, LONG + 2), many(4, LONG + 11)] {
         c = cluster(&[spec(1, endpoints), spec(2, many(1, LONG + 1))]);
         let updated = desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
         assert!(matches!(updated, Updated::Scope(_)));
-        assert_eq!(slot_of(desired.table(), "ns/svc1/"), Some(before));
+        assert_eq!(region_of(desired.table(), "ns/svc1/"), Some(before));
     }
     // Deleted, the region is free for the next chain of its map; its elements are gone.
     c = cluster(&[spec(2, many(1, LONG + 1))]);
@@ -747,13 +747,13 @@ fn regions_stay_with_their_chains_and_are_reused() {
         .table()
         .sets
         .values()
-        .filter(|s| s.decl.key == KeyType::Slot)
+        .filter(|s| s.decl.key == KeyType::Interval)
         .map(|s| s.elements.len())
         .sum();
     assert_eq!(left, usize::from(LONG + 1), "svc2's endpoints");
     assert!(
         !desired.table().sets.contains_key(before.0)
-            || slot_of(desired.table(), "ns/svc2/").is_some_and(|s| s.0 == before.0)
+            || region_of(desired.table(), "ns/svc2/").is_some_and(|s| s.0 == before.0)
     );
 }
 
@@ -963,12 +963,12 @@ fn one_endpoint_change_touches_only_that_service() {
         .iter()
         .find(|(name, _)| name.contains("ns/svc8/"))
         .and_then(|(_, c)| match &c.rules[0].action {
-            Action::DnatSlot { map, offset } => Some((*map, *offset)),
+            Action::DnatRegion { map, offset } => Some((*map, *offset)),
             _ => None,
         })
         .expect("svc8 uses an endpoint map");
     let in_region =
-        |k: &Key| matches!(k, Key::Slot { at, .. } if slot_region(*at) == slot_region(offset));
+        |k: &Key| matches!(k, Key::Interval { at, .. } if region_at(*at) == region_at(offset));
     for op in &tx.ops {
         let touches_svc8 = match op {
             Op::AddElements { set, elements } if set == "hairpin-endpoints" => {
@@ -1052,8 +1052,8 @@ fn a_restart_adopts_the_regions_the_kernel_has() {
 
 #[test]
 fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
-    use nftproxy_dataplane::nft::build::{BuildEnv, base_table, service_part};
-    use nftproxy_dataplane::nft::slots::{SlotSource, Slots};
+    use nftproxy_dataplane::nft::build::{BuildEnv, base_table, service_fragment};
+    use nftproxy_dataplane::nft::regions::{RegionSource, Regions};
     use nftproxy_dataplane::trace::{Host, Packet, trace};
 
     let c = cluster(&[SvcSpec {
@@ -1066,16 +1066,16 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
     let config = config();
     let env = BuildEnv::new(&c, &config, Family::V4);
     let svc = c.services.values().next().unwrap();
-    let table_with = |slots: &mut SlotSource<'_>| {
+    let table_with = |regions: &mut RegionSource<'_>| {
         let mut t = base_table(&config, &c, Family::V4);
         let sup = suppressed(&c.services, svc);
-        service_part(svc, c.slices_of(&svc.name), &env, slots, &sup).merge_into(&mut t);
+        service_fragment(svc, c.slices_of(&svc.name), &env, regions, &sup).merge_into(&mut t);
         t
     };
-    let full = Slots::new();
-    let cascade = table_with(&mut SlotSource::Lookup(&full));
-    let mut slots = Slots::new();
-    let mapped = table_with(&mut SlotSource::Assign(&mut slots));
+    let full = Regions::new();
+    let cascade = table_with(&mut RegionSource::Lookup(&full));
+    let mut regions = Regions::new();
+    let mapped = table_with(&mut RegionSource::Assign(&mut regions));
 
     let service_rules = |t: &Table| {
         t.chains
@@ -1089,11 +1089,16 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
         usize::from(LONG),
         "one dnat rule per endpoint"
     );
-    assert!(!cascade.sets.values().any(|s| s.decl.key == KeyType::Slot));
+    assert!(
+        !cascade
+            .sets
+            .values()
+            .any(|s| s.decl.key == KeyType::Interval)
+    );
     assert!(matches!(
         service_rules(&mapped)[..],
         [Rule {
-            action: Action::DnatSlot { .. },
+            action: Action::DnatRegion { .. },
             ..
         }]
     ));

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use dataplane::nft::plan::fingerprint;
 use dataplane::nft::ruleset::{
-    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
-    SLOT_MODULUS, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
-    slot_elements_from_bounds,
+    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, REGION_MODULUS,
+    Rule, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
+    region_elements_from_bounds,
 };
-use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_slot};
+use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_region};
 use ipnet::IpNet;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nftables::{
@@ -185,7 +185,7 @@ fn read_attempt(
     stats: &mut ReadStats,
 ) -> Result<Attempt, NftError> {
     // Joined before the generation is read: every commit after that reaches us.
-    let mut watch = match nft.notes.take().map(|n| ChangeWatch::join(n, family)) {
+    let mut watch = match nft.notes.take().map(|n| CommitWatch::join(n, family)) {
         Some(Ok(w)) => Some(w),
         Some(Err((notes, e))) => {
             tracing::debug!(error = %e, "no change notifications for the read; any commit restarts it");
@@ -204,7 +204,7 @@ fn read_attempt(
 fn attempt_watched(
     nft: &mut Nftables,
     family: Family,
-    mut watch: Option<&mut ChangeWatch>,
+    mut watch: Option<&mut CommitWatch>,
     stats: &mut ReadStats,
 ) -> Result<Attempt, NftError> {
     let before = generation(nft, family)?;
@@ -255,7 +255,7 @@ fn dump(
     what: &'static str,
     family: Family,
     msg: NfTablesMessage,
-    watch: Option<&ChangeWatch>,
+    watch: Option<&CommitWatch>,
     stats: &mut ReadStats,
 ) -> Result<Option<Vec<Vec<u8>>>, NftError> {
     match nft.request(what, family, msg, true)? {
@@ -282,7 +282,7 @@ fn dump(
 fn dump_chains(
     nft: &mut Nftables,
     family: Family,
-    mut watch: Option<&mut ChangeWatch>,
+    mut watch: Option<&mut CommitWatch>,
     stats: &mut ReadStats,
 ) -> Result<Option<Vec<Vec<u8>>>, NftError> {
     let mut delay = Delay::new();
@@ -338,7 +338,7 @@ const NFPROTO_IPV6: u8 = 10;
 
 /// What the nf_tables change notifications received during one read said.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct Changes {
+struct Commits {
     /// A commit changed table `nftproxy` of the family.
     ours: bool,
     /// A commit added or deleted tables or chains of the family.
@@ -351,7 +351,7 @@ struct Changes {
     commits: u32,
 }
 
-impl Changes {
+impl Commits {
     /// Takes in one datagram of notifications; `family` is the read's `NFPROTO_*`.
     fn take_in(&mut self, datagram: &[u8], family: u8) {
         let Ok(msgs) = socket::messages(datagram) else {
@@ -406,30 +406,30 @@ impl Changes {
 }
 
 /// The change notifications during one read: the socket, subscribed, and what it said.
-struct ChangeWatch {
+struct CommitWatch {
     notes: Notifications,
     /// `NFPROTO_*` of the family read.
     family: u8,
-    changes: Changes,
+    changes: Commits,
 }
 
-impl ChangeWatch {
+impl CommitWatch {
     /// Subscribes `notes` for a read; gives it back with the error if that fails.
     fn join(
         mut notes: Notifications,
         family: Family,
-    ) -> Result<ChangeWatch, (Notifications, io::Error)> {
+    ) -> Result<CommitWatch, (Notifications, io::Error)> {
         if let Err(e) = notes.join() {
             notes.leave();
             return Err((notes, e));
         }
-        Ok(ChangeWatch {
+        Ok(CommitWatch {
             notes,
             family: match family {
                 Family::V4 => NFPROTO_IPV4,
                 Family::V6 => NFPROTO_IPV6,
             },
-            changes: Changes::default(),
+            changes: Commits::default(),
         })
     }
 
@@ -533,7 +533,7 @@ pub(super) fn generation(nft: &mut Nftables, family: Family) -> Result<u32, NftE
 fn read_once(
     nft: &mut Nftables,
     family: Family,
-    mut watch: Option<&mut ChangeWatch>,
+    mut watch: Option<&mut CommitWatch>,
     stats: &mut ReadStats,
 ) -> Result<Option<TableState>, NftError> {
     let Some(chains) = dump_chains(nft, family, watch.as_deref_mut(), stats)? else {

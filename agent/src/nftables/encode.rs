@@ -13,7 +13,7 @@
 use std::net::IpAddr;
 
 use dataplane::nft::ruleset::{
-    Action, BaseChain, ChainType, Family, Hook, Key, KeyType, Match, Rule, SLOT_MODULUS, SetDecl,
+    Action, BaseChain, ChainType, Family, Hook, Key, KeyType, Match, REGION_MODULUS, Rule, SetDecl,
     TABLE, TABLE_COMMENT, Value, Verdict,
 };
 use dataplane::nft::transaction::{Op, Transaction};
@@ -230,7 +230,7 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
     if decl.is_vmap || endpoint_map {
         flags |= SetFlags::Map;
     }
-    if decl.key == KeyType::Slot {
+    if decl.key == KeyType::Interval {
         flags |= SetFlags::Interval;
     }
     if decl.timeout_secs.is_some() {
@@ -268,7 +268,7 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
             tlv_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG_ENDIAN);
             u
         }
-        KeyType::Slot => slot_udata(family),
+        KeyType::Interval => interval_map_udata(family),
         KeyType::AddrProtoPortIndex => list_udata(family, false),
         KeyType::ProtoPortIndex => list_udata(family, true),
         _ => Vec::new(),
@@ -393,7 +393,7 @@ fn put_elements(
         }
         (Some(Value::Verdict(v)), false) => Some(Err(v)),
     };
-    if matches!(key, Key::Slot { .. }) && data.is_none() && !delete {
+    if matches!(key, Key::Interval { .. }) && data.is_none() && !delete {
         return Err("an endpoint-map interval without its endpoint".to_string());
     }
     let key_value = key_bytes(family, key)?;
@@ -410,7 +410,7 @@ fn put_elements(
         }
     });
     // The interval's end: its own element, flagged.
-    if let Key::Slot { end, .. } = key {
+    if let Key::Interval { end, .. } = key {
         put_nested(out, NFTA_LIST_ELEM, |out| {
             put_nested(out, NFTA_SET_ELEM_KEY, |out| {
                 put_attr(out, NFTA_DATA_VALUE, &end.to_be_bytes())

@@ -27,7 +27,7 @@ use dataplane::nft::render;
 use dataplane::nft::ruleset::{
     Action, Chain, Family, Key, Match, Rule, Set, SetDecl, Table, Value,
 };
-use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_slot};
+use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_region};
 use dataplane::nft::transaction::{Op, Transaction};
 
 use super::kernel::NftKernel;
@@ -198,7 +198,7 @@ pub fn table_state(table: &Table) -> TableState {
                     base: c.base,
                     fingerprint: Some(fingerprint(c)),
                     empty: c.rules.is_empty(),
-                    slot: dnat_slot(&c.rules),
+                    region: dnat_region(&c.rules),
                 };
                 (name.clone(), state)
             })
@@ -281,7 +281,7 @@ fn rule_refs(rule: &Rule) -> (Vec<&str>, Option<&str>) {
         Action::Verdict(v) => chain = v.target(),
         Action::VmapAddrProtoPort { map } | Action::VmapProtoPort { map } => sets.push(map),
         Action::UpdateSaddr { set } => sets.push(set),
-        Action::DnatSlot { map, .. } => sets.push(map),
+        Action::DnatRegion { map, .. } => sets.push(map),
         Action::DnatIndexed { map, .. } => sets.push(map),
         _ => {}
     }
@@ -307,11 +307,11 @@ fn referenced_chains<'t>(table: &'t Table, except: &str) -> BTreeSet<&'t str> {
 
 /// Whether interval `key` overlaps an interval of `elements` (adjacent ones do not).
 fn overlaps(elements: &BTreeMap<Key, Option<Value>>, key: &Key) -> bool {
-    let Key::Slot { at, end } = *key else {
+    let Key::Interval { at, end } = *key else {
         return false;
     };
     elements.keys().any(|k| match *k {
-        Key::Slot { at: a, end: e } => a < end && at < e,
+        Key::Interval { at: a, end: e } => a < end && at < e,
         _ => false,
     })
 }

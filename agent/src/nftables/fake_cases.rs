@@ -78,7 +78,7 @@ fn vmap() -> SetDecl {
 /// An endpoint-map interval `at ..= end - 1` choosing endpoint `n`.
 fn interval(family: Family, at: u32, end: u32, n: u8) -> (Key, Option<Value>) {
     (
-        Key::Slot { at, end },
+        Key::Interval { at, end },
         Some(Value::Endpoint(ip(family, n), 8080)),
     )
 }
@@ -119,7 +119,7 @@ pub fn setup(family: Family) -> Transaction {
         },
         Op::AddSet {
             name: "e".into(),
-            decl: SetDecl::new(KeyType::Slot),
+            decl: SetDecl::new(KeyType::Interval),
         },
         Op::AddElements {
             set: "e".into(),
@@ -274,7 +274,7 @@ pub fn cases(family: Family) -> Vec<Case> {
             vec![
                 Op::DeleteElements {
                     set: "e".into(),
-                    keys: vec![Key::Slot { at: 100, end: 200 }],
+                    keys: vec![Key::Interval { at: 100, end: 200 }],
                 },
                 Op::AddElements {
                     set: "e".into(),

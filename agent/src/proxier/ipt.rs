@@ -9,7 +9,7 @@ use dataplane::nft::ruleset::{Family, TABLE};
 use metrics::ObjectCounts;
 
 use super::udp::UdpCleanup;
-use super::{Changed, FamilyReport, Phase, Probe, Proxier, SyncError};
+use super::{ChangedServices, FamilyReport, Phase, Probe, Proxier, SyncError};
 use crate::config::ProxyMode;
 use crate::iptables::{IptablesBackend, Variant};
 use crate::nftables::Nftables;
@@ -43,7 +43,7 @@ impl Proxier for IptablesProxier {
         cluster: &Cluster,
         config: &BuildConfig,
         full: bool,
-        changed: Changed<'_>,
+        changed: ChangedServices<'_>,
         probe: &mut dyn Probe,
     ) -> Result<FamilyReport, SyncError> {
         let family = self.family();

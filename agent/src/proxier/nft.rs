@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 use dataplane::conntrack::Frontends;
 use dataplane::model::Cluster;
 use dataplane::nft::build::BuildConfig;
-use dataplane::nft::cold::{ELEMENTS_PER_PART, split_cold_elements};
+use dataplane::nft::cold::{ELEMENTS_PER_STAGE, split_cold_elements};
 use dataplane::nft::desired::{Before, Desired, Scope, Updated};
 use dataplane::nft::plan::{
-    RULES_PER_PART, plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
+    RULES_PER_STAGE, plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
 };
 use dataplane::nft::ruleset::{Family, Table};
 use dataplane::nft::state::TableState;
@@ -17,7 +17,7 @@ use dataplane::nft::transaction::Transaction;
 use metrics::ObjectCounts;
 
 use super::udp::UdpCleanup;
-use super::{Changed, FamilyReport, Phase, Probe, Proxier, QUIET_MIN_OPS, SyncError};
+use super::{ChangedServices, FamilyReport, Phase, Probe, Proxier, QUIET_MIN_OPS, SyncError};
 use crate::config::ProxyMode;
 use crate::nftables::kernel::NftKernel;
 use crate::nftables::monitor::Quieter;
@@ -53,7 +53,7 @@ impl<K: NftKernel> NftProxier<K> {
         cluster: &Cluster,
         config: &BuildConfig,
         full: bool,
-        changed: Changed<'_>,
+        changed: ChangedServices<'_>,
         probe: &mut dyn Probe,
     ) -> Result<FamilyReport, NftError> {
         let family = self.family;
@@ -99,10 +99,10 @@ impl<K: NftKernel> NftProxier<K> {
         drop(before);
         let drift_repaired = drifted && !tx.is_empty();
         let big = tx.ops.len() >= QUIET_MIN_OPS;
-        let parts = split_new_chains(current.as_ref(), tx, RULES_PER_PART);
+        let parts = split_new_chains(current.as_ref(), tx, RULES_PER_STAGE);
         // A new table's elements go in parts, which a process listening to nf_tables
         // notifications slows much less than one large transaction.
-        let parts = split_cold_elements(current.as_ref(), parts, ELEMENTS_PER_PART);
+        let parts = split_cold_elements(current.as_ref(), parts, ELEMENTS_PER_STAGE);
         let mut state = current.unwrap_or_default();
         // Once `parts` commit, every set holds the desired table's elements; the elements
         // read back are no longer needed (should a part fail, the state is read back again).
@@ -162,7 +162,7 @@ impl<K: NftKernel> Proxier for NftProxier<K> {
         cluster: &Cluster,
         config: &BuildConfig,
         full: bool,
-        changed: Changed<'_>,
+        changed: ChangedServices<'_>,
         probe: &mut dyn Probe,
     ) -> Result<FamilyReport, SyncError> {
         if crate::testhooks::fail_family(self.family) {
@@ -296,12 +296,12 @@ fn update_desired(
     cluster: &Cluster,
     config: &BuildConfig,
     family: Family,
-    changed: Changed<'_>,
+    changed: ChangedServices<'_>,
     kernel: Option<&TableState>,
 ) -> Updated {
     match (desired.as_mut(), changed) {
-        (Some(d), Changed::Services(names)) => d.update(cluster, config, names),
-        (Some(d), Changed::All) => Updated::All(Before::Sets(d.rebuild(cluster, config))),
+        (Some(d), ChangedServices::Services(names)) => d.update(cluster, config, names),
+        (Some(d), ChangedServices::All) => Updated::All(Before::Sets(d.rebuild(cluster, config))),
         (None, _) => {
             *desired = Some(match kernel {
                 Some(state) => Desired::build_adopting(cluster, config, family, state),

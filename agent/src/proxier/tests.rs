@@ -27,7 +27,7 @@ fn partial(syncer: &mut Syncer, c: &Cluster, changed: &[u8]) -> BTreeMap<Family,
     let changed = names(changed);
     let all = Family::ALL.iter().map(|f| (*f, false)).collect();
     syncer
-        .sync_families(c, &config(), &all, Changed::Services(&changed))
+        .sync_families(c, &config(), &all, ChangedServices::Services(&changed))
         .into_iter()
         .map(|(f, r)| (f, r.expect("the sync succeeds")))
         .collect()
@@ -95,7 +95,8 @@ fn a_failed_sync_makes_the_next_one_read_the_kernel_back() {
     fake.break_family(Family::V4, Some(libc::EIO));
     let changed = names(&[4]);
     let all = Family::ALL.iter().map(|f| (*f, false)).collect();
-    let results = syncer.sync_families(&after, &config(), &all, Changed::Services(&changed));
+    let results =
+        syncer.sync_families(&after, &config(), &all, ChangedServices::Services(&changed));
     assert!(results[&Family::V4].is_err());
     assert!(
         results[&Family::V6].is_ok(),
@@ -174,7 +175,7 @@ fn a_probe_sees_each_phase_of_a_sync() {
     let mut probe = Phases::default();
     let proxier = syncer.proxier(Family::V4).expect("a V4 proxier");
     proxier
-        .sync(&c, &config(), true, Changed::All, &mut probe)
+        .sync(&c, &config(), true, ChangedServices::All, &mut probe)
         .expect("cold sync");
     let phases: Vec<Phase> = probe.0.iter().map(|(_, p)| *p).collect();
     use Phase::*;
@@ -265,9 +266,9 @@ mod property {
                 }
                 let changes = tracker.take_changes();
                 let changed = if changes.all {
-                    Changed::All
+                    ChangedServices::All
                 } else {
-                    Changed::Services(&changes.services)
+                    ChangedServices::Services(&changes.services)
                 };
                 let all = Family::ALL.iter().map(|f| (*f, false)).collect();
                 let results = syncer.sync_families(tracker.cluster(), &config(), &all, changed);

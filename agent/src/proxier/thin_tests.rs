@@ -17,7 +17,7 @@ use dataplane::tracker::{Kind, Tracker};
 use proptest::prelude::*;
 
 use super::testkit::{self, fake_syncer};
-use super::{Changed, Syncer};
+use super::{ChangedServices, Syncer};
 use crate::nftables::fake::FakeKernel;
 use crate::nftables::kernel::NftKernel;
 
@@ -120,7 +120,8 @@ fn sync_with(
     full: bool,
 ) -> usize {
     let families = BTreeMap::from([(Family::V4, full)]);
-    let mut reports = syncer.sync_families(c, config, &families, Changed::Services(changed));
+    let mut reports =
+        syncer.sync_families(c, config, &families, ChangedServices::Services(changed));
     let report = reports.remove(&Family::V4).expect("IPv4 synced");
     report.expect("the sync succeeds").ops
 }

@@ -7,7 +7,7 @@ use dataplane::conntrack::{FrontendIndex, FrontendKeys, Frontends, cleanup_neede
 use dataplane::model::Cluster;
 use dataplane::nft::ruleset::Family;
 
-use super::Changed;
+use super::ChangedServices;
 use crate::conntrack::Conntrack;
 
 /// What one family knows of its UDP frontends, and the conntrack socket to clean up with.
@@ -64,11 +64,11 @@ impl UdpCleanup {
     pub fn synced(
         &mut self,
         cluster: &Cluster,
-        changed: Changed<'_>,
+        changed: ChangedServices<'_>,
         read_back: Option<Frontends>,
     ) {
         let touched = match (self.index.as_mut(), changed) {
-            (Some(index), Changed::Services(names)) => Some(index.update(cluster, names)),
+            (Some(index), ChangedServices::Services(names)) => Some(index.update(cluster, names)),
             _ => {
                 self.index = Some(FrontendIndex::build(cluster, self.family));
                 None

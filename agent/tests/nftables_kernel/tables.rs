@@ -110,17 +110,17 @@ pub(super) fn region_targets(family: Family, n: usize) -> Vec<(IpAddr, u16)> {
 
 /// Gives `region` of the test table's endpoint map the endpoints `targets` (none: removes it).
 pub(super) fn set_region(t: &mut Table, region: u32, targets: &[(IpAddr, u16)]) {
-    let offset = slot_offset(region);
+    let offset = region_offset(region);
     let map = t
         .sets
         .get_mut(endpoint_map_name(ENDPOINT_MAP))
         .expect("endpoint map");
     map.elements.retain(
-        |k, _| !matches!(k, Key::Slot { at, .. } if dataplane::nft::ruleset::slot_region(*at) == region),
+        |k, _| !matches!(k, Key::Interval { at, .. } if dataplane::nft::ruleset::region_at(*at) == region),
     );
     if !targets.is_empty() {
         map.elements.extend(
-            slot_elements(offset, targets)
+            region_elements(offset, targets)
                 .into_iter()
                 .map(|(k, v)| (k, Some(v))),
         );
@@ -165,7 +165,7 @@ pub(super) fn full_table(family: Family) -> Table {
     // An endpoint map with two regions: 3 endpoints at region 0, 1 at region 5.
     t.sets.insert(
         endpoint_map_name(ENDPOINT_MAP).into(),
-        set(KeyType::Slot, false, None, None),
+        set(KeyType::Interval, false, None, None),
     );
     set_region(&mut t, 0, &region_targets(family, 3));
     set_region(&mut t, 5, &[(a.ep[1], 53)]);
@@ -414,9 +414,9 @@ pub(super) fn full_table(family: Family) -> Table {
                 Rule::new(vec![Match::CtStateNew], Action::MarkOr(0x4000)),
                 Rule::new(
                     vec![Match::L4Proto(Proto::Tcp)],
-                    Action::DnatSlot {
+                    Action::DnatRegion {
                         map: endpoint_map_name(ENDPOINT_MAP),
-                        offset: slot_offset(0),
+                        offset: region_offset(0),
                     },
                 ),
             ],
@@ -429,9 +429,9 @@ pub(super) fn full_table(family: Family) -> Table {
             vec![
                 Rule::new(
                     vec![Match::L4Proto(Proto::Udp)],
-                    Action::DnatSlot {
+                    Action::DnatRegion {
                         map: endpoint_map_name(ENDPOINT_MAP),
-                        offset: slot_offset(5),
+                        offset: region_offset(5),
                     },
                 )
                 .with_comment("dns"),

@@ -555,12 +555,12 @@ fn churn(
     // latency (from the slices' trigger times).
     let agent_view = match (metrics_before, probe::scrape(&setup.ns, metrics_addr).ok()) {
         (Some(b), Some(a)) => {
-            let sync = probe::HistogramDelta::between(
+            let sync = probe::HistogramIncrease::between(
                 &b,
                 &a,
                 "kubeproxy_sync_proxy_rules_duration_seconds",
             );
-            let np = probe::HistogramDelta::between(
+            let np = probe::HistogramIncrease::between(
                 &b,
                 &a,
                 "kubeproxy_network_programming_duration_seconds",

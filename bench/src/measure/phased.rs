@@ -175,7 +175,7 @@ impl Phased {
         config: &BuildConfig,
         family: Family,
         full: bool,
-        changed: Changed<'_>,
+        changed: ChangedServices<'_>,
     ) -> Result<Phases> {
         let proxier = self.syncer.proxier(family).context("no proxier")?;
         let sw = Stopwatch::start();
@@ -210,7 +210,7 @@ impl Phased {
         cluster: &Cluster,
         config: &BuildConfig,
         full: bool,
-        changed: Changed<'_>,
+        changed: ChangedServices<'_>,
     ) -> Result<BTreeMap<String, Phases>> {
         let mut out = BTreeMap::new();
         for family in Family::ALL {
@@ -249,14 +249,19 @@ pub fn phased_bench(
             syncer: Syncer::new().context("opening the Syncer")?,
         };
         let mut out = PhasedResult {
-            cold: phased.sync(&cluster, &config, true, Changed::All)?,
+            cold: phased.sync(&cluster, &config, true, ChangedServices::All)?,
             ..PhasedResult::default()
         };
         let mut runs: BTreeMap<(String, String), Vec<Phases>> = BTreeMap::new();
         for rep in 0..WARM_UP_ROUNDS + reps {
             for op in PartialOp::ALL {
                 let changed = op.apply(&mut cluster, n, k, rep)?;
-                let phases = phased.sync(&cluster, &config, false, Changed::Services(&changed))?;
+                let phases = phased.sync(
+                    &cluster,
+                    &config,
+                    false,
+                    ChangedServices::Services(&changed),
+                )?;
                 if rep < WARM_UP_ROUNDS {
                     continue;
                 }

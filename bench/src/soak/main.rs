@@ -31,7 +31,7 @@ use crate::agent::{Agent, agent_binary, go_duration};
 use crate::check::Check;
 use crate::netns::Netns;
 use crate::objects::Rng;
-use crate::probe::{HistogramDelta, Metrics};
+use crate::probe::{HistogramIncrease, Metrics};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -189,7 +189,7 @@ struct SeriesStats {
 struct AgentMetrics {
     /// Syncs (both families) during the churn and the settle period, from
     /// `kubeproxy_sync_proxy_rules_duration_seconds`.
-    sync_duration: HistogramDelta,
+    sync_duration: HistogramIncrease,
     /// Of those, IPv4 syncs (the rest are IPv6).
     ipv4_syncs: f64,
     full_syncs: f64,
@@ -199,7 +199,7 @@ struct AgentMetrics {
     endpoint_changes: f64,
     /// `kubeproxy_network_programming_duration_seconds` over the same window (`None`: the
     /// agent does not export it).
-    network_programming: Option<HistogramDelta>,
+    network_programming: Option<HistogramIncrease>,
     /// Whole run (since the agent started).
     syncs_total: f64,
     sync_seconds_total: f64,

@@ -159,7 +159,7 @@ impl Metrics {
 
 /// Histogram `name` between two scrapes: count, sum and the bucket counts.
 #[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct HistogramDelta {
+pub struct HistogramIncrease {
     pub count: f64,
     pub sum_seconds: f64,
     pub mean_ms: Option<f64>,
@@ -169,8 +169,8 @@ pub struct HistogramDelta {
     pub max_bucket_ms: Option<f64>,
 }
 
-impl HistogramDelta {
-    pub fn between(before: &Metrics, after: &Metrics, name: &str) -> HistogramDelta {
+impl HistogramIncrease {
+    pub fn between(before: &Metrics, after: &Metrics, name: &str) -> HistogramIncrease {
         let count =
             after.sum(&format!("{name}_count"), &[]) - before.sum(&format!("{name}_count"), &[]);
         let sum = after.sum(&format!("{name}_sum"), &[]) - before.sum(&format!("{name}_sum"), &[]);
@@ -193,7 +193,7 @@ impl HistogramDelta {
             }
             below = n;
         }
-        HistogramDelta {
+        HistogramIncrease {
             count,
             sum_seconds: sum,
             mean_ms: (count > 0.0).then(|| sum / count * 1e3),
@@ -258,7 +258,7 @@ plain_total 7
             m.buckets("x_seconds"),
             vec![(0.5, 2.0), (1.0, 4.0), (f64::INFINITY, 4.0)]
         );
-        let d = HistogramDelta::between(&Metrics::default(), &m, "x_seconds");
+        let d = HistogramIncrease::between(&Metrics::default(), &m, "x_seconds");
         assert_eq!(d.count, 4.0);
         assert_eq!(d.mean_ms, Some(625.0));
         assert_eq!(d.p50_ms, Some(500.0));

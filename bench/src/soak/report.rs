@@ -63,9 +63,9 @@ pub(super) fn series_stats(
 pub(super) fn agent_metrics(before: &Metrics, after: &Metrics) -> AgentMetrics {
     let delta = |name: &str| after.sum(name, &[]) - before.sum(name, &[]);
     let np = "kubeproxy_network_programming_duration_seconds";
-    let messages = HistogramDelta::between(before, after, "nftproxy_sync_netlink_messages");
+    let messages = HistogramIncrease::between(before, after, "nftproxy_sync_netlink_messages");
     AgentMetrics {
-        sync_duration: HistogramDelta::between(
+        sync_duration: HistogramIncrease::between(
             before,
             after,
             "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -82,7 +82,7 @@ pub(super) fn agent_metrics(before: &Metrics, after: &Metrics) -> AgentMetrics {
         partial_syncs: delta("kubeproxy_sync_partial_proxy_rules_duration_seconds_count"),
         network_programming: after
             .has(&format!("{np}_count"))
-            .then(|| HistogramDelta::between(before, after, np)),
+            .then(|| HistogramIncrease::between(before, after, np)),
         syncs_total: after.sum("kubeproxy_sync_proxy_rules_duration_seconds_count", &[]),
         sync_seconds_total: after.sum("kubeproxy_sync_proxy_rules_duration_seconds_sum", &[]),
         sync_failures_total: after.sum(

@@ -36,11 +36,11 @@ use crate::conflicts::{Suppressed, suppressed};
 use crate::convert::slices_by_service;
 use crate::decision::{DecisionEnv, LocalTraffic, service_decisions};
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
+use crate::nft::regions::{RegionSource, Regions};
 use crate::nft::ruleset::{
     Action, Chain, ChainName, Family, Key, KeyType, Match, Proto, Rule, Set, SetDecl, Table, Value,
     Verdict,
 };
-use crate::nft::slots::{SlotSource, Slots};
 use crate::topology::PortEndpoint;
 
 pub use crate::decision::{NoLocalEndpoints, port_endpoints};
@@ -314,22 +314,22 @@ impl BuildEnv {
 /// What one Service contributes to a family's table: its own chains and sets, and its elements
 /// of the shared maps (keyed by map name).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Part {
+pub struct Fragment {
     pub chains: BTreeMap<ChainName, Chain>,
     pub sets: BTreeMap<String, Set>,
     pub elements: BTreeMap<(&'static str, Key), Option<Value>>,
     pub no_local_endpoints: NoLocalEndpoints,
 }
 
-impl Part {
+impl Fragment {
     /// Creates the endpoint maps this part has elements in and `table` lacks: an endpoint map
-    /// (see [`crate::nft::ruleset::Action::DnatSlot`]) exists while it has elements.
+    /// (see [`crate::nft::ruleset::Action::DnatRegion`]) exists while it has elements.
     fn add_endpoint_maps(&self, table: &mut Table) {
         for (set, key) in self.elements.keys() {
-            if key.key_type() == KeyType::Slot && !table.sets.contains_key(*set) {
+            if key.key_type() == KeyType::Interval && !table.sets.contains_key(*set) {
                 table
                     .sets
-                    .insert(set.to_string(), endpoint_map(KeyType::Slot));
+                    .insert(set.to_string(), endpoint_map(KeyType::Interval));
             }
         }
     }
@@ -358,23 +358,23 @@ impl Part {
 }
 
 /// The part of `family`'s table that Service `svc` (with its EndpointSlices) accounts for.
-/// `slots` gives the Service chains their endpoint-map regions; `suppressed` says which of its
+/// `regions` gives the Service chains their endpoint-map regions; `suppressed` says which of its
 /// frontends other Services keep ([`crate::conflicts::suppressed`] in the Service's cluster).
-pub fn service_part<'s>(
+pub fn service_fragment<'s>(
     svc: &Service,
     slices: impl IntoIterator<Item = &'s EndpointSlice>,
     env: &BuildEnv,
-    slots: &mut SlotSource<'_>,
+    regions: &mut RegionSource<'_>,
     suppressed: &Suppressed,
-) -> Part {
-    let mut part = Part::default();
+) -> Fragment {
+    let mut part = Fragment::default();
     // Not proxied in a family it has no ClusterIP of.
     if svc.cluster_ip(env.decision.family).is_none() {
         return part;
     }
     let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
     for decision in service_decisions(svc, &slices, suppressed, &env.decision) {
-        port::add(&mut part, &decision, &env.det, slots);
+        port::add(&mut part, &decision, &env.det, regions);
     }
     part
 }
@@ -385,11 +385,17 @@ pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Built {
     let mut counts = NoLocalEndpoints::default();
     let env = BuildEnv::new(cluster, config, family);
     let by_service = slices_by_service(&cluster.slices);
-    let mut slots = Slots::new();
+    let mut regions = Regions::new();
     for svc in cluster.services.values() {
         let slices = by_service.get(&svc.name).into_iter().flatten().copied();
         let sup = suppressed(&cluster.services, svc);
-        let part = service_part(svc, slices, &env, &mut SlotSource::Assign(&mut slots), &sup);
+        let part = service_fragment(
+            svc,
+            slices,
+            &env,
+            &mut RegionSource::Assign(&mut regions),
+            &sup,
+        );
         part.merge_into(&mut table);
         counts.add(part.no_local_endpoints);
     }

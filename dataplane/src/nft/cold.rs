@@ -16,7 +16,7 @@ use super::state::TableState;
 use super::transaction::{Op, Transaction};
 
 /// Set elements per transaction when [`split_cold_elements`] cuts one.
-pub const ELEMENTS_PER_PART: usize = 50_000;
+pub const ELEMENTS_PER_STAGE: usize = 50_000;
 
 /// When the table does not exist yet (`current` is `None`), moves the set elements of `parts`
 /// (the planner's transaction, possibly split already by `plan::split_new_chains`) into

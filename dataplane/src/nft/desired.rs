@@ -7,7 +7,7 @@
 //!
 //! The result is always the table a full build would give, except for which endpoint-map region
 //! a Service chain uses and the sets' sizes: regions are kept for as long as their chain exists
-//! (see [`crate::nft::slots`]) and sizes for as long as they fit (see
+//! (see [`crate::nft::regions`]) and sizes for as long as they fit (see
 //! [`crate::nft::ruleset::Table::fit_set_sizes`]), so after changes both may differ from a fresh
 //! build's (and a build at startup adopts the kernel's). Elements of plain sets may be shared (an
 //! endpoint of several Services is one `hairpin-endpoints` element): they are counted and stay
@@ -29,9 +29,11 @@ use ipnet::IpNet;
 
 use crate::conflicts::{Suppressed, claims_differ, neighbours, suppressed};
 use crate::model::{Cluster, Node, ObjectName};
-use crate::nft::build::{BuildConfig, BuildEnv, NoLocalEndpoints, Part, base_table, service_part};
+use crate::nft::build::{
+    BuildConfig, BuildEnv, Fragment, NoLocalEndpoints, base_table, service_fragment,
+};
+use crate::nft::regions::{RegionSource, Regions};
 use crate::nft::ruleset::{ChainName, Family, Key, KeyType, Set, SetDecl, Table, Value};
-use crate::nft::slots::{SlotSource, Slots};
 use crate::nft::state::TableState;
 
 /// What an element of a set was before a change: absent (`None`), or present with this value.
@@ -57,14 +59,14 @@ impl Scope {
         self.chains.is_empty() && self.sets.is_empty() && self.elements.is_empty()
     }
 
-    fn cover(&mut self, part: &Part) {
+    fn cover(&mut self, part: &Fragment) {
         self.chains.extend(part.chains.keys().cloned());
         self.sets.extend(part.sets.keys().cloned());
     }
 
     /// Records what the elements `part` touches are in `table` now, unless an earlier step of
     /// the same change recorded them already: call before `part` is added or taken out.
-    fn note(&mut self, table: &Table, part: &Part) {
+    fn note(&mut self, table: &Table, part: &Fragment) {
         let mut note = |set: &str, key: Key| {
             let was = || {
                 table
@@ -156,7 +158,7 @@ pub struct Desired {
     /// all of them: counting every element would cost as much memory as the elements).
     shared: HashMap<(&'static str, Key), u32>,
     /// The Service chains' endpoint-map regions.
-    slots: Slots,
+    regions: Regions,
     rules: usize,
     elements: usize,
     no_local_endpoints: NoLocalEndpoints,
@@ -165,7 +167,7 @@ pub struct Desired {
 impl Desired {
     /// Builds the whole table (O(cluster)).
     pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Desired {
-        Desired::build_keeping(cluster, config, family, Slots::new(), |_| None)
+        Desired::build_keeping(cluster, config, family, Regions::new(), |_| None)
     }
 
     /// Builds the whole table, giving chains the endpoint-map regions they have in `kernel`
@@ -176,24 +178,24 @@ impl Desired {
         family: Family,
         kernel: &TableState,
     ) -> Desired {
-        let mut slots = Slots::new();
+        let mut regions = Regions::new();
         for (chain, state) in &kernel.chains {
-            if let Some(slot) = state.slot {
-                slots.seed(chain, slot);
+            if let Some(region) = state.region {
+                regions.seed(chain, region);
             }
         }
-        Desired::build_keeping(cluster, config, family, slots, |name| {
+        Desired::build_keeping(cluster, config, family, regions, |name| {
             kernel.sets.get(name)?.decl.size
         })
     }
 
-    /// Builds the whole table, keeping the regions `slots` gave chains that still exist and the
+    /// Builds the whole table, keeping the regions `regions` gave chains that still exist and the
     /// set sizes `sizes` gives that still fit.
     fn build_keeping(
         cluster: &Cluster,
         config: &BuildConfig,
         family: Family,
-        slots: Slots,
+        regions: Regions,
         sizes: impl Fn(&str) -> Option<u32>,
     ) -> Desired {
         let table = base_table(config, cluster, family);
@@ -205,7 +207,7 @@ impl Desired {
             inputs: NodeInputs::of(cluster, family),
             built_from: cluster.clone(),
             shared: HashMap::new(),
-            slots,
+            regions,
             no_local_endpoints: NoLocalEndpoints::default(),
         };
         let env = BuildEnv::new(cluster, config, family);
@@ -214,11 +216,11 @@ impl Desired {
         // rest of the table.
         let mut gathered: HashMap<&'static str, Vec<(Key, Option<Value>)>> = HashMap::new();
         for svc in cluster.services.values() {
-            let part = service_part(
+            let part = service_fragment(
                 svc,
                 cluster.slices_of(&svc.name),
                 &env,
-                &mut SlotSource::Assign(&mut desired.slots),
+                &mut RegionSource::Assign(&mut desired.regions),
                 &suppressed(&cluster.services, svc),
             );
             desired.insert_structure(&part);
@@ -230,7 +232,7 @@ impl Desired {
             desired.insert_gathered(set, elements);
         }
         let chains = &desired.table.chains;
-        desired.slots.retain(|chain| chains.contains_key(chain));
+        desired.regions.retain(|chain| chains.contains_key(chain));
         desired.table.fit_set_sizes(sizes);
         // Filled in no key order, the chains' B-tree nodes end up about two-thirds full;
         // rebuilt from their sorted contents they are full.
@@ -323,33 +325,33 @@ impl Desired {
         // Every old part goes before any new part comes in: a frontend may move from one
         // Service to another.
         let mut released: BTreeSet<ChainName> = BTreeSet::new();
-        let mut old_parts = Vec::new();
+        let mut old_fragments = Vec::new();
         for (name, (old, _)) in &affected {
             if let Some(svc) = before.services.get(name) {
-                let part = service_part(
+                let part = service_fragment(
                     svc,
                     before.slices_of(name),
                     &env,
-                    &mut SlotSource::Lookup(&self.slots),
+                    &mut RegionSource::Lookup(&self.regions),
                     old,
                 );
-                old_parts.push(part);
+                old_fragments.push(part);
             }
         }
-        for old in &old_parts {
+        for old in &old_fragments {
             scope.note(&self.table, old);
             contested |= self.remove(old);
             scope.cover(old);
             released.extend(old.chains.keys().cloned());
         }
-        drop(old_parts);
+        drop(old_fragments);
         for (name, (_, new)) in &affected {
             if let Some(svc) = after.services.get(name) {
-                let part = service_part(
+                let part = service_fragment(
                     svc,
                     after.slices_of(name),
                     &env,
-                    &mut SlotSource::Assign(&mut self.slots),
+                    &mut RegionSource::Assign(&mut self.regions),
                     new,
                 );
                 scope.cover(&part);
@@ -361,7 +363,7 @@ impl Desired {
             }
         }
         for chain in &released {
-            self.slots.release(chain);
+            self.regions.release(chain);
         }
         if contested {
             tracing::debug!(
@@ -429,17 +431,17 @@ impl Desired {
     /// Rebuilds everything (O(cluster)), keeping the chains' endpoint-map regions and the set
     /// sizes that still fit. Returns the sets of the table before, for the planner.
     pub fn rebuild(&mut self, cluster: &Cluster, config: &BuildConfig) -> BTreeMap<String, Set> {
-        let slots = std::mem::take(&mut self.slots);
+        let regions = std::mem::take(&mut self.regions);
         let old = std::mem::take(&mut self.table.sets);
-        *self = Desired::build_keeping(cluster, config, self.family(), slots, |name| {
+        *self = Desired::build_keeping(cluster, config, self.family(), regions, |name| {
             old.get(name)?.decl.size
         });
         old
     }
 
     /// Adds a Service's part; true if another Service already claims one of its elements.
-    /// (What [`Part::merge_into`] does, counting as it goes.)
-    fn insert(&mut self, part: &Part) -> bool {
+    /// (What [`Fragment::merge_into`] does, counting as it goes.)
+    fn insert(&mut self, part: &Fragment) -> bool {
         let mut contested = false;
         self.insert_structure(part);
         let Desired {
@@ -471,7 +473,7 @@ impl Desired {
     }
 
     /// Adds a Service's part but for its elements of shared maps.
-    fn insert_structure(&mut self, part: &Part) {
+    fn insert_structure(&mut self, part: &Fragment) {
         part.merge_structure_into(&mut self.table);
         self.elements += part.sets.values().map(|s| s.elements.len()).sum::<usize>();
         self.rules += rules_of(part);
@@ -480,7 +482,7 @@ impl Desired {
 
     /// Takes a Service's part out again; true if another Service still claims one of its
     /// elements (whose value only a rebuild can tell).
-    fn remove(&mut self, part: &Part) -> bool {
+    fn remove(&mut self, part: &Fragment) -> bool {
         let mut contested = false;
         for chain in part.chains.keys() {
             self.table.chains.remove(chain);
@@ -512,7 +514,7 @@ impl Desired {
                         self.elements -= 1;
                     }
                     // An endpoint map exists while it has elements, as in a full build.
-                    if key.1.key_type() == KeyType::Slot && set.elements.is_empty() {
+                    if key.1.key_type() == KeyType::Interval && set.elements.is_empty() {
                         self.table.sets.remove(key.0);
                     }
                 }
@@ -547,6 +549,6 @@ fn revert(sets: &mut BTreeMap<String, Set>, delta: &Delta) {
     }
 }
 
-fn rules_of(part: &Part) -> usize {
+fn rules_of(part: &Fragment) -> usize {
     part.chains.values().map(|c| c.rules.len()).sum()
 }

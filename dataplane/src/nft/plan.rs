@@ -51,7 +51,7 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
         let in_action = match &r.action {
             Action::VmapAddrProtoPort { map } | Action::VmapProtoPort { map } => sets.contains(map),
             Action::UpdateSaddr { set } => sets.contains(set),
-            Action::DnatSlot { map, .. } => sets.contains(*map),
+            Action::DnatRegion { map, .. } => sets.contains(*map),
             Action::DnatIndexed { map, .. } => sets.contains(map),
             _ => false,
         };
@@ -359,13 +359,13 @@ pub fn plan_cleanup_scope(current: &TableState, desired: &Table, scope: &Scope) 
 }
 
 /// Rules per transaction when [`split_new_chains`] splits one.
-pub const RULES_PER_PART: usize = 5_000;
+pub const RULES_PER_STAGE: usize = 5_000;
 
-/// Splits a transaction whose new chains hold more than `rules_per_part` rules into several,
+/// Splits a transaction whose new chains hold more than `rules_per_stage` rules into several,
 /// so that the batch of a cold start (tens of MiB) never has to exist at once.
 ///
 /// The transactions before the last create the table, new sets and new chains, and fill the
-/// new regular chains, at most `rules_per_part` rules each. Nothing can reach a chain that did
+/// new regular chains, at most `rules_per_stage` rules each. Nothing can reach a chain that did
 /// not exist before until a verdict-map element or a rule refers to it, and those (with the
 /// rules of base chains) all stay in the last transaction with everything else, so every
 /// intermediate state shows each Service entirely as before. If a later part fails, the chains
@@ -377,9 +377,9 @@ pub const RULES_PER_PART: usize = 5_000;
 pub fn split_new_chains(
     current: Option<&TableState>,
     tx: Transaction,
-    rules_per_part: usize,
+    rules_per_stage: usize,
 ) -> Vec<Transaction> {
-    enum Part {
+    enum Stage {
         Setup,
         NewRules(usize),
         Last,
@@ -396,20 +396,20 @@ pub fn split_new_chains(
             _ => None,
         })
         .collect();
-    let parts: Vec<Part> = tx
+    let parts: Vec<Stage> = tx
         .ops
         .iter()
         .map(|op| match op {
-            Op::AddTable => Part::Setup,
-            Op::AddSet { name, .. } if !exists_set(name) => Part::Setup,
+            Op::AddTable => Stage::Setup,
+            Op::AddSet { name, .. } if !exists_set(name) => Stage::Setup,
             // Base chains are created early too (empty, they accept everything), so that
             // `nft list` shows the chains in the order a single transaction gives; their rules
             // wait for the last part.
-            Op::AddChain { name, .. } if !exists_chain(name) => Part::Setup,
+            Op::AddChain { name, .. } if !exists_chain(name) => Stage::Setup,
             Op::AddRules { chain, rules } if new_regular.contains(&**chain) => {
-                Part::NewRules(rules.len())
+                Stage::NewRules(rules.len())
             }
-            _ => Part::Last,
+            _ => Stage::Last,
         })
         .collect();
     let deletes = tx
@@ -419,32 +419,32 @@ pub fn split_new_chains(
     let movable: usize = parts
         .iter()
         .map(|p| match p {
-            Part::NewRules(n) => *n,
+            Stage::NewRules(n) => *n,
             _ => 0,
         })
         .sum();
-    if deletes || movable <= rules_per_part {
+    if deletes || movable <= rules_per_stage {
         return vec![tx];
     }
     let family = tx.family;
     let part = |ops| Transaction { family, ops };
     let mut out = vec![part(Vec::new())];
     let mut last = Vec::new();
-    let mut rules_in_part = 0;
+    let mut rules_in_stage = 0;
     let mut fills = Vec::new();
     for (op, p) in tx.ops.into_iter().zip(parts) {
         match p {
-            Part::Setup => out[0].ops.push(op),
-            Part::NewRules(n) => fills.push((op, n)),
-            Part::Last => last.push(op),
+            Stage::Setup => out[0].ops.push(op),
+            Stage::NewRules(n) => fills.push((op, n)),
+            Stage::Last => last.push(op),
         }
     }
     for (op, n) in fills {
-        if rules_in_part > 0 && rules_in_part + n > rules_per_part {
+        if rules_in_stage > 0 && rules_in_stage + n > rules_per_stage {
             out.push(part(Vec::new()));
-            rules_in_part = 0;
+            rules_in_stage = 0;
         }
-        rules_in_part += n;
+        rules_in_stage += n;
         out.last_mut().expect("never empty").ops.push(op);
     }
     out.push(part(last));

@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::nft::ruleset::{
-    Action, BaseChain, ChainType, Family, Key, KeyType, Match, Rule, SLOT_MODULUS, SetDecl, TABLE,
-    TABLE_COMMENT, Table, Value, Verdict,
+    Action, BaseChain, ChainType, Family, Key, KeyType, Match, REGION_MODULUS, Rule, SetDecl,
+    TABLE, TABLE_COMMENT, Table, Value, Verdict,
 };
 use crate::nft::transaction::{Op, Transaction};
 
@@ -79,13 +79,13 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
         Action::MarkOr(bits) => format!("meta mark set meta mark | 0x{bits:08x}"),
         Action::MarkXor(bits) => format!("meta mark set meta mark ^ 0x{bits:08x}"),
         Action::UpdateSaddr { set } => format!("update @{set} {{ {fam} saddr }}"),
-        Action::DnatSlot { map, offset } => {
+        Action::DnatRegion { map, offset } => {
             let offset = if *offset == 0 {
                 String::new()
             } else {
                 format!(" offset {offset}")
             };
-            format!("dnat {fam} to numgen random mod {SLOT_MODULUS}{offset} map @{map}")
+            format!("dnat {fam} to numgen random mod {REGION_MODULUS}{offset} map @{map}")
         }
         Action::DnatIndexed {
             map,
@@ -137,8 +137,8 @@ pub fn key_type_text(family: Family, key: KeyType) -> &'static str {
         (_, KeyType::ProtoPort) => "inet_proto . inet_service",
         (Family::V4, KeyType::AddrPair) => "ipv4_addr . ipv4_addr",
         (Family::V6, KeyType::AddrPair) => "ipv6_addr . ipv6_addr",
-        (Family::V4, KeyType::Slot) => "numgen random mod 2 : ip daddr . th dport",
-        (Family::V6, KeyType::Slot) => "numgen random mod 2 : ip6 daddr . th dport",
+        (Family::V4, KeyType::Interval) => "numgen random mod 2 : ip daddr . th dport",
+        (Family::V6, KeyType::Interval) => "numgen random mod 2 : ip6 daddr . th dport",
         (Family::V4, KeyType::AddrProtoPortIndex) => {
             "ip daddr . meta l4proto . th dport . numgen random mod 2 : ip daddr . th dport"
         }
@@ -160,7 +160,7 @@ pub fn key_text(key: &Key) -> String {
         Key::AddrProtoPort(a, p, port) => format!("{a} . {p} . {port}"),
         Key::ProtoPort(p, port) => format!("{p} . {port}"),
         Key::AddrPair(a) => format!("{a} . {a}"),
-        Key::Slot { at, end } => format!("{at}-{}", end.wrapping_sub(1)),
+        Key::Interval { at, end } => format!("{at}-{}", end.wrapping_sub(1)),
         Key::AddrProtoPortIndex(a, p, port, i) => format!("{a} . {p} . {port} . {i}"),
         Key::ProtoPortIndex(p, port, i) => format!("{p} . {port} . {i}"),
     }
@@ -198,7 +198,7 @@ fn set_kind(decl: &SetDecl) -> &'static str {
 fn set_decl_lines(family: Family, decl: &SetDecl, out: &mut String, indent: &str) {
     if decl.key.holds_endpoints() {
         let _ = writeln!(out, "{indent}typeof {}", key_type_text(family, decl.key));
-        if decl.key == KeyType::Slot {
+        if decl.key == KeyType::Interval {
             let _ = writeln!(out, "{indent}flags interval");
         }
     } else {

@@ -153,11 +153,11 @@ pub enum Action {
     UpdateSaddr {
         set: String,
     },
-    /// `dnat ip to numgen random mod SLOT_MODULUS offset OFFSET map @MAP`: picks one of the
+    /// `dnat ip to numgen random mod REGION_MODULUS offset OFFSET map @MAP`: picks one of the
     /// endpoints whose intervals tile the region starting at `offset` of endpoint map `map` (see
-    /// [`slot_elements`]). The rule must also match `meta l4proto`. Changing the endpoints changes
+    /// [`region_elements`]). The rule must also match `meta l4proto`. Changing the endpoints changes
     /// only map elements, never the rule.
-    DnatSlot {
+    DnatRegion {
         map: &'static str,
         offset: u32,
     },
@@ -206,8 +206,8 @@ pub enum KeyType {
     /// `ipv4_addr . ipv4_addr`
     AddrPair,
     /// An endpoint map: `typeof numgen random mod 2 : ip daddr . th dport`, `flags interval`
-    /// (elements are [`Key::Slot`]).
-    Slot,
+    /// (elements are [`Key::Interval`]).
+    Interval,
     /// An endpoint-list map: `typeof ip daddr . meta l4proto . th dport . numgen random mod 2 :
     /// ip daddr . th dport` (elements are [`Key::AddrProtoPortIndex`]).
     AddrProtoPortIndex,
@@ -221,7 +221,7 @@ impl KeyType {
     pub fn holds_endpoints(self) -> bool {
         matches!(
             self,
-            KeyType::Slot | KeyType::AddrProtoPortIndex | KeyType::ProtoPortIndex
+            KeyType::Interval | KeyType::AddrProtoPortIndex | KeyType::ProtoPortIndex
         )
     }
 }
@@ -238,7 +238,7 @@ pub enum Key {
     /// endpoint as data and an interval end at `end`. Both bounds are the key, so an interval
     /// whose bounds change is replaced, never split or merged in place (the kernel refuses
     /// that).
-    Slot {
+    Interval {
         at: u32,
         end: u32,
     },
@@ -272,19 +272,19 @@ impl Value {
     }
 }
 
-/// The `numgen random` modulus of [`Action::DnatSlot`] rules. Divisible by every k up to 16,
+/// The `numgen random` modulus of [`Action::DnatRegion`] rules. Divisible by every k up to 16,
 /// so up to 16 endpoints each get exactly 1/k of the values, as with kube-proxy's `numgen
 /// random mod k`; with more endpoints the shares differ by at most one value in 2,882,880
 /// divided by k (0.04% for 1,000 endpoints).
-pub const SLOT_MODULUS: u32 = 2_882_880;
+pub const REGION_MODULUS: u32 = 2_882_880;
 
-/// A region of an endpoint map spans 2^22 values (more than [`SLOT_MODULUS`]): 1,024 regions
+/// A region of an endpoint map spans 2^22 values (more than [`REGION_MODULUS`]): 1,024 regions
 /// per map.
-pub const SLOT_REGION_BITS: u32 = 22;
-pub const SLOT_REGIONS_PER_MAP: u32 = 1 << (32 - SLOT_REGION_BITS);
+pub const REGION_BITS: u32 = 22;
+pub const REGIONS_PER_MAP: u32 = 1 << (32 - REGION_BITS);
 
 /// Most endpoints one region can hold (every interval at least 16 values wide).
-pub const SLOT_MAX_ENDPOINTS: usize = (SLOT_MODULUS / 16) as usize;
+pub const REGION_MAX_ENDPOINTS: usize = (REGION_MODULUS / 16) as usize;
 
 /// Number of endpoint maps per family, `endpoints-0` ..: a map's elements are checked against
 /// every rule that uses the map when they are added, so each map serves only a slice of the
@@ -308,25 +308,25 @@ pub fn endpoint_map_index(name: &str) -> Option<usize> {
 }
 
 /// First value of region `region` of an endpoint map.
-pub fn slot_offset(region: u32) -> u32 {
-    region << SLOT_REGION_BITS
+pub fn region_offset(region: u32) -> u32 {
+    region << REGION_BITS
 }
 
 /// Region of an endpoint-map value.
-pub fn slot_region(at: u32) -> u32 {
-    at >> SLOT_REGION_BITS
+pub fn region_at(at: u32) -> u32 {
+    at >> REGION_BITS
 }
 
-/// The elements of the region at `offset` holding `targets` (at most [`SLOT_MAX_ENDPOINTS`]):
+/// The elements of the region at `offset` holding `targets` (at most [`REGION_MAX_ENDPOINTS`]):
 /// endpoint `j` of k gets the values `offset + j*M/k ..= offset + (j+1)*M/k - 1`, where M is
-/// [`SLOT_MODULUS`].
-pub fn slot_elements(offset: u32, targets: &[(IpAddr, u16)]) -> Vec<(Key, Value)> {
+/// [`REGION_MODULUS`].
+pub fn region_elements(offset: u32, targets: &[(IpAddr, u16)]) -> Vec<(Key, Value)> {
     let k = targets.len() as u64;
-    let bound = |j: u64| offset + (j * u64::from(SLOT_MODULUS) / k) as u32;
+    let bound = |j: u64| offset + (j * u64::from(REGION_MODULUS) / k) as u32;
     (0u64..)
         .zip(targets)
         .map(|(j, (addr, port))| {
-            let key = Key::Slot {
+            let key = Key::Interval {
                 at: bound(j),
                 end: bound(j + 1),
             };
@@ -338,7 +338,7 @@ pub fn slot_elements(offset: u32, targets: &[(IpAddr, u16)]) -> Vec<(Key, Value)
 /// Rebuilds endpoint-map intervals from the elements the kernel lists, `(value,
 /// Some(endpoint))` for a start and `(value, None)` for an interval end, in any order: each
 /// start ends at the next end above it. A start without an end is left out.
-pub fn slot_elements_from_bounds(
+pub fn region_elements_from_bounds(
     mut bounds: Vec<(u32, Option<(IpAddr, u16)>)>,
 ) -> Vec<(Key, Value)> {
     bounds.sort_by_key(|(at, target)| (*at, target.is_some()));
@@ -350,7 +350,7 @@ pub fn slot_elements_from_bounds(
             None => {
                 if let Some((start, addr, port)) = open.take() {
                     keys.push((
-                        Key::Slot { at: start, end: at },
+                        Key::Interval { at: start, end: at },
                         Value::Endpoint(addr, port),
                     ));
                 }
@@ -379,7 +379,7 @@ impl Key {
             Key::AddrProtoPort(..) => KeyType::AddrProtoPort,
             Key::ProtoPort(..) => KeyType::ProtoPort,
             Key::AddrPair(_) => KeyType::AddrPair,
-            Key::Slot { .. } => KeyType::Slot,
+            Key::Interval { .. } => KeyType::Interval,
             Key::AddrProtoPortIndex(..) => KeyType::AddrProtoPortIndex,
             Key::ProtoPortIndex(..) => KeyType::ProtoPortIndex,
         }
@@ -414,7 +414,7 @@ impl SetDecl {
     /// Whether the kernel keeps the set in a hash table, which it sizes by `size`: every set
     /// but interval maps and sets with timeouts.
     pub fn hashed(&self) -> bool {
-        self.timeout_secs.is_none() && self.key != KeyType::Slot
+        self.timeout_secs.is_none() && self.key != KeyType::Interval
     }
 }
 
@@ -534,31 +534,31 @@ mod tests {
         let targets: Vec<(IpAddr, u16)> = (1..=7u8)
             .map(|i| (IpAddr::from([10, 0, 0, i]), 8080))
             .collect();
-        let offset = slot_offset(3);
-        let elements = slot_elements(offset, &targets);
+        let offset = region_offset(3);
+        let elements = region_elements(offset, &targets);
         let mut next = offset;
         for ((key, value), target) in elements.iter().zip(&targets) {
-            let Key::Slot { at, end } = *key else {
+            let Key::Interval { at, end } = *key else {
                 panic!("not an interval: {key:?}")
             };
             assert_eq!(at, next);
-            assert!(end - at == SLOT_MODULUS / 7 || end - at == SLOT_MODULUS / 7 + 1);
+            assert!(end - at == REGION_MODULUS / 7 || end - at == REGION_MODULUS / 7 + 1);
             assert_eq!(*value, Value::Endpoint(target.0, target.1));
             next = end;
         }
-        assert_eq!(next, offset + SLOT_MODULUS);
-        assert!(slot_region(next - 1) == 3 && SLOT_MODULUS < 1 << SLOT_REGION_BITS);
+        assert_eq!(next, offset + REGION_MODULUS);
+        assert!(region_at(next - 1) == 3 && REGION_MODULUS < 1 << REGION_BITS);
 
         // As the kernel lists them: starts with data, ends without, adjacent ones sharing a value.
         let mut bounds: Vec<(u32, Option<(IpAddr, u16)>)> = Vec::new();
         for (key, value) in &elements {
-            let (Key::Slot { at, end }, Value::Endpoint(addr, port)) = (key, value) else {
+            let (Key::Interval { at, end }, Value::Endpoint(addr, port)) = (key, value) else {
                 unreachable!()
             };
             bounds.push((*end, None));
             bounds.push((*at, Some((*addr, *port))));
         }
         bounds.reverse();
-        assert_eq!(slot_elements_from_bounds(bounds), elements);
+        assert_eq!(region_elements_from_bounds(bounds), elements);
     }
 }

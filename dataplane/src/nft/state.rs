@@ -13,10 +13,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::nft::regions::Region;
 use crate::nft::ruleset::{
-    Action, BaseChain, ChainName, Key, Rule, SetDecl, Table, Value, endpoint_map_index, slot_region,
+    Action, BaseChain, ChainName, Key, Rule, SetDecl, Table, Value, endpoint_map_index, region_at,
 };
-use crate::nft::slots::Slot;
 use crate::nft::transaction::{Op, Transaction};
 
 /// What the kernel holds for one chain, as far as planning needs to know.
@@ -28,8 +28,8 @@ pub struct ChainState {
     /// Whether the chain holds no rules (stale chains are emptied before they are deleted).
     pub empty: bool,
     /// The endpoint-map region the chain's rules DNAT through, so that a restarted agent can
-    /// give the chain the same region again (see [`crate::nft::slots`]).
-    pub slot: Option<Slot>,
+    /// give the chain the same region again (see [`crate::nft::regions`]).
+    pub region: Option<Region>,
 }
 
 /// What the state knows of a set's elements.
@@ -118,14 +118,14 @@ impl TableState {
                     base: *base,
                     fingerprint: None,
                     empty: true,
-                    slot: None,
+                    region: None,
                 });
                 entry.fingerprint = Some(*fingerprint);
             }
             Op::FlushChain { name } => {
                 if let Some(c) = self.chains.get_mut(name) {
                     c.empty = true;
-                    c.slot = None;
+                    c.region = None;
                 }
             }
             Op::DeleteChain { name } => {
@@ -134,7 +134,7 @@ impl TableState {
             Op::AddRules { chain, rules } => {
                 if let Some(c) = self.chains.get_mut(chain) {
                     c.empty &= rules.is_empty();
-                    c.slot = c.slot.or(dnat_slot(rules));
+                    c.region = c.region.or(dnat_region(rules));
                 }
             }
             Op::AddSet { name, decl } => {
@@ -151,12 +151,12 @@ impl TableState {
     }
 }
 
-/// The endpoint-map region the first `DnatSlot` rule of `rules` uses.
-pub fn dnat_slot(rules: &[Rule]) -> Option<Slot> {
+/// The endpoint-map region the first `DnatRegion` rule of `rules` uses.
+pub fn dnat_region(rules: &[Rule]) -> Option<Region> {
     rules.iter().find_map(|r| match &r.action {
-        Action::DnatSlot { map, offset } => Some(Slot {
+        Action::DnatRegion { map, offset } => Some(Region {
             map: endpoint_map_index(map)?,
-            region: slot_region(*offset),
+            region: region_at(*offset),
         }),
         _ => None,
     })

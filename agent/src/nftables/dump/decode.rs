@@ -214,7 +214,7 @@ pub(super) fn decode_chain(
     let empty = decoded.is_empty();
     // A rule nftproxy does not write makes the fingerprint unknown: the planner rewrites it.
     let decoded = decoded.into_iter().collect::<Option<Vec<Rule>>>();
-    let slot = decoded.as_deref().and_then(dnat_slot);
+    let region = decoded.as_deref().and_then(dnat_region);
     let fingerprint = decoded.map(|rules| {
         fingerprint(&Chain {
             base,
@@ -228,7 +228,7 @@ pub(super) fn decode_chain(
             base,
             fingerprint,
             empty,
-            slot,
+            region,
         },
     ))
 }

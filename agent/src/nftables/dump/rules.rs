@@ -536,7 +536,7 @@ pub(super) fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
             e,
         ] if name == "numgen" && bo_name == "byteorder" => {
             let (value, modulus, offset) = random_numgen(ng)?;
-            let ok = modulus == SLOT_MODULUS
+            let ok = modulus == REGION_MODULUS
                 && only(
                     bo,
                     &[
@@ -555,7 +555,7 @@ pub(super) fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
                 && *sreg == value
                 // The endpoint's port follows its address.
                 && dnat_regs(family, is_other(e, "nat")?) == Some((*data, data + alen / 4));
-            ok.then_some(Action::DnatSlot {
+            ok.then_some(Action::DnatRegion {
                 map: endpoint_map_name(endpoint_map_index(set)?),
                 offset,
             })

@@ -127,7 +127,7 @@ impl RawSet {
             return None;
         }
         let key = if self.flags == SetFlags::Interval | SetFlags::Map {
-            (self.key_len == Some(4)).then_some(KeyType::Slot)?
+            (self.key_len == Some(4)).then_some(KeyType::Interval)?
         } else if self.flags == SetFlags::Map {
             self.key_among(
                 family,
@@ -200,7 +200,7 @@ pub(super) const NFTA_SET_ELEM_USERDATA: u16 = 6;
 
 /// An interval bound of an endpoint map as the kernel lists it: `(value, Some(endpoint))` for a
 /// start, `(value, None)` for an end.
-pub(super) type SlotBoundRaw = (u32, Option<(IpAddr, u16)>);
+pub(super) type IntervalBound = (u32, Option<(IpAddr, u16)>);
 
 /// Adds the elements of the dump `msgs` to `out`; false if one cannot be decoded.
 pub(super) fn decode_elements(
@@ -209,14 +209,14 @@ pub(super) fn decode_elements(
     msgs: &[Vec<u8>],
     out: &mut BTreeMap<Key, Option<Value>>,
 ) -> bool {
-    if decl.key == KeyType::Slot {
+    if decl.key == KeyType::Interval {
         let mut bounds = Vec::new();
-        if !walk_elements(msgs, |e| decode_slot_element(family, e, &mut bounds)) {
+        if !walk_elements(msgs, |e| decode_interval_element(family, e, &mut bounds)) {
             return false;
         }
         // An interval is two elements, paired up once all are read.
         out.extend(
-            slot_elements_from_bounds(bounds)
+            region_elements_from_bounds(bounds)
                 .into_iter()
                 .map(|(k, v)| (k, Some(v))),
         );
@@ -313,10 +313,10 @@ pub(super) fn decode_endpoint(family: Family, b: &[u8]) -> Option<(IpAddr, u16)>
 
 /// One element of an endpoint map: a 4-byte big-endian key, and either the interval-end flag
 /// or the endpoint as data (the address, the port padded to 4 bytes).
-pub(super) fn decode_slot_element(
+pub(super) fn decode_interval_element(
     family: Family,
     element: &[u8],
-    out: &mut Vec<SlotBoundRaw>,
+    out: &mut Vec<IntervalBound>,
 ) -> bool {
     let Some((key, value, end)) = raw_element(family, true, element) else {
         return false;

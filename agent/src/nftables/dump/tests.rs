@@ -1,5 +1,5 @@
 use super::*;
-use dataplane::nft::ruleset::{Proto, slot_offset};
+use dataplane::nft::ruleset::{Proto, region_offset};
 use netlink_packet_core::Emitable;
 use netlink_packet_netfilter::nftables::MetaKey;
 
@@ -32,7 +32,7 @@ fn notifications_say_whether_our_table_or_the_chain_list_changed() {
     const NEWSETELEM: u16 = 12;
     let v4 = NFPROTO_IPV4;
     // Another table's elements, then a commit: nothing for us.
-    let mut c = Changes::default();
+    let mut c = Commits::default();
     c.take_in(
         &[
             notification(NEWSETELEM, v4, "other", 0),
@@ -43,10 +43,10 @@ fn notifications_say_whether_our_table_or_the_chain_list_changed() {
     );
     assert_eq!(
         c,
-        Changes {
+        Commits {
             last_gen: Some(41),
             commits: 1,
-            ..Changes::default()
+            ..Commits::default()
         }
     );
     assert!(c.seen(40) && c.seen(41) && !c.seen(42));
@@ -65,9 +65,9 @@ fn notifications_say_whether_our_table_or_the_chain_list_changed() {
     );
     assert!(c.overflow);
     // Generation ids wrap around.
-    let c = Changes {
+    let c = Commits {
         last_gen: Some(2),
-        ..Changes::default()
+        ..Commits::default()
     };
     assert!(c.seen(u32::MAX) && c.seen(2) && !c.seen(3));
 }
@@ -141,11 +141,11 @@ fn rules_round_trip_through_the_encoder() {
             Action::MarkOr(0x4000),
             Action::MarkXor(0x4000),
             Action::UpdateSaddr { set: "aff".into() },
-            Action::DnatSlot {
+            Action::DnatRegion {
                 map: endpoint_map_name(17),
-                offset: slot_offset(3),
+                offset: region_offset(3),
             },
-            Action::DnatSlot {
+            Action::DnatRegion {
                 map: endpoint_map_name(0),
                 offset: 0,
             },

@@ -346,11 +346,11 @@ pub(super) fn action_exprs(
                 Some(NF_NAT_RANGE_PROTO_SPECIFIED),
             ));
         }
-        Action::DnatSlot { map, offset } => {
-            if offset.checked_add(SLOT_MODULUS - 1).is_none() {
+        Action::DnatRegion { map, offset } => {
+            if offset.checked_add(REGION_MODULUS - 1).is_none() {
                 return Err(format!("numgen offset {offset} overflows"));
             }
-            out.push(numgen(Register::Reg1, SLOT_MODULUS, Some(*offset)));
+            out.push(numgen(Register::Reg1, REGION_MODULUS, Some(*offset)));
             // numgen writes a host-endian u32; the map's keys are big-endian.
             out.push(other(
                 "byteorder",
@@ -383,7 +383,7 @@ pub(super) fn action_exprs(
                 addr_proto_port(family, out)
             };
             out.push(numgen(nft_reg(word), *modulus, None));
-            // The endpoint (address . port) lands in the words from 0 on, as in DnatSlot.
+            // The endpoint (address . port) lands in the words from 0 on, as in DnatRegion.
             out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
             out.push(dnat(family, nft_reg(alen / 4), None));
         }

@@ -59,7 +59,7 @@ pub(in crate::nftables) fn key_layout(family: Family, key: KeyType) -> (u32, u32
         KeyType::ProtoPort => (concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]), 8),
         KeyType::AddrPair => (concat(&[addr_type, addr_type]), 2 * addr_len),
         // A `numgen` value, big-endian in the map (the rule converts it with `byteorder`).
-        KeyType::Slot => (TYPE_INTEGER, 4),
+        KeyType::Interval => (TYPE_INTEGER, 4),
         // The index is the `numgen` value as the rule computes it: host-endian.
         KeyType::AddrProtoPortIndex => (
             concat(&[addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_INTEGER]),
@@ -177,7 +177,7 @@ pub(super) fn typeof_payload(desc: u32, field: u32) -> Vec<u8> {
 /// The set user data nft 1.0.6 writes for `typeof numgen random mod 2 : ip daddr . th dport`,
 /// `flags interval` (100 bytes for both families): the key and data byte orders, the two
 /// `typeof` expressions, and "data is not an interval". `nft list` prints the map from it.
-pub(super) fn slot_udata(family: Family) -> Vec<u8> {
+pub(super) fn interval_map_udata(family: Family) -> Vec<u8> {
     let mut out = Vec::new();
     tlv_u32(&mut out, UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST_ENDIAN);
     tlv_u32(&mut out, UDATA_SET_DATABYTEORDER, BYTEORDER_INVALID);
@@ -229,7 +229,7 @@ pub(in crate::nftables) fn key_bytes(family: Family, key: &Key) -> Result<Vec<u8
             out.extend(addr_bytes(a));
             out.extend(addr_bytes(a));
         }
-        Key::Slot { at, .. } => out.extend_from_slice(&at.to_be_bytes()),
+        Key::Interval { at, .. } => out.extend_from_slice(&at.to_be_bytes()),
         Key::AddrProtoPortIndex(a, proto, port, i) => {
             check_family(family, a)?;
             out.extend(addr_bytes(a));

@@ -40,9 +40,9 @@ fn endpoint_map_udata_is_nfts() {
                 00 00 00 00";
     let v4 = format!("{common} 0c 00 00 00 01 04 0c 00 00 00 {tail}");
     let v6 = format!("{common} 0d 00 00 00 01 04 09 00 00 00 {tail}");
-    assert_eq!(slot_udata(Family::V4), hex(&v4));
-    assert_eq!(slot_udata(Family::V6), hex(&v6));
-    assert_eq!(slot_udata(Family::V4).len(), 100);
+    assert_eq!(interval_map_udata(Family::V4), hex(&v4));
+    assert_eq!(interval_map_udata(Family::V6), hex(&v6));
+    assert_eq!(interval_map_udata(Family::V4).len(), 100);
     assert_eq!(endpoint_data_layout(Family::V4), (0x1cd, 8));
     assert_eq!(endpoint_data_layout(Family::V6), (0x20d, 20));
 }
@@ -160,7 +160,7 @@ fn elements_are_written_as_the_crate_would() {
 
 #[test]
 fn slot_elements_are_big_endian_keys_with_padded_ports() {
-    let interval = Key::Slot {
+    let interval = Key::Interval {
         at: 0x0048_cc40,
         end: 0x0048_cc50,
     };

@@ -8,20 +8,20 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{
-    CLUSTER_IPS, Detector, EndpointLists, FIREWALL_IPS, HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS,
-    LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS,
-    MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, Part, REJECT_CHAIN,
-    SERVICE_IPS, SERVICE_NODEPORTS, dnat_rule, empty_set, endpoint_base, goto, jump,
+    CLUSTER_IPS, Detector, EndpointLists, FIREWALL_IPS, Fragment, HAIRPIN_ENDPOINTS,
+    LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE,
+    MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
+    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, dnat_rule, empty_set, endpoint_base, goto, jump,
     local_policy_rules, regular, service_port_base,
 };
 use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
 use crate::model::port_label;
 use crate::model::{Service, ServicePort};
+use crate::nft::regions::RegionSource;
 use crate::nft::ruleset::{
-    Action, ChainName, Key, KeyType, Match, Proto, Rule, SLOT_MAX_ENDPOINTS, SetDecl, Value,
-    Verdict, slot_elements, slot_offset,
+    Action, ChainName, Key, KeyType, Match, Proto, REGION_MAX_ENDPOINTS, Rule, SetDecl, Value,
+    Verdict, region_elements, region_offset,
 };
-use crate::nft::slots::SlotSource;
 use crate::topology::PortEndpoint;
 
 /// The chains a Service port may have.
@@ -60,14 +60,14 @@ fn pick(frontend: Frontend, services: &'static str, nodeports: &'static str) -> 
     }
 }
 
-fn insert_element(part: &mut Part, set: &'static str, key: Key, value: Option<Verdict>) {
+fn insert_element(part: &mut Fragment, set: &'static str, key: Key, value: Option<Verdict>) {
     part.elements.insert((set, key), value.map(Value::Verdict));
 }
 
 /// Adds the endpoint list of `frontend` (at most [`LIST_MAX_ENDPOINTS`] endpoints): entry i of
 /// the map for k endpoints DNATs to endpoint i.
 fn list_elements(
-    part: &mut Part,
+    part: &mut Fragment,
     frontend: Frontend,
     proto: Proto,
     local: bool,
@@ -87,7 +87,7 @@ fn list_elements(
 /// With session affinity, each endpoint gets a chain that records the client in its affinity
 /// set and DNATs: (endpoint) → (chain, affinity set).
 fn affinity_chains(
-    part: &mut Part,
+    part: &mut Fragment,
     d: &PortDecision<'_>,
 ) -> BTreeMap<(IpAddr, u16), (ChainName, String)> {
     let Some(timeout) = d.affinity_timeout else {
@@ -133,10 +133,10 @@ fn affinity_chains(
 
 /// Adds what one Service port contributes to the table.
 pub(super) fn add(
-    part: &mut Part,
+    part: &mut Fragment,
     d: &PortDecision<'_>,
     det: &Detector,
-    slots: &mut SlotSource<'_>,
+    regions: &mut RegionSource<'_>,
 ) {
     let proto = d.port.protocol;
     let svc = d.svc;
@@ -172,24 +172,24 @@ pub(super) fn add(
     for ep in &d.endpoints.all_reachable {
         insert_element(part, HAIRPIN_ENDPOINTS, Key::AddrPair(ep.addr), None);
     }
-    let dispatch = |part: &mut Part,
+    let dispatch = |part: &mut Fragment,
                     chain: &ChainName,
                     eps: &[PortEndpoint],
-                    slots: &mut SlotSource<'_>|
+                    regions: &mut RegionSource<'_>|
      -> Vec<Rule> {
         if affinity_chains.is_empty()
-            && eps.len() <= SLOT_MAX_ENDPOINTS
-            && let Some(slot) = slots.pick(chain)
+            && eps.len() <= REGION_MAX_ENDPOINTS
+            && let Some(region) = regions.pick(chain)
         {
-            let offset = slot_offset(slot.region);
+            let offset = region_offset(region.region);
             let targets: Vec<(IpAddr, u16)> = eps.iter().map(|ep| (ep.addr, ep.port)).collect();
-            for (key, value) in slot_elements(offset, &targets) {
-                part.elements.insert((slot.map_name(), key), Some(value));
+            for (key, value) in region_elements(offset, &targets) {
+                part.elements.insert((region.map_name(), key), Some(value));
             }
             return vec![Rule::new(
                 vec![Match::L4Proto(proto)],
-                Action::DnatSlot {
-                    map: slot.map_name(),
+                Action::DnatRegion {
+                    map: region.map_name(),
                     offset,
                 },
             )];
@@ -233,16 +233,16 @@ pub(super) fn add(
         && cluster_eps.len() <= LIST_MAX_ENDPOINTS
         && local_eps.len() <= LIST_MAX_ENDPOINTS;
     if !direct && !cluster_eps.is_empty() {
-        let mut chain = regular(dispatch(part, &names.cluster, cluster_eps, slots));
+        let mut chain = regular(dispatch(part, &names.cluster, cluster_eps, regions));
         chain.comment = Some(comment().into());
         part.chains.insert(names.cluster.clone(), chain);
     }
     if !direct && !local_eps.is_empty() {
-        let mut chain = regular(dispatch(part, &names.local, local_eps, slots));
+        let mut chain = regular(dispatch(part, &names.local, local_eps, regions));
         chain.comment = Some(comment().into());
         part.chains.insert(names.local.clone(), chain);
     }
-    let list = |part: &mut Part, frontend: Frontend, local: bool| {
+    let list = |part: &mut Fragment, frontend: Frontend, local: bool| {
         let eps = if local { local_eps } else { cluster_eps };
         if !eps.is_empty() {
             list_elements(part, frontend, proto, local, eps);
