@@ -430,11 +430,13 @@ fn plain(s: &str, flow: bool) -> Read<Value> {
         return Ok(Value::String(s.to_string()));
     }
     let digits = s.strip_prefix('-').unwrap_or(s);
-    if first == b'+'
-        || digits.starts_with(['0']) && digits.len() > 1 && digits.as_bytes()[1] != b'.'
-    {
-        // Signs, leading zeros, 0x/0o/0b: left to serde_yaml_ng.
+    if first == b'+' || ["0x", "0o", "0b"].iter().any(|p| digits.starts_with(p)) {
+        // Signs and radix prefixes: left to serde_yaml_ng.
         return Err(Unsure);
+    }
+    if digits.len() > 1 && digits.starts_with('0') && digits.bytes().all(|b| b.is_ascii_digit()) {
+        // Leading zeros make a string (YAML 1.2), not an octal number.
+        return Ok(Value::String(s.to_string()));
     }
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         return if first == b'-' {
