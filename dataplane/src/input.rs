@@ -12,7 +12,11 @@
 //! JSON takes a fast path: text that starts with `{` or `[` and is a valid stream of JSON values
 //! is checked once by serde_json, then every object is typed straight from its own slice of the
 //! text. Anything else is read as YAML (JSON is YAML too: a YAML flow mapping that is not JSON
-//! still parses), one document at a time, each list item as a tree of its own.
+//! still parses): split into documents and a list's items (`split`), each read by a strict
+//! reader for the block YAML kubectl writes (`block`); where that reader is unsure, the whole
+//! text is read again by serde_yaml_ng, one document at a time, each list item as a tree of
+//! its own, and what was handed over already is not handed over twice. Pieces are read on
+//! every core, and handed over in file order (`parallel`).
 
 use serde::Deserializer as _;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};

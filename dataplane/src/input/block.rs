@@ -77,7 +77,11 @@ fn refused_char(c: char) -> bool {
 /// content, else its value.
 pub(crate) fn document(text: &str) -> Read<Option<Value>> {
     let lines = lines(text, 0)?;
-    let mut p = Parser { lines, i: 0 };
+    let mut p = Parser {
+        lines,
+        i: 0,
+        depth: 0,
+    };
     let Some(first) = p.peek() else {
         return Ok(None);
     };
@@ -90,7 +94,11 @@ pub(crate) fn document(text: &str) -> Read<Option<Value>> {
 /// `-` and holds exactly this item.
 pub(crate) fn sequence_item(text: &str, indent: usize) -> Read<Value> {
     let lines = lines(text, indent)?;
-    let mut p = Parser { lines, i: 0 };
+    let mut p = Parser {
+        lines,
+        i: 0,
+        depth: 0,
+    };
     let mut items = p.sequence(indent)?;
     p.end()?;
     match (items.pop(), items.is_empty()) {
@@ -111,7 +119,13 @@ pub(crate) fn marker_content(text: &str) -> Read<Value> {
 struct Parser<'a> {
     lines: Vec<Line<'a>>,
     i: usize,
+    /// Block collections open; deeper than [`MAX_DEPTH`] is left to serde_yaml_ng.
+    depth: usize,
 }
+
+/// Nesting the strict reader follows (serde_yaml_ng's own limit is 128): it recurses, and must
+/// not run out of stack on a hostile file.
+const MAX_DEPTH: usize = 64;
 
 impl<'a> Parser<'a> {
     /// The next line with content, skipping blank and comment lines.
@@ -163,6 +177,10 @@ impl<'a> Parser<'a> {
     }
 
     fn mapping(&mut self, indent: usize) -> Read<Map<String, Value>> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(Unsure);
+        }
         let mut map = Map::new();
         while let Some(line) = self.peek() {
             if line.indent < indent {
@@ -181,6 +199,7 @@ impl<'a> Parser<'a> {
                 return Err(Unsure);
             }
         }
+        self.depth -= 1;
         Ok(map)
     }
 
@@ -202,6 +221,10 @@ impl<'a> Parser<'a> {
     }
 
     fn sequence(&mut self, indent: usize) -> Read<Vec<Value>> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(Unsure);
+        }
         let mut items = Vec::new();
         while let Some(line) = self.peek() {
             if line.indent < indent || (line.indent == indent && !is_entry(line.text)) {
@@ -238,6 +261,7 @@ impl<'a> Parser<'a> {
                 self.after_value(indent)?;
             }
         }
+        self.depth -= 1;
         Ok(items)
     }
 
@@ -369,6 +393,7 @@ fn inline(text: &str) -> Read<Value> {
         s: text.as_bytes(),
         text,
         i: 0,
+        depth: 0,
     };
     let value = if text.starts_with(['[', '{', '"', '\'']) {
         p.value()?
@@ -460,6 +485,7 @@ struct Flow<'a> {
     s: &'a [u8],
     text: &'a str,
     i: usize,
+    depth: usize,
 }
 
 impl Flow<'_> {
@@ -470,6 +496,16 @@ impl Flow<'_> {
     }
 
     fn value(&mut self) -> Read<Value> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(Unsure);
+        }
+        let value = self.value_here();
+        self.depth -= 1;
+        value
+    }
+
+    fn value_here(&mut self) -> Read<Value> {
         self.spaces();
         match self.s.get(self.i) {
             Some(b'[') => {

@@ -442,3 +442,17 @@ fn the_strict_reader_accepts_most_generated_documents() {
     assert!(accepted > 90, "{accepted} of 300 documents accepted");
     assert!(files > 60, "{files} of 300 files accepted");
 }
+
+/// Deep nesting is left to serde_yaml_ng (which refuses it) instead of exhausting the stack.
+#[test]
+fn deep_nesting_is_refused_not_overflowed() {
+    let flow = format!("a: {}1{}\n", "[".repeat(20_000), "]".repeat(20_000));
+    let mut block = String::new();
+    for depth in 0..2_000 {
+        block.push_str(&format!("{}k:\n", " ".repeat(depth)));
+    }
+    for text in [flow, block] {
+        assert_eq!(block::document(&text), Err(Unsure));
+        assert_eq!(with_fast_path(&text), reference_only(&text));
+    }
+}
