@@ -406,11 +406,8 @@ impl<'de> Visitor<'de> for JsonEnvelope {
                 }
                 Key::Metadata => envelope.metadata = Some(map.next_value()?),
                 Key::Items => {
-                    let items: &RawValue = map.next_value()?;
                     // A later `items` that is no array does not undo the list.
-                    if items.get().starts_with('[') {
-                        let items: Vec<&RawValue> =
-                            serde_json::from_str(items.get()).map_err(de::Error::custom)?;
+                    if let Some(items) = map.next_value_seed(JsonItems)? {
                         envelope.items.get_or_insert_default().extend(items);
                     }
                 }
@@ -420,6 +417,56 @@ impl<'de> Visitor<'de> for JsonEnvelope {
             }
         }
         Ok(envelope)
+    }
+}
+
+/// A JSON `items` value: its elements' slices if it is an array (read in the same pass as the
+/// object around it), `None` if it is anything else.
+struct JsonItems;
+
+impl<'de> DeserializeSeed<'de> for JsonItems {
+    type Value = Option<Vec<&'de RawValue>>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for JsonItems {
+    type Value = Option<Vec<&'de RawValue>>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<&'de RawValue>()? {
+            items.push(item);
+        }
+        Ok(Some(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
     }
 }
 
