@@ -92,15 +92,14 @@ fn warn_duplicate(kind: Kind, name: &ObjectName) {
 }
 
 /// Replaces the tracker's content with the objects of a file (see [`relist`]). A file that
-/// cannot be parsed changes nothing.
+/// cannot be parsed changes nothing. The memory the load freed stays with the allocator:
+/// agents that keep running hand it back with [`crate::memory::release_freed`].
 pub fn load_into(tracker: &mut Tracker, path: &Path) -> Result<(), String> {
     let text = read(path)?;
     let mut staged = tracker.clone();
     let skipped = relist(&mut staged, &text).map_err(|e| format!("{}: {e}", path.display()))?;
     *tracker = staged;
     report_skipped(&skipped);
-    drop(text);
-    crate::memory::release_freed();
     Ok(())
 }
 

@@ -12,7 +12,11 @@
 //! JSON takes a fast path: text that starts with `{` or `[` and is a valid stream of JSON values
 //! is checked once by serde_json, then every object is typed straight from its own slice of the
 //! text. Anything else is read as YAML (JSON is YAML too: a YAML flow mapping that is not JSON
-//! still parses), one document at a time, each list item as a tree of its own.
+//! still parses): split into documents and a list's items (`split`), each read by a strict
+//! reader for the block YAML kubectl writes (`block`); where that reader is unsure, the whole
+//! text is read again by serde_yaml_ng, one document at a time, each list item as a tree of
+//! its own, and what was handed over already is not handed over twice. Pieces are read on
+//! every core, and handed over in file order (`parallel`).
 
 use serde::Deserializer as _;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -23,6 +27,14 @@ use k8s_openapi::api::{
 };
 
 use crate::convert::{Objects, Skip, Skipped};
+
+mod block;
+mod parallel;
+#[cfg(test)]
+mod props;
+mod split;
+
+use block::Unsure;
 
 /// A syntax error, with the position it names when there is one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,7 +65,7 @@ impl From<serde_yaml_ng::Error> for ParseError {
 }
 
 /// One object of an input document, before conversion.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Object {
     Service(Box<core::Service>),
     Slice(Box<discovery::EndpointSlice>),
@@ -83,121 +95,235 @@ pub fn for_each_object(
     skipped: &mut Vec<Skipped>,
     mut f: impl FnMut(Object),
 ) -> Result<(), ParseError> {
-    let mut sink = Sink { skipped, f: &mut f };
-    if let Some(documents) = json_documents(text) {
-        for document in documents {
-            sink.json(document);
-        }
+    let mut sink = Sink {
+        skipped,
+        f: &mut f,
+        handed: 0,
+        skip: 0,
+    };
+    if let Some(units) = json_units(text) {
+        parallel::ordered(
+            &units,
+            |raw| json_outcomes(raw),
+            |out| {
+                sink.all(out);
+                true
+            },
+        );
         return Ok(());
     }
+    // YAML: split and read by the strict reader on every core; where it is unsure, serde_yaml_ng
+    // reads the whole text again, and the outcomes already handed over are not handed again
+    // (the strict reader agrees with it on everything it accepts).
+    if let Some(units) = split::units(text) {
+        let mut unsure = false;
+        parallel::ordered(&units, yaml_outcomes, |out| match out {
+            Ok(out) => {
+                sink.all(out);
+                true
+            }
+            Err(Unsure) => {
+                unsure = true;
+                false
+            }
+        });
+        if !unsure {
+            return Ok(());
+        }
+        sink.skip = std::mem::take(&mut sink.handed);
+    }
+    read_yaml(text, &mut sink)
+}
+
+/// Reads YAML with serde_yaml_ng, one document at a time.
+fn read_yaml<F: FnMut(Object)>(text: &str, sink: &mut Sink<'_, F>) -> Result<(), ParseError> {
     for document in serde_yaml_ng::Deserializer::from_str(text) {
-        document.deserialize_any(YamlDocument { sink: &mut sink })?;
+        document.deserialize_any(YamlDocument { sink: &mut *sink })?;
     }
     Ok(())
 }
 
-/// The top-level values of `text` if it is a stream of JSON values (checked completely before
-/// anything is handed over), `None` if it is not JSON.
-fn json_documents(text: &str) -> Option<Vec<&RawValue>> {
+/// What one object of a file comes to.
+enum Outcome {
+    Object(Object),
+    Skipped(Skipped),
+}
+
+/// The units of `text` if it is a stream of JSON values (checked completely before anything is
+/// handed over), `None` if it is not JSON: each top-level value, or the items of a large list.
+fn json_units(text: &str) -> Option<Vec<&RawValue>> {
     let first = text.trim_start_matches(['\u{feff}', ' ', '\t', '\r', '\n']);
     if !first.starts_with(['{', '[']) {
         return None;
     }
-    serde_json::Deserializer::from_str(first)
+    let documents = serde_json::Deserializer::from_str(first)
         .into_iter::<&RawValue>()
         .collect::<Result<Vec<_>, _>>()
-        .ok()
+        .ok()?;
+    let mut units = Vec::with_capacity(documents.len());
+    for document in documents {
+        // A large list is split into its items, so that they are read in parallel.
+        if document.get().len() > 1 << 16 && document.get().starts_with('{') {
+            let mut de = serde_json::Deserializer::from_str(document.get());
+            if let Ok(Envelope {
+                items: Some(items), ..
+            }) = (&mut de).deserialize_map(JsonEnvelope)
+            {
+                units.extend(items);
+                continue;
+            }
+        }
+        units.push(document);
+    }
+    Some(units)
 }
 
-/// Where objects go.
+/// One JSON value (a document or a list item). The text was checked already: a value this
+/// cannot read is not an object and is ignored.
+fn json_outcomes(raw: &RawValue) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    json_value(raw, &mut out);
+    out
+}
+
+fn json_value(raw: &RawValue, out: &mut Vec<Outcome>) {
+    let text = raw.get();
+    if !text.starts_with('{') {
+        return;
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let Ok(envelope) = (&mut de).deserialize_map(JsonEnvelope) else {
+        return;
+    };
+    if let Some(items) = envelope.items {
+        for item in items {
+            json_value(item, out);
+        }
+        return;
+    }
+    let kind = envelope.kind.unwrap_or_default();
+    out.extend(typed(
+        &kind,
+        || envelope.metadata.map(name_of_json).unwrap_or_default(),
+        |kind| {
+            Some(match kind {
+                "Service" => serde_json::from_str(text).map(Object::Service),
+                "EndpointSlice" => serde_json::from_str(text).map(Object::Slice),
+                "Node" => serde_json::from_str(text).map(Object::Node),
+                "ServiceCIDR" => serde_json::from_str(text).map(Object::ServiceCidr),
+                _ => return None,
+            })
+        },
+    ));
+}
+
+/// One YAML unit by the strict reader.
+fn yaml_outcomes(unit: &split::Unit<'_>) -> Result<Vec<Outcome>, Unsure> {
+    let mut out = Vec::new();
+    match (unit, unit.read()?) {
+        (_, None) => {}
+        (split::Unit::Item { .. }, Some(value)) => value_outcomes(value, &mut out),
+        // A document: a list if its `items` is a sequence; else `items` means nothing.
+        (split::Unit::Document { .. }, Some(serde_json::Value::Object(mut map))) => {
+            match map.remove("items") {
+                Some(serde_json::Value::Array(items)) => {
+                    for item in items {
+                        value_outcomes(item, &mut out);
+                    }
+                }
+                _ => value_outcomes(serde_json::Value::Object(map), &mut out),
+            }
+        }
+        (split::Unit::Document { .. }, Some(_)) => {}
+    }
+    Ok(out)
+}
+
+/// Types an object that is not a list by its kind: an object, a skipped one, or nothing.
+fn typed<E: std::fmt::Display>(
+    kind: &str,
+    name: impl FnOnce() -> String,
+    typed: impl FnOnce(&str) -> Option<Result<Object, E>>,
+) -> Option<Outcome> {
+    Some(match typed(kind)? {
+        Ok(object) => Outcome::Object(object),
+        Err(e) => Outcome::Skipped(Skipped {
+            kind: kind.to_string(),
+            name: name(),
+            skip: Skip::Invalid(
+                crate::convert::Invalid::Schema,
+                format!("does not match the {kind} schema: {e}"),
+            ),
+        }),
+    })
+}
+
+/// One YAML list item, or a document that is not a list, as a tree.
+fn value_outcomes(value: serde_json::Value, out: &mut Vec<Outcome>) {
+    let serde_json::Value::Object(mut map) = value else {
+        return;
+    };
+    if let Some(serde_json::Value::Array(items)) = map.remove("items") {
+        for item in items {
+            value_outcomes(item, out);
+        }
+        return;
+    }
+    let kind = map
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or("")
+        .to_string();
+    let name = name_of(map.get("metadata"));
+    let value = serde_json::Value::Object(map);
+    out.extend(typed(
+        &kind,
+        || name,
+        |kind| {
+            Some(match kind {
+                "Service" => serde_json::from_value(value).map(Object::Service),
+                "EndpointSlice" => serde_json::from_value(value).map(Object::Slice),
+                "Node" => serde_json::from_value(value).map(Object::Node),
+                "ServiceCIDR" => serde_json::from_value(value).map(Object::ServiceCidr),
+                _ => return None,
+            })
+        },
+    ));
+}
+
+/// Where outcomes go, in file order.
 struct Sink<'s, F> {
     skipped: &'s mut Vec<Skipped>,
     f: &'s mut F,
+    /// Outcomes handed over so far.
+    handed: usize,
+    /// Outcomes still to drop (handed over already by a reader that gave up).
+    skip: usize,
 }
 
 impl<F: FnMut(Object)> Sink<'_, F> {
-    /// Types an object that is not a list by its kind: handed over, skipped or ignored.
-    fn typed<E: std::fmt::Display>(
-        &mut self,
-        kind: &str,
-        name: impl FnOnce() -> String,
-        typed: impl FnOnce(&str) -> Option<Result<Object, E>>,
-    ) {
-        match typed(kind) {
-            None => {}
-            Some(Ok(object)) => (self.f)(object),
-            Some(Err(e)) => self.skipped.push(Skipped {
-                kind: kind.to_string(),
-                name: name(),
-                skip: Skip::Invalid(
-                    crate::convert::Invalid::Schema,
-                    format!("does not match the {kind} schema: {e}"),
-                ),
-            }),
+    fn one(&mut self, outcome: Outcome) {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return;
+        }
+        self.handed += 1;
+        match outcome {
+            Outcome::Object(o) => (self.f)(o),
+            Outcome::Skipped(s) => self.skipped.push(s),
         }
     }
 
-    /// One JSON value (a document or a list item). The text was checked already: a value this
-    /// cannot read is not an object and is ignored.
-    fn json(&mut self, raw: &RawValue) {
-        if !raw.get().starts_with('{') {
-            return;
+    fn all(&mut self, out: Vec<Outcome>) {
+        for o in out {
+            self.one(o);
         }
-        let mut de = serde_json::Deserializer::from_str(raw.get());
-        let Ok(envelope) = (&mut de).deserialize_map(JsonEnvelope { sink: self }) else {
-            return;
-        };
-        if envelope.list {
-            return;
-        }
-        let text = raw.get();
-        let kind = envelope.kind.unwrap_or_default();
-        self.typed(
-            &kind,
-            || envelope.metadata.map(name_of_json).unwrap_or_default(),
-            |kind| {
-                Some(match kind {
-                    "Service" => serde_json::from_str(text).map(Object::Service),
-                    "EndpointSlice" => serde_json::from_str(text).map(Object::Slice),
-                    "Node" => serde_json::from_str(text).map(Object::Node),
-                    "ServiceCIDR" => serde_json::from_str(text).map(Object::ServiceCidr),
-                    _ => return None,
-                })
-            },
-        );
     }
 
-    /// One YAML list item, or a document that is not a list, as a tree.
     fn value(&mut self, value: serde_json::Value) {
-        let serde_json::Value::Object(mut map) = value else {
-            return;
-        };
-        if let Some(serde_json::Value::Array(items)) = map.remove("items") {
-            for item in items {
-                self.value(item);
-            }
-            return;
-        }
-        let kind = map
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .unwrap_or("")
-            .to_string();
-        let name = name_of(map.get("metadata"));
-        let value = serde_json::Value::Object(map);
-        self.typed(
-            &kind,
-            || name,
-            |kind| {
-                Some(match kind {
-                    "Service" => serde_json::from_value(value).map(Object::Service),
-                    "EndpointSlice" => serde_json::from_value(value).map(Object::Slice),
-                    "Node" => serde_json::from_value(value).map(Object::Node),
-                    "ServiceCIDR" => serde_json::from_value(value).map(Object::ServiceCidr),
-                    _ => return None,
-                })
-            },
-        );
+        let mut out = Vec::new();
+        value_outcomes(value, &mut out);
+        self.all(out);
     }
 }
 
@@ -219,16 +345,14 @@ fn name_of_json(meta: &RawValue) -> String {
     )
 }
 
-/// The fields of a JSON object that decide what it is. Its `items`, if an array, are handed
-/// over while the object is read.
-struct JsonEnvelope<'s, 'a, F> {
-    sink: &'s mut Sink<'a, F>,
-}
+/// The fields of a JSON object that decide what it is.
+struct JsonEnvelope;
 
 struct Envelope<'de> {
     kind: Option<String>,
     metadata: Option<&'de RawValue>,
-    list: bool,
+    /// A list's items (`items` is an array).
+    items: Option<Vec<&'de RawValue>>,
 }
 
 /// Map keys that matter, recognised without allocating.
@@ -260,7 +384,7 @@ impl<'de> de::Deserialize<'de> for Key {
     }
 }
 
-impl<'de, F: FnMut(Object)> Visitor<'de> for JsonEnvelope<'_, '_, F> {
+impl<'de> Visitor<'de> for JsonEnvelope {
     type Value = Envelope<'de>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -271,7 +395,7 @@ impl<'de, F: FnMut(Object)> Visitor<'de> for JsonEnvelope<'_, '_, F> {
         let mut envelope = Envelope {
             kind: None,
             metadata: None,
-            list: false,
+            items: None,
         };
         // A repeated `kind` or `metadata`: the last one counts, as in a generic tree.
         while let Some(key) = map.next_key::<Key>()? {
@@ -282,14 +406,9 @@ impl<'de, F: FnMut(Object)> Visitor<'de> for JsonEnvelope<'_, '_, F> {
                 }
                 Key::Metadata => envelope.metadata = Some(map.next_value()?),
                 Key::Items => {
-                    let items: &RawValue = map.next_value()?;
-                    if items.get().starts_with('[') {
-                        envelope.list = true;
-                        let items: Vec<&RawValue> =
-                            serde_json::from_str(items.get()).map_err(de::Error::custom)?;
-                        for item in items {
-                            self.sink.json(item);
-                        }
+                    // A later `items` that is no array does not undo the list.
+                    if let Some(items) = map.next_value_seed(JsonItems)? {
+                        envelope.items.get_or_insert_default().extend(items);
                     }
                 }
                 Key::Other => {
@@ -298,6 +417,56 @@ impl<'de, F: FnMut(Object)> Visitor<'de> for JsonEnvelope<'_, '_, F> {
             }
         }
         Ok(envelope)
+    }
+}
+
+/// A JSON `items` value: its elements' slices if it is an array (read in the same pass as the
+/// object around it), `None` if it is anything else.
+struct JsonItems;
+
+impl<'de> DeserializeSeed<'de> for JsonItems {
+    type Value = Option<Vec<&'de RawValue>>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for JsonItems {
+    type Value = Option<Vec<&'de RawValue>>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<&'de RawValue>()? {
+            items.push(item);
+        }
+        Ok(Some(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
     }
 }
 
