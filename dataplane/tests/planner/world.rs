@@ -1,0 +1,148 @@
+//! The generated clusters' building blocks: Service specs and the cluster and table they make.
+
+use super::*;
+
+/// The fewest endpoints that give a Service port a chain of its own (more than the shared
+/// endpoint lists take).
+pub const LONG: u8 = LIST_MAX_ENDPOINTS as u8 + 1;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SvcSpec {
+    pub id: u8,
+    pub endpoints: Vec<u8>,
+    pub node_port: bool,
+    pub udp: bool,
+    /// The last octet of the ClusterIP 172.30.0.N (default: `id`); Services with the same
+    /// one conflict.
+    pub cluster_ip: Option<u8>,
+    /// External and load-balancer IPs: 172.30.0.N (maybe another Service's ClusterIP) or
+    /// 192.0.2.N.
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// The Service port (default 80).
+    pub port: Option<u16>,
+    /// `creationTimestamp`, in seconds after 2020-01-01.
+    pub created: Option<u8>,
+    pub affinity: bool,
+}
+
+pub fn cluster(specs: &[SvcSpec]) -> Cluster {
+    let mut c = Cluster::default();
+    for s in specs {
+        let name = ObjectName::new("ns", &format!("svc{}", s.id));
+        let protocol = if s.udp { Proto::Udp } else { Proto::Tcp };
+        c.services.insert(
+            name.clone(),
+            Arc::new(Service {
+                name: name.clone(),
+                service_type: if s.node_port {
+                    ServiceType::NodePort
+                } else {
+                    ServiceType::ClusterIp
+                },
+                cluster_ips: vec![IpAddr::from([172, 30, 0, s.cluster_ip.unwrap_or(s.id)])],
+                external_ips: s.external_ips.clone(),
+                load_balancer_ips: s.load_balancer_ips.clone(),
+                load_balancer_source_ranges: vec![],
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: None,
+                affinity_timeout: s.affinity.then_some(60),
+                ports: vec![ServicePort {
+                    name: "p".into(),
+                    protocol,
+                    port: s.port.unwrap_or(80),
+                    node_port: s.node_port.then_some(30000 + u16::from(s.id)),
+                }],
+                creation_timestamp: s
+                    .created
+                    .map(|t| Timestamp::from_second(1_577_836_800 + i64::from(t)).unwrap()),
+            }),
+        );
+        let slice = ObjectName::new("ns", &format!("svc{}-x", s.id));
+        c.slices.insert(
+            slice.clone(),
+            EndpointSlice {
+                name: slice,
+                service: name,
+                family: Family::V4,
+                ports: vec![EndpointPort {
+                    name: "p".into(),
+                    protocol,
+                    port: 8080,
+                }],
+                endpoints: s
+                    .endpoints
+                    .iter()
+                    .map(|e| Endpoint {
+                        addr: IpAddr::from([10, 180, s.id, *e]),
+                        ready: true,
+                        serving: true,
+                        terminating: false,
+                        node_name: Some("node".into()),
+                        zone_hints: Box::default(),
+                        node_hints: Box::default(),
+                    })
+                    .collect(),
+                trigger_time: None,
+            },
+        );
+    }
+    c
+}
+
+pub fn config() -> BuildConfig {
+    BuildConfig {
+        node_name: "node".into(),
+        local_detector: LocalDetector::ClusterCidr(vec!["10.0.0.0/8".parse().unwrap()]),
+        ..BuildConfig::default()
+    }
+}
+
+pub fn table(specs: &[SvcSpec]) -> Table {
+    build(&cluster(specs), &config(), Family::V4).table
+}
+
+/// `t` without its choice of endpoint-map regions: every `DnatRegion` rule becomes one `dnat` rule
+/// per endpoint of its region, in order, and the endpoint maps go. Two tables that agree here
+/// send every connection to the same endpoints with the same odds.
+pub fn without_regions(t: &Table) -> Table {
+    let mut out = t.clone();
+    out.sets.retain(|_, s| s.decl.key != KeyType::Interval);
+    // Set sizes depend on history too (a set keeps its size while it fits).
+    for set in out.sets.values_mut() {
+        set.decl.size = None;
+    }
+    for chain in out.chains.values_mut() {
+        let rules = chain
+            .rules
+            .iter()
+            .flat_map(|rule| match &rule.action {
+                Action::DnatRegion { map, offset } => t.sets[*map]
+                    .elements
+                    .iter()
+                    .filter_map(|(k, v)| match (k, v) {
+                        (Key::Interval { at, .. }, Some(Value::Endpoint(addr, port)))
+                            if region_at(*at) == region_at(*offset) =>
+                        {
+                            Some(Rule::new(
+                                rule.matches.clone(),
+                                Action::Dnat {
+                                    addr: *addr,
+                                    port: *port,
+                                },
+                            ))
+                        }
+                        _ => None,
+                    })
+                    .collect(),
+                _ => vec![rule.clone()],
+            })
+            .collect();
+        *chain = Chain {
+            rules: Arc::new(rules),
+            ..chain.clone()
+        };
+    }
+    out
+}
