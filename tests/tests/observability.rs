@@ -320,6 +320,9 @@ fn healthz_and_livez_follow_syncs_node_deletion_and_failures() {
     let mut cmd = node.command("nft");
     cmd.arg("-i");
     let mut owner = Piped::spawn(cmd);
+    // The table's deletion is a foreign change the drift monitor queues a sync for, so the
+    // 2 s timeout can start here, before the rewrite below.
+    let failed_at = Instant::now();
     owner.send("delete table ip nftproxy; add table ip nftproxy { flags owner ; }\n");
     wait_for("the owned table", Duration::from_secs(5), || {
         match node.exec(&["nft", "list", "table", "ip", "nftproxy"]) {
@@ -329,7 +332,6 @@ fn healthz_and_livez_follow_syncs_node_deletion_and_failures() {
     });
     let failures_before = agent.log_count("sync failed");
     agent.rewrite(&itp_local_cluster(true));
-    let failed_at = Instant::now();
     wait_for(
         "both 503 after failing syncs",
         Duration::from_secs(10),
