@@ -13,13 +13,13 @@ use nftproxy_dataplane::model::{
 use nftproxy_dataplane::nft::build::{BuildConfig, LIST_MAX_ENDPOINTS, LocalDetector, build};
 use nftproxy_dataplane::nft::desired::{Before, Desired, Scope, Updated};
 use nftproxy_dataplane::nft::plan::{
-    fingerprint, plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
+    plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
 };
 use nftproxy_dataplane::nft::render;
 use nftproxy_dataplane::nft::ruleset::{
     Action, Chain, Family, Key, KeyType, Proto, Rule, Set, Table, Value, Verdict, region_at,
 };
-use nftproxy_dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_region};
+use nftproxy_dataplane::nft::state::{TableState, fingerprint};
 use nftproxy_dataplane::nft::transaction::{Op, Transaction};
 use proptest::prelude::*;
 

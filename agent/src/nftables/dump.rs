@@ -7,13 +7,12 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
-use dataplane::nft::plan::fingerprint;
 use dataplane::nft::ruleset::{
     Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, REGION_MODULUS,
     Rule, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
     region_elements_from_bounds,
 };
-use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_region};
+use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_region, fingerprint};
 use ipnet::IpNet;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nftables::{

@@ -22,12 +22,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use dataplane::nft::plan::fingerprint;
 use dataplane::nft::render;
 use dataplane::nft::ruleset::{
     Action, Chain, Family, Key, Match, Rule, Set, SetDecl, Table, Value,
 };
-use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_region};
+use dataplane::nft::state::TableState;
 use dataplane::nft::transaction::{Op, Transaction};
 
 use super::kernel::NftKernel;
@@ -189,37 +188,7 @@ fn matching(family: Family, op: &Op, text: &str) -> Option<Op> {
 
 /// `table` as the netlink backend reads it back.
 pub fn table_state(table: &Table) -> TableState {
-    TableState {
-        chains: table
-            .chains
-            .iter()
-            .map(|(name, c)| {
-                let state = ChainState {
-                    base: c.base,
-                    fingerprint: Some(fingerprint(c)),
-                    empty: c.rules.is_empty(),
-                    region: dnat_region(&c.rules),
-                };
-                (name.clone(), state)
-            })
-            .collect(),
-        sets: table
-            .sets
-            .iter()
-            .map(|(name, s)| {
-                // Elements of dynamic sets are the datapath's, and not read back.
-                let elements = match s.decl.timeout_secs {
-                    Some(_) => BTreeMap::new(),
-                    None => s.elements.clone(),
-                };
-                let state = SetState {
-                    decl: s.decl.clone(),
-                    elements: Elements::Read(elements),
-                };
-                (name.clone(), state)
-            })
-            .collect(),
-    }
+    TableState::read_back(table)
 }
 
 impl NftKernel for FakeKernel {

@@ -6,33 +6,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sha2::{Digest, Sha256};
-
 use crate::nft::desired::{Before, Delta, Scope};
-use crate::nft::render;
 use crate::nft::ruleset::{Action, Chain, Key, Match, Set, Table, Value};
-use crate::nft::state::{Elements, SetState, TableState};
+use crate::nft::state::{Elements, SetState, TableState, fingerprint};
 use crate::nft::transaction::{Op, Transaction};
-
-/// Content fingerprint of a chain: its hook and its rules as nft text. The comment is not part
-/// of it: comments derive from the chain's name, and the kernel keeps a chain's first comment.
-pub fn fingerprint(chain: &Chain) -> u64 {
-    let mut h = Sha256::new();
-    h.update(format!(
-        "{:?}
-",
-        chain.base
-    ));
-    for rule in chain.rules.iter() {
-        h.update(render::rule_text(rule));
-        h.update(
-            b"
-",
-        );
-    }
-    let digest = h.finalize();
-    u64::from_be_bytes(digest[..8].try_into().expect("sha256 is 32 bytes"))
-}
 
 /// Whether any rule of `chain` refers to one of `sets` (a set in use cannot be deleted).
 fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {

@@ -13,9 +13,13 @@
 
 use std::collections::BTreeMap;
 
+use sha2::{Digest, Sha256};
+
 use crate::nft::regions::Region;
+use crate::nft::render;
 use crate::nft::ruleset::{
-    Action, BaseChain, ChainName, Key, Rule, SetDecl, Table, Value, endpoint_map_index, region_at,
+    Action, BaseChain, Chain, ChainName, Key, Rule, SetDecl, Table, Value, endpoint_map_index,
+    region_at,
 };
 use crate::nft::transaction::{Op, Transaction};
 
@@ -160,4 +164,56 @@ pub fn dnat_region(rules: &[Rule]) -> Option<Region> {
         }),
         _ => None,
     })
+}
+
+/// Content fingerprint of a chain: its hook and its rules as nft text. The comment is not part
+/// of it: comments derive from the chain's name, and the kernel keeps a chain's first comment.
+pub fn fingerprint(chain: &Chain) -> u64 {
+    let mut h = Sha256::new();
+    h.update(format!(
+        "{:?}
+",
+        chain.base
+    ));
+    for rule in chain.rules.iter() {
+        h.update(render::rule_text(rule));
+        h.update(
+            b"
+",
+        );
+    }
+    let digest = h.finalize();
+    u64::from_be_bytes(digest[..8].try_into().expect("sha256 is 32 bytes"))
+}
+
+impl TableState {
+    /// What reading `table` back from the kernel gives: its chains fingerprinted from their
+    /// rules, its sets with their elements, except those of dynamic sets (timeouts), which
+    /// the datapath fills and which are not read back.
+    pub fn read_back(table: &Table) -> TableState {
+        let chains = table.chains.iter().map(|(name, c)| {
+            let state = ChainState {
+                base: c.base,
+                fingerprint: Some(fingerprint(c)),
+                empty: c.rules.is_empty(),
+                region: dnat_region(&c.rules),
+            };
+            (name.clone(), state)
+        });
+        let sets = table.sets.iter().map(|(name, s)| {
+            let elements = match s.decl.timeout_secs {
+                Some(_) => BTreeMap::new(),
+                None => s.elements.clone(),
+            };
+            let state = SetState {
+                decl: s.decl.clone(),
+                elements: Elements::Read(elements),
+            };
+            (name.clone(), state)
+        });
+        TableState {
+            chains: chains.collect(),
+            sets: sets.collect(),
+        }
+    }
 }

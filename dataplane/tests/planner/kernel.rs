@@ -176,32 +176,7 @@ impl Kernel {
 
     /// What reading the table back gives (elements included).
     pub fn read(&self) -> Option<TableState> {
-        let t = self.table.as_ref()?;
-        let chains = t
-            .chains
-            .iter()
-            .map(|(name, c)| {
-                let state = ChainState {
-                    base: c.base,
-                    fingerprint: Some(fingerprint(c)),
-                    empty: c.rules.is_empty(),
-                    region: dnat_region(&c.rules),
-                };
-                (name.clone(), state)
-            })
-            .collect();
-        let sets = t
-            .sets
-            .iter()
-            .map(|(name, s)| {
-                let state = SetState {
-                    decl: s.decl.clone(),
-                    elements: Elements::Read(s.elements.clone()),
-                };
-                (name.clone(), state)
-            })
-            .collect();
-        Some(TableState { chains, sets })
+        self.table.as_ref().map(TableState::read_back)
     }
 
     /// What the agent keeps after committing the desired table the kernel holds now.
