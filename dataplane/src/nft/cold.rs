@@ -35,6 +35,10 @@ pub fn split_cold_elements(
     parts: Vec<Transaction>,
     per_part: usize,
 ) -> Vec<Transaction> {
+    // A table that exists is never split; most syncs stop here without walking their ops.
+    if current.is_some() {
+        return parts;
+    }
     let only_additions = parts.iter().flat_map(|t| &t.ops).all(|op| {
         matches!(
             op,
@@ -56,7 +60,7 @@ pub fn split_cold_elements(
     let Some(family) = parts.first().map(|t| t.family) else {
         return parts;
     };
-    if current.is_some() || !only_additions || elements <= per_part.max(1) {
+    if !only_additions || elements <= per_part.max(1) {
         return parts;
     }
     let part = |ops| Transaction { family, ops };
