@@ -67,7 +67,7 @@ pub fn suspects(op: &Op, cluster: &Cluster) -> BTreeSet<ObjectName> {
         | Op::AddRules { chain: name, .. } => out.extend(owner_of_name(name)),
         Op::AddSet { name, .. } | Op::DeleteSet { name } => out.extend(owner_of_name(name)),
         Op::AddElements { elements, .. } => {
-            for (key, value) in elements {
+            for (key, value) in elements.iter() {
                 let by_value = match value {
                     Some(Value::Verdict(Verdict::Goto(chain) | Verdict::Jump(chain))) => {
                         owner_of_name(chain)
@@ -320,7 +320,8 @@ mod tests {
             elements: vec![(
                 Key::AddrProtoPort("172.30.0.10".parse().unwrap(), Proto::Tcp, 80),
                 None,
-            )],
+            )]
+            .into(),
         };
         assert_eq!(suspects(&op, &c), [n("web")].into());
         let list = Op::AddElements {
@@ -328,7 +329,8 @@ mod tests {
             elements: vec![(
                 Key::AddrProtoPortIndex("172.30.0.11".parse().unwrap(), Proto::Tcp, 80, 0),
                 Some(Value::Endpoint("10.180.0.1".parse().unwrap(), 80)),
-            )],
+            )]
+            .into(),
         };
         assert_eq!(suspects(&list, &c), [n("db")].into());
         let both = Op::DeleteElements {

@@ -305,7 +305,7 @@ fn drift_wakes_a_full_sync_and_full_syncs_come_hourly() {
                 .sets
                 .get_mut("cluster-ips")
                 .unwrap()
-                .elements
+                .elements_mut()
                 .clear()
         })
     };

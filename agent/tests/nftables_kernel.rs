@@ -89,7 +89,7 @@ fn flush_delete_and_element_changes_round_trip() {
     b.sets.remove("local-addrs");
     Arc::make_mut(&mut b.chains.get_mut("filter-input").unwrap().rules).remove(0);
     let addrs = addrs(family);
-    let ips = &mut b.sets.get_mut("service-ips").unwrap().elements;
+    let ips = b.sets.get_mut("service-ips").unwrap().elements_mut();
     ips.retain(|_, v| v.as_ref().and_then(|v| v.verdict()?.target()) != Some("svc-b"));
     ips.insert(
         Key::AddrProtoPort(addrs.vip[2], Proto::Sctp, 82),
@@ -218,7 +218,7 @@ fn apply_and_check(
     assert!(tracked.agrees_with(&read, desired), "{what}");
     assert_eq!(
         read.sets[endpoint_map_name(ENDPOINT_MAP)].elements.read(),
-        Some(&desired.sets[endpoint_map_name(ENDPOINT_MAP)].elements),
+        Some(&*desired.sets[endpoint_map_name(ENDPOINT_MAP)].elements),
         "{what}"
     );
     read
@@ -325,7 +325,8 @@ fn failing_op_is_named_and_leaves_the_table_untouched() {
                 elements: vec![(
                     Key::AddrProtoPort(addrs.vip[4], Proto::Udp, 9999),
                     Some(Verdict::Accept.into()),
-                )],
+                )]
+                .into(),
             },
             Op::FlushChain {
                 name: "svc-a".into(),
@@ -412,7 +413,7 @@ fn many_services(family: Family, services: u32) -> Table {
         let vip = IpAddr::from(std::net::Ipv4Addr::from(0x0a60_0000 + i));
         let ep = IpAddr::from(std::net::Ipv4Addr::from(0x0af4_0000 + i));
         let name: ChainName = format!("svc-{i}").into();
-        map.elements.insert(
+        map.elements_mut().insert(
             Key::AddrProtoPort(vip, Proto::Tcp, 80),
             Some(Verdict::Goto(name.clone()).into()),
         );

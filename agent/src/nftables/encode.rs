@@ -513,12 +513,7 @@ pub(super) fn encode_op(
             }),
             flags: 0,
         }],
-        Op::AddElements { set, elements } => element_messages(
-            family,
-            set,
-            elements.iter().map(|(k, v)| (k, v.as_ref())),
-            false,
-        )?,
+        Op::AddElements { set, elements } => element_messages(family, set, elements.iter(), false)?,
         Op::DeleteElements { set, keys } => {
             element_messages(family, set, keys.iter().map(|k| (k, None)), true)?
         }

@@ -178,7 +178,7 @@ fn matching(family: Family, op: &Op, text: &str) -> Option<Op> {
         Op::AddElements { set, elements } => elements.iter().find_map(|e| {
             let part = Op::AddElements {
                 set: set.clone(),
-                elements: vec![e.clone()],
+                elements: vec![(*e.0, e.1.cloned())].into(),
             };
             matches(&part).then_some(part)
         }),
@@ -357,10 +357,7 @@ fn apply_op(table: &mut Option<Table>, family: Family, op: &Op) -> Result<(), i3
             Some(s) if !same_set_type(&s.decl, decl) => return Err(EEXIST),
             Some(_) => {}
             None => {
-                let set = Set {
-                    decl: decl.clone(),
-                    elements: BTreeMap::new(),
-                };
+                let set = Set::new(decl.clone(), BTreeMap::new());
                 t.sets.insert(name.clone(), set);
             }
         },
@@ -379,23 +376,20 @@ fn apply_op(table: &mut Option<Table>, family: Family, op: &Op) -> Result<(), i3
             t.sets.remove(name);
         }
         Op::AddElements { set, elements } => {
-            for (_, value) in elements {
-                let target = value
-                    .as_ref()
-                    .and_then(Value::verdict)
-                    .and_then(|v| v.target());
+            for (_, value) in elements.iter() {
+                let target = value.and_then(Value::verdict).and_then(|v| v.target());
                 if target.is_some_and(|c| !t.chains.contains_key(c)) {
                     return Err(ENOENT);
                 }
             }
             let s = t.sets.get_mut(set).ok_or(ENOENT)?;
-            for (key, value) in elements {
+            for (key, value) in elements.iter() {
                 match s.elements.get(key) {
-                    Some(have) if have != value => return Err(EEXIST),
+                    Some(have) if have.as_ref() != value => return Err(EEXIST),
                     Some(_) => {}
                     None if overlaps(&s.elements, key) => return Err(EEXIST),
                     None => {
-                        s.elements.insert(*key, value.clone());
+                        s.elements_mut().insert(*key, value.cloned());
                     }
                 }
             }
@@ -403,7 +397,7 @@ fn apply_op(table: &mut Option<Table>, family: Family, op: &Op) -> Result<(), i3
         Op::DeleteElements { set, keys } => {
             let s = t.sets.get_mut(set).ok_or(ENOENT)?;
             for key in keys {
-                s.elements.remove(key).ok_or(ENOENT)?;
+                s.elements_mut().remove(key).ok_or(ENOENT)?;
             }
         }
     }

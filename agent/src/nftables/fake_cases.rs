@@ -111,11 +111,11 @@ pub fn setup(family: Family) -> Transaction {
         ),
         Op::AddElements {
             set: "m".into(),
-            elements: vec![(frontend(family, 1), goto("c"))],
+            elements: vec![(frontend(family, 1), goto("c"))].into(),
         },
         Op::AddElements {
             set: "s".into(),
-            elements: vec![(Key::Addr(ip(family, 9)), None)],
+            elements: vec![(Key::Addr(ip(family, 9)), None)].into(),
         },
         Op::AddSet {
             name: "e".into(),
@@ -123,7 +123,7 @@ pub fn setup(family: Family) -> Transaction {
         },
         Op::AddElements {
             set: "e".into(),
-            elements: vec![interval(family, 100, 200, 1)],
+            elements: vec![interval(family, 100, 200, 1)].into(),
         },
     ];
     Transaction { family, ops }
@@ -176,7 +176,7 @@ pub fn cases(family: Family) -> Vec<Case> {
             "a map element leading to a missing chain",
             vec![Op::AddElements {
                 set: "m".into(),
-                elements: vec![(frontend(family, 2), goto("nowhere"))],
+                elements: vec![(frontend(family, 2), goto("nowhere"))].into(),
             }],
             Some((0, ENOENT)),
         ),
@@ -184,7 +184,7 @@ pub fn cases(family: Family) -> Vec<Case> {
             "elements of a missing set",
             vec![Op::AddElements {
                 set: "nothing".into(),
-                elements: vec![(Key::Addr(ip(family, 3)), None)],
+                elements: vec![(Key::Addr(ip(family, 3)), None)].into(),
             }],
             Some((0, ENOENT)),
         ),
@@ -229,7 +229,7 @@ pub fn cases(family: Family) -> Vec<Case> {
             "adding an element that exists with other data",
             vec![Op::AddElements {
                 set: "m".into(),
-                elements: vec![(frontend(family, 1), goto("b"))],
+                elements: vec![(frontend(family, 1), goto("b"))].into(),
             }],
             Some((0, EEXIST)),
         ),
@@ -237,7 +237,7 @@ pub fn cases(family: Family) -> Vec<Case> {
             "an interval overlapping another",
             vec![Op::AddElements {
                 set: "e".into(),
-                elements: vec![interval(family, 150, 250, 2)],
+                elements: vec![interval(family, 150, 250, 2)].into(),
             }],
             Some((0, EEXIST)),
         ),
@@ -245,7 +245,7 @@ pub fn cases(family: Family) -> Vec<Case> {
             "an interval with the start of another and another end",
             vec![Op::AddElements {
                 set: "e".into(),
-                elements: vec![interval(family, 100, 150, 1)],
+                elements: vec![interval(family, 100, 150, 1)].into(),
             }],
             Some((0, EEXIST)),
         ),
@@ -253,7 +253,7 @@ pub fn cases(family: Family) -> Vec<Case> {
             "an interval inside another",
             vec![Op::AddElements {
                 set: "e".into(),
-                elements: vec![interval(family, 120, 130, 1)],
+                elements: vec![interval(family, 120, 130, 1)].into(),
             }],
             Some((0, EEXIST)),
         ),
@@ -265,7 +265,8 @@ pub fn cases(family: Family) -> Vec<Case> {
                     interval(family, 200, 300, 2),
                     interval(family, 50, 100, 3),
                     interval(family, 100, 200, 1),
-                ],
+                ]
+                .into(),
             }],
             None,
         ),
@@ -278,7 +279,8 @@ pub fn cases(family: Family) -> Vec<Case> {
                 },
                 Op::AddElements {
                     set: "e".into(),
-                    elements: vec![interval(family, 100, 150, 1), interval(family, 150, 200, 2)],
+                    elements: vec![interval(family, 100, 150, 1), interval(family, 150, 200, 2)]
+                        .into(),
                 },
             ],
             None,
@@ -316,7 +318,7 @@ pub fn cases(family: Family) -> Vec<Case> {
             vec![
                 Op::AddElements {
                     set: "m".into(),
-                    elements: vec![(frontend(family, 2), goto("d"))],
+                    elements: vec![(frontend(family, 2), goto("d"))].into(),
                 },
                 chain("d"),
             ],
@@ -328,7 +330,7 @@ pub fn cases(family: Family) -> Vec<Case> {
                 chain("d"),
                 Op::AddElements {
                     set: "s".into(),
-                    elements: vec![(Key::Addr(ip(family, 4)), None)],
+                    elements: vec![(Key::Addr(ip(family, 4)), None)].into(),
                 },
                 Op::FlushChain { name: "a".into() },
                 rules("d", accept(jump("nowhere"))),
@@ -349,7 +351,7 @@ pub fn cases(family: Family) -> Vec<Case> {
                 },
                 Op::AddElements {
                     set: "m".into(),
-                    elements: vec![(frontend(family, 1), goto("c"))],
+                    elements: vec![(frontend(family, 1), goto("c"))].into(),
                 },
             ],
             None,
@@ -380,7 +382,7 @@ pub fn cases(family: Family) -> Vec<Case> {
                 rules("d", accept(jump("b"))),
                 Op::AddElements {
                     set: "m".into(),
-                    elements: vec![(frontend(family, 2), goto("d"))],
+                    elements: vec![(frontend(family, 2), goto("d"))].into(),
                 },
             ],
             None,

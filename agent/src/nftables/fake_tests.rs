@@ -59,7 +59,7 @@ fn a_plan_applied_renders_the_desired_table_and_reads_back_as_planned() {
     let current = kernel.read_table(family).unwrap().expect("a table");
     let mut desired = fake.table(family).unwrap();
     desired.chains.remove("c");
-    desired.sets.get_mut("m").unwrap().elements.clear();
+    desired.sets.get_mut("m").unwrap().elements_mut().clear();
     let tx = plan(Some(&current), &Before::Nothing, &desired);
     kernel.apply(&tx).expect("the plan commits");
     let mut state = current;

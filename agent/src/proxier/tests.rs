@@ -143,7 +143,7 @@ fn a_full_sync_repairs_drift() {
         t.sets
             .get_mut("cluster-ips")
             .expect("a set")
-            .elements
+            .elements_mut()
             .clear();
     });
     assert_ne!(fake.render(Family::V6), table);

@@ -80,7 +80,7 @@ pub(super) fn set(key: KeyType, is_vmap: bool, comment: Option<&str>, timeout: O
             timeout_secs: timeout,
             size: None,
         },
-        elements: BTreeMap::new(),
+        elements: BTreeMap::new().into(),
     }
 }
 
@@ -115,11 +115,11 @@ pub(super) fn set_region(t: &mut Table, region: u32, targets: &[(IpAddr, u16)]) 
         .sets
         .get_mut(endpoint_map_name(ENDPOINT_MAP))
         .expect("endpoint map");
-    map.elements.retain(
+    map.elements_mut().retain(
         |k, _| !matches!(k, Key::Interval { at, .. } if dataplane::nft::ruleset::region_at(*at) == region),
     );
     if !targets.is_empty() {
-        map.elements.extend(
+        map.elements_mut().extend(
             region_elements(offset, targets)
                 .into_iter()
                 .map(|(k, v)| (k, Some(v))),
@@ -147,16 +147,16 @@ pub(super) fn full_table(family: Family) -> Table {
     ];
     for (i, v) in verdicts.into_iter().enumerate() {
         let proto = [Proto::Tcp, Proto::Udp, Proto::Sctp][i % 3];
-        service_ips.elements.insert(
+        service_ips.elements_mut().insert(
             Key::AddrProtoPort(a.vip[i], proto, 80 + i as u16),
             Some(v.into()),
         );
     }
-    service_ips.elements.insert(
+    service_ips.elements_mut().insert(
         Key::AddrProtoPort(a.vip[4], Proto::Tcp, 443),
         Some(Verdict::Goto("svc-slot".into()).into()),
     );
-    service_ips.elements.insert(
+    service_ips.elements_mut().insert(
         Key::AddrProtoPort(a.vip[4], Proto::Udp, 53),
         Some(Verdict::Goto("svc-slot-dns".into()).into()),
     );
@@ -171,19 +171,19 @@ pub(super) fn full_table(family: Family) -> Table {
     set_region(&mut t, 5, &[(a.ep[1], 53)]);
 
     let mut nodeports = set(KeyType::ProtoPort, true, None, None);
-    nodeports.elements.insert(
+    nodeports.elements_mut().insert(
         Key::ProtoPort(Proto::Tcp, 30080),
         Some(Verdict::Goto("svc-a".into()).into()),
     );
-    nodeports.elements.insert(
+    nodeports.elements_mut().insert(
         Key::ProtoPort(Proto::Sctp, 30081),
         Some(Verdict::Drop.into()),
     );
     t.sets.insert("service-nodeports".into(), nodeports);
 
     let mut local = set(KeyType::Addr, false, Some("local addresses"), None);
-    local.elements.insert(Key::Addr(a.vip[0]), None);
-    local.elements.insert(Key::Addr(a.vip[1]), None);
+    local.elements_mut().insert(Key::Addr(a.vip[0]), None);
+    local.elements_mut().insert(Key::Addr(a.vip[1]), None);
     t.sets.insert("local-addrs".into(), local);
 
     t.sets.insert(

@@ -137,7 +137,7 @@ fn abbreviated(op: &Op) -> String {
         Op::AddElements { set, elements } => format!(
             "AddElements {{ set: {set:?}, {} elements: {:?} }}",
             elements.len(),
-            &elements[..elements.len().min(4)]
+            elements.iter().take(4).collect::<Vec<_>>()
         ),
         Op::DeleteElements { set, keys } => format!(
             "DeleteElements {{ set: {set:?}, {} keys: {:?} }}",

@@ -222,10 +222,7 @@ fn regular(mut rules: Vec<Rule>) -> Chain {
 }
 
 fn empty_set(decl: SetDecl) -> Set {
-    Set {
-        decl,
-        elements: BTreeMap::new(),
-    }
+    Set::new(decl, BTreeMap::new())
 }
 
 /// An empty map of endpoints (an endpoint map or an endpoint-list map).
@@ -351,7 +348,7 @@ impl Fragment {
         self.merge_structure_into(table);
         for ((set, key), value) in &self.elements {
             if let Some(s) = table.sets.get_mut(*set) {
-                s.elements.insert(*key, value.clone());
+                s.elements_mut().insert(*key, value.clone());
             }
         }
     }

@@ -24,6 +24,7 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -264,11 +265,11 @@ impl Desired {
         if s.elements.is_empty() {
             self.elements += unique.len();
             // Built in bulk from sorted keys: densely packed nodes.
-            s.elements = unique.into_iter().collect();
+            s.elements = Arc::new(unique.into_iter().collect());
             return;
         }
         for (key, value) in unique {
-            if s.elements.insert(key, value).is_some() {
+            if s.elements_mut().insert(key, value).is_some() {
                 *self.shared.entry((set, key)).or_insert(0) += 1;
             } else {
                 self.elements += 1;
@@ -455,7 +456,7 @@ impl Desired {
             let Some(set) = table.sets.get_mut(*name) else {
                 continue;
             };
-            match set.elements.entry(*key) {
+            match set.elements_mut().entry(*key) {
                 Entry::Occupied(mut e) => {
                     *shared.entry((*name, *key)).or_insert(0) += 1;
                     // Plain-set elements (e.g. an endpoint shared by two Services) carry no
@@ -510,7 +511,7 @@ impl Desired {
                     let Some(set) = self.table.sets.get_mut(key.0) else {
                         continue;
                     };
-                    if set.elements.remove(&key.1).is_some() {
+                    if set.elements_mut().remove(&key.1).is_some() {
                         self.elements -= 1;
                     }
                     // An endpoint map exists while it has elements, as in a full build.
@@ -533,15 +534,14 @@ fn revert(sets: &mut BTreeMap<String, Set>, delta: &Delta) {
         for (key, was) in keys {
             match was {
                 Some(value) => {
-                    let set = sets.entry(name.clone()).or_insert_with(|| Set {
-                        decl: SetDecl::new(key.key_type()),
-                        elements: BTreeMap::new(),
-                    });
-                    set.elements.insert(*key, value.clone());
+                    let set = sets
+                        .entry(name.clone())
+                        .or_insert_with(|| Set::new(SetDecl::new(key.key_type()), BTreeMap::new()));
+                    set.elements_mut().insert(*key, value.clone());
                 }
                 None => {
                     if let Some(set) = sets.get_mut(name) {
-                        set.elements.remove(key);
+                        set.elements_mut().remove(key);
                     }
                 }
             }

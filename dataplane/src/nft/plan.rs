@@ -5,11 +5,12 @@
 //! agent keeps after its own commits.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::nft::desired::{Before, Delta, Scope};
 use crate::nft::ruleset::{Action, Chain, Key, Match, Set, Table, Value};
-use crate::nft::state::{Elements, SetState, TableState, fingerprint};
-use crate::nft::transaction::{Op, Transaction};
+use crate::nft::state::{self, SetState, TableState, fingerprint};
+use crate::nft::transaction::{Elements, Op, Transaction};
 
 /// Whether any rule of `chain` refers to one of `sets` (a set in use cannot be deleted).
 fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
@@ -40,10 +41,10 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
 /// under the 64 KiB attribute-length limit (an IPv6 map element with a verdict is < 300 bytes).
 pub const ELEMENTS_PER_OP: usize = 200;
 
-/// `elements` in vectors of at most [`ELEMENTS_PER_OP`], filled directly: collecting them all
-/// first and then copying out the chunks would hold a cold start's elements twice.
-fn in_chunks<T>(elements: impl Iterator<Item = T>) -> Vec<Vec<T>> {
-    let mut chunks: Vec<Vec<T>> = Vec::new();
+/// `elements` in lists of at most [`ELEMENTS_PER_OP`], filled directly: collecting them all
+/// first and then copying out the chunks would hold them twice.
+fn in_chunks(elements: impl Iterator<Item = (Key, Option<Value>)>) -> Vec<Elements> {
+    let mut chunks: Vec<Vec<(Key, Option<Value>)>> = Vec::new();
     for element in elements {
         match chunks.last_mut() {
             Some(chunk) if chunk.len() < ELEMENTS_PER_OP => chunk.push(element),
@@ -54,7 +55,7 @@ fn in_chunks<T>(elements: impl Iterator<Item = T>) -> Vec<Vec<T>> {
             }
         }
     }
-    chunks
+    chunks.into_iter().map(Elements::Listed).collect()
 }
 
 /// Plans the main transaction taking `current` to `desired`. The elements of the sets
@@ -114,7 +115,7 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
         match cur.sets.get(name) {
             Some(s)
                 if s.decl == set.decl
-                    && !(s.elements == Elements::Desired
+                    && !(s.elements == state::Elements::Desired
                         && matches!(before, Committed::Nothing)) => {}
             Some(_) => {
                 recreate_sets.insert(name.clone());
@@ -176,18 +177,18 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
         let (del, add) = match cur.sets.get(name).map(|s| (&s.elements, before)) {
             None => (
                 Vec::new(),
-                in_chunks(set.elements.iter().map(|(k, v)| (*k, v.clone()))),
+                Elements::runs_of(&set.elements, ELEMENTS_PER_OP),
             ),
-            Some((Elements::Read(have), _)) => {
+            Some((state::Elements::Read(have), _)) => {
                 let (del, add) = diff(have, &set.elements);
                 (del, in_chunks(add))
             }
-            Some((Elements::Desired, Committed::Sets(old))) => {
+            Some((state::Elements::Desired, Committed::Sets(old))) => {
                 let have = old.get(name).map_or(&empty, |s| &s.elements);
                 let (del, add) = diff(have, &set.elements);
                 (del, in_chunks(add))
             }
-            Some((Elements::Desired, Committed::Delta(delta))) => {
+            Some((state::Elements::Desired, Committed::Delta(delta))) => {
                 // Only the elements the change touched can differ.
                 let touched = delta.get(name).into_iter().flatten();
                 let mut del = Vec::new();
@@ -206,7 +207,7 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
                 }
                 (del, in_chunks(add.into_iter()))
             }
-            Some((Elements::Desired, Committed::Nothing)) => unreachable!("recreated above"),
+            Some((state::Elements::Desired, Committed::Nothing)) => unreachable!("recreated above"),
         };
         for chunk in del.chunks(ELEMENTS_PER_OP) {
             ops.push(Op::DeleteElements {
@@ -238,7 +239,7 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
         });
         add_elements.push((
             name.clone(),
-            in_chunks(set.elements.iter().map(|(k, v)| (*k, v.clone()))),
+            Elements::runs_of(&set.elements, ELEMENTS_PER_OP),
         ));
     }
     ops.extend(recreate_ops);
@@ -296,8 +297,8 @@ pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Trans
         };
         if let Some(s) = current.sets.get(name) {
             let elements = match &s.elements {
-                Elements::Read(have) => Elements::Read(pick(have)),
-                Elements::Desired => Elements::Desired,
+                state::Elements::Read(have) => state::Elements::Read(pick(have)),
+                state::Elements::Desired => state::Elements::Desired,
             };
             cur.sets.insert(
                 name.clone(),
@@ -312,7 +313,7 @@ pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Trans
                 name.clone(),
                 Set {
                     decl: s.decl.clone(),
-                    elements: pick(&s.elements),
+                    elements: Arc::new(pick(&s.elements)),
                 },
             );
         }

@@ -311,10 +311,7 @@ pub fn transaction_text(tx: &Transaction) -> String {
             }
             Op::DeleteSet { name } => format!("delete set {f} {TABLE} {name}"),
             Op::AddElements { set, elements } => {
-                let elems: Vec<String> = elements
-                    .iter()
-                    .map(|(k, v)| element_text(k, v.as_ref()))
-                    .collect();
+                let elems: Vec<String> = elements.iter().map(|(k, v)| element_text(k, v)).collect();
                 format!("add element {f} {TABLE} {set} {{ {} }}", elems.join(", "))
             }
             Op::DeleteElements { set, keys } => {

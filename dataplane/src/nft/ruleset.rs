@@ -438,11 +438,29 @@ pub fn set_size_fits(size: u32, n: usize) -> bool {
     (n as u64) * 4 <= size * 3 && size <= u64::from(fresh_set_size(n)) * 4
 }
 
+/// A set's elements: key to value (maps) or `None` (sets).
+pub type ElementMap = BTreeMap<Key, Option<Value>>;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Set {
     pub decl: SetDecl,
-    /// Element key to its value (maps) or `None` (sets).
-    pub elements: BTreeMap<Key, Option<Value>>,
+    /// Shared with the transactions that add them (see
+    /// [`crate::nft::transaction::Elements::Shared`]), so that a cold start's elements exist once.
+    pub elements: Arc<ElementMap>,
+}
+
+impl Set {
+    pub fn new(decl: SetDecl, elements: ElementMap) -> Set {
+        Set {
+            decl,
+            elements: Arc::new(elements),
+        }
+    }
+
+    /// The elements, to change them: copied first only if a transaction still shares them.
+    pub fn elements_mut(&mut self) -> &mut ElementMap {
+        Arc::make_mut(&mut self.elements)
+    }
 }
 
 /// One family's complete desired table.

@@ -102,7 +102,7 @@ impl TableState {
                         (Elements::Desired, Elements::Read(read)) => table
                             .sets
                             .get(name)
-                            .map_or(read.is_empty(), |t| t.elements == *read),
+                            .map_or(read.is_empty(), |t| *t.elements == *read),
                         (a, b) => a == b,
                     }
             })
@@ -203,7 +203,7 @@ impl TableState {
         let sets = table.sets.iter().map(|(name, s)| {
             let elements = match s.decl.timeout_secs {
                 Some(_) => BTreeMap::new(),
-                None => s.elements.clone(),
+                None => (*s.elements).clone(),
             };
             let state = SetState {
                 decl: s.decl.clone(),

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::nft::ruleset::{BaseChain, ChainName, Family, Key, Rule, SetDecl, Value};
+use crate::nft::ruleset::{BaseChain, ChainName, ElementMap, Family, Key, Rule, SetDecl, Value};
 
 /// One nftables operation inside a transaction on table `nftproxy` of the transaction's family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,13 +38,127 @@ pub enum Op {
     },
     AddElements {
         set: String,
-        elements: Vec<(Key, Option<Value>)>,
+        elements: Elements,
     },
     DeleteElements {
         set: String,
         keys: Vec<Key>,
     },
 }
+
+/// The elements one [`Op::AddElements`] adds.
+#[derive(Clone, Debug)]
+pub enum Elements {
+    /// Elements of their own: a change's.
+    Listed(Vec<(Key, Option<Value>)>),
+    /// `count` elements of a desired set, in key order from key `first`, shared with the desired
+    /// table: a whole set added (a cold start's 400k elements) is not copied into the
+    /// transaction.
+    Shared {
+        all: Arc<ElementMap>,
+        first: Key,
+        count: usize,
+    },
+}
+
+impl Elements {
+    /// The elements of `all` in runs of at most `per_op`.
+    pub fn runs_of(all: &Arc<ElementMap>, per_op: usize) -> Vec<Elements> {
+        all.keys()
+            .step_by(per_op.max(1))
+            .map(|first| Elements::Shared {
+                all: all.clone(),
+                first: *first,
+                count: per_op.max(1),
+            })
+            .map(|e| e.clamped())
+            .collect()
+    }
+
+    /// A shared run cut to the elements that exist (the last run of a set is shorter).
+    fn clamped(self) -> Elements {
+        match self {
+            Elements::Shared { all, first, count } => {
+                let count = all.range(first..).take(count).count();
+                Elements::Shared { all, first, count }
+            }
+            listed => listed,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Elements::Listed(v) => v.len(),
+            Elements::Shared { count, .. } => *count,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (&Key, Option<&Value>)> + '_> {
+        match self {
+            Elements::Listed(v) => Box::new(v.iter().map(|(k, v)| (k, v.as_ref()))),
+            Elements::Shared { all, first, count } => Box::new(
+                all.range(*first..)
+                    .take(*count)
+                    .map(|(k, v)| (k, v.as_ref())),
+            ),
+        }
+    }
+
+    /// Keeps the first `at` elements and returns the others.
+    pub fn split_off(&mut self, at: usize) -> Elements {
+        match self {
+            Elements::Listed(v) => Elements::Listed(v.split_off(at.min(v.len()))),
+            Elements::Shared { all, first, count } => {
+                let at = at.min(*count);
+                let rest = all.range(*first..).nth(at).map(|(k, _)| *k);
+                let tail = match rest {
+                    Some(k) if at < *count => Elements::Shared {
+                        all: all.clone(),
+                        first: k,
+                        count: *count - at,
+                    },
+                    _ => Elements::Listed(Vec::new()),
+                };
+                *count = at;
+                tail
+            }
+        }
+    }
+}
+
+impl From<Vec<(Key, Option<Value>)>> for Elements {
+    fn from(v: Vec<(Key, Option<Value>)>) -> Elements {
+        Elements::Listed(v)
+    }
+}
+
+impl FromIterator<(Key, Option<Value>)> for Elements {
+    fn from_iter<I: IntoIterator<Item = (Key, Option<Value>)>>(iter: I) -> Elements {
+        Elements::Listed(iter.into_iter().collect())
+    }
+}
+
+impl<'a> IntoIterator for &'a Elements {
+    type Item = (&'a Key, Option<&'a Value>);
+    type IntoIter = Box<dyn Iterator<Item = (&'a Key, Option<&'a Value>)> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// Equal when they add the same elements, however they hold them.
+impl PartialEq for Elements {
+    fn eq(&self, other: &Elements) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Elements {}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transaction {
@@ -55,5 +169,54 @@ pub struct Transaction {
 impl Transaction {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::ruleset::Proto;
+
+    fn map(n: u16) -> Arc<ElementMap> {
+        Arc::new(
+            (0..n)
+                .map(|i| (Key::ProtoPort(Proto::Tcp, i), None))
+                .collect(),
+        )
+    }
+
+    fn listed(e: &Elements) -> Vec<(Key, Option<Value>)> {
+        e.iter().map(|(k, v)| (*k, v.cloned())).collect()
+    }
+
+    #[test]
+    fn shared_runs_cover_the_set_once_in_order() {
+        for (n, per_op) in [(0, 200), (1, 200), (200, 200), (201, 200), (1000, 7)] {
+            let all = map(n);
+            let runs = Elements::runs_of(&all, per_op);
+            assert!(runs.iter().all(|r| (1..=per_op).contains(&r.len())));
+            let joined: Vec<_> = runs.iter().flat_map(listed).collect();
+            let want: Vec<_> = all.iter().map(|(k, v)| (*k, v.clone())).collect();
+            assert_eq!(joined, want, "{n} elements, {per_op} per op");
+        }
+    }
+
+    #[test]
+    fn split_off_keeps_the_order_and_equality_ignores_the_form() {
+        let all = map(10);
+        for at in [0, 1, 5, 9, 10, 12] {
+            let mut head = Elements::runs_of(&all, 10).remove(0);
+            let mut listed_head: Elements = listed(&head).into();
+            let tail = head.split_off(at);
+            let listed_tail = listed_head.split_off(at);
+            assert_eq!(head.len(), at.min(10));
+            assert_eq!(head, listed_head);
+            assert_eq!(tail, listed_tail);
+            assert_eq!(head.len() + tail.len(), 10);
+        }
+        assert_ne!(
+            Elements::runs_of(&all, 10)[0],
+            Elements::runs_of(&map(9), 10)[0]
+        );
     }
 }

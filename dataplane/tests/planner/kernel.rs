@@ -31,7 +31,7 @@ pub fn references(text: &str) -> (Vec<String>, Vec<String>) {
     (sets, chains)
 }
 
-pub fn value_chain(v: &Option<Value>) -> Option<&str> {
+pub fn value_chain(v: Option<&Value>) -> Option<&str> {
     match v {
         Some(Value::Verdict(Verdict::Jump(c) | Verdict::Goto(c))) => Some(c),
         _ => None,
@@ -94,7 +94,7 @@ impl Kernel {
                     .sets
                     .values()
                     .flat_map(|s| s.elements.values())
-                    .any(|v| value_chain(v) == Some(name));
+                    .any(|v| value_chain(v.as_ref()) == Some(name));
                 assert!(!jumped && !mapped, "EBUSY: chain {name} in use");
                 t.chains.remove(name);
             }
@@ -127,7 +127,7 @@ impl Kernel {
                             name.clone(),
                             Set {
                                 decl: decl.clone(),
-                                elements: BTreeMap::new(),
+                                elements: BTreeMap::new().into(),
                             },
                         );
                     }
@@ -156,8 +156,8 @@ impl Kernel {
                     .get_mut(set)
                     .unwrap_or_else(|| panic!("ENOENT: elements of {set}"));
                 for (k, v) in elements {
-                    if let Some(old) = s.elements.insert(*k, v.clone()) {
-                        assert_eq!(&old, v, "EEXIST: {k:?} in {set} with other data");
+                    if let Some(old) = s.elements_mut().insert(*k, v.cloned()) {
+                        assert_eq!(old.as_ref(), v, "EEXIST: {k:?} in {set} with other data");
                     }
                 }
             }
@@ -168,7 +168,10 @@ impl Kernel {
                     .get_mut(set)
                     .unwrap_or_else(|| panic!("ENOENT: elements of {set}"));
                 for k in keys {
-                    assert!(s.elements.remove(k).is_some(), "ENOENT: {k:?} in {set}");
+                    assert!(
+                        s.elements_mut().remove(k).is_some(),
+                        "ENOENT: {k:?} in {set}"
+                    );
                 }
             }
         }

@@ -210,7 +210,7 @@ fn large_element_lists_are_split() {
         .collect();
     let op = Op::AddElements {
         set: "m".to_string(),
-        elements,
+        elements: elements.into(),
     };
     let cmds = encode_op(Family::V6, &op, &mut 0).unwrap();
     assert!(cmds.len() > 1);

@@ -135,7 +135,7 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
             NodePortIps::All => (vec![Match::FibDaddrLocal, loopback.clone()], vec![loopback]),
             NodePortIps::List(ips) => {
                 let mut s = set(KeyType::Addr, false, "IPs that accept NodePort traffic");
-                s.elements = ips.into_iter().map(|ip| (Key::Addr(ip), None)).collect();
+                s.elements = Arc::new(ips.into_iter().map(|ip| (Key::Addr(ip), None)).collect());
                 t.sets.insert(NODEPORT_IPS.into(), s);
                 let m = Match::DaddrInSet {
                     set: NODEPORT_IPS.into(),
