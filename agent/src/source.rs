@@ -11,7 +11,9 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use dataplane::convert::{self, Skipped};
-use dataplane::input::{Object, ParseError};
+use std::io::Read as _;
+
+use dataplane::input::{Cutter, Object};
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::tracker::{Kind, Tracker};
 
@@ -22,8 +24,9 @@ pub fn load_file(
     node_name: &str,
     proxy_name: &str,
 ) -> Result<(Cluster, Vec<Skipped>), String> {
-    let text = read(path)?;
-    load_text(&text, node_name, proxy_name).map_err(|e| format!("{}: {e}", path.display()))
+    let mut tracker = Tracker::new(node_name, proxy_name);
+    let skipped = relist(&mut tracker, Input::File(path, BLOCK))?;
+    Ok((tracker.cluster().clone(), skipped))
 }
 
 /// Converts text already in memory (see [`load_file`]).
@@ -33,12 +36,55 @@ pub fn load_text(
     proxy_name: &str,
 ) -> Result<(Cluster, Vec<Skipped>), String> {
     let mut tracker = Tracker::new(node_name, proxy_name);
-    let skipped = relist(&mut tracker, text).map_err(|e| e.to_string())?;
+    let skipped = relist(&mut tracker, Input::Text(text))?;
     Ok((tracker.cluster().clone(), skipped))
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+/// Bytes read from a file at a time.
+const BLOCK: usize = 4 << 20;
+
+/// Reads a file a block at a time and hands it to `piece` in pieces that read as they would
+/// whole ([`Cutter`]), each with the number of lines before it: the text held is a piece and
+/// a block, not the file (a `kind: List` is one piece, though).
+fn for_each_piece(
+    path: &Path,
+    block: usize,
+    mut piece: impl FnMut(&str, usize) -> Result<(), String>,
+) -> Result<(), String> {
+    let failed = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let mut file = std::fs::File::open(path).map_err(|e| failed(&e))?;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut cutter: Option<Cutter> = None;
+    let mut lines = 0;
+    loop {
+        let start = buf.len();
+        buf.resize(start + block.max(1), 0);
+        let n = loop {
+            match file.read(&mut buf[start..]) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => break other.map_err(|e| failed(&e))?,
+            }
+        };
+        buf.truncate(start + n);
+        let utf8 = |bytes| {
+            std::str::from_utf8(bytes)
+                .map_err(|_| failed(&format_args!("invalid UTF-8 after line {lines}")))
+        };
+        if n == 0 {
+            return match buf.is_empty() {
+                true => Ok(()),
+                false => piece(utf8(&buf)?, lines),
+            };
+        }
+        let cutter = cutter.get_or_insert_with(|| Cutter::new(&buf));
+        if let Some(cut) = cutter.last_cut(&buf) {
+            let part = utf8(&buf[..cut])?;
+            piece(part, lines)?;
+            lines += part.bytes().filter(|b| *b == b'\n').count();
+            buf.drain(..cut);
+            cutter.cut(cut);
+        }
+    }
 }
 
 /// Logs each skipped object once, with its kind, name and reason.
@@ -48,34 +94,50 @@ pub fn report_skipped(skipped: &[Skipped]) {
     }
 }
 
-/// Replaces the tracker's content with the objects of `text`, as a re-list of every kind
+/// Where [`relist`] reads objects from.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Text(&'a str),
+    /// Read in pieces, a block of this many bytes at a time (see [`for_each_piece`]).
+    File(&'a Path, usize),
+}
+
+/// Replaces the tracker's content with the objects of `input`, as a re-list of every kind
 /// would: objects missing from it are deleted, unchanged ones cause no sync. Returns the
-/// objects skipped as invalid. On a syntax error the tracker is half-way through: callers
-/// stage a copy.
-fn relist(tracker: &mut Tracker, text: &str) -> Result<Vec<Skipped>, ParseError> {
+/// objects skipped as invalid. On an error (a syntax error, an unreadable file) the tracker
+/// is half-way through: callers stage a copy.
+fn relist(tracker: &mut Tracker, input: Input<'_>) -> Result<Vec<Skipped>, String> {
     for kind in Kind::ALL {
         tracker.begin_list(kind);
     }
     let mut skipped = Vec::new();
     let mut invalid = Vec::new();
     let mut seen = HashSet::new();
-    dataplane::input::for_each_object(text, &mut skipped, |object| {
-        let (kind, name) = match &object {
-            Object::Service(o) => (Kind::Service, convert::object_name(&o.metadata)),
-            Object::Slice(o) => (Kind::EndpointSlice, convert::object_name(&o.metadata)),
-            Object::Node(o) => (Kind::Node, convert::object_name(&o.metadata)),
-            Object::ServiceCidr(o) => (Kind::ServiceCidr, convert::object_name(&o.metadata)),
-        };
-        if !seen.insert((kind, name.clone())) {
-            warn_duplicate(kind, &name);
-        }
-        invalid.extend(match &object {
-            Object::Service(o) => tracker.apply_service(o),
-            Object::Slice(o) => tracker.apply_slice(o),
-            Object::Node(o) => tracker.apply_node(o),
-            Object::ServiceCidr(o) => tracker.apply_service_cidr(o),
+    let mut read = |text: &str| {
+        dataplane::input::for_each_object(text, &mut skipped, |object| {
+            let (kind, name) = match &object {
+                Object::Service(o) => (Kind::Service, convert::object_name(&o.metadata)),
+                Object::Slice(o) => (Kind::EndpointSlice, convert::object_name(&o.metadata)),
+                Object::Node(o) => (Kind::Node, convert::object_name(&o.metadata)),
+                Object::ServiceCidr(o) => (Kind::ServiceCidr, convert::object_name(&o.metadata)),
+            };
+            if !seen.insert((kind, name.clone())) {
+                warn_duplicate(kind, &name);
+            }
+            invalid.extend(match &object {
+                Object::Service(o) => tracker.apply_service(o),
+                Object::Slice(o) => tracker.apply_slice(o),
+                Object::Node(o) => tracker.apply_node(o),
+                Object::ServiceCidr(o) => tracker.apply_service_cidr(o),
+            })
         })
-    })?;
+    };
+    match input {
+        Input::Text(text) => read(text).map_err(|e| e.to_string())?,
+        Input::File(path, block) => for_each_piece(path, block, |text, lines| {
+            read(text).map_err(|e| format!("{}: {}", path.display(), e.after_lines(lines)))
+        })?,
+    }
     for kind in Kind::ALL {
         tracker.end_list(kind);
     }
@@ -95,9 +157,8 @@ fn warn_duplicate(kind: Kind, name: &ObjectName) {
 /// cannot be parsed changes nothing. The memory the load freed stays with the allocator:
 /// agents that keep running hand it back with [`crate::memory::release_freed`].
 pub fn load_into(tracker: &mut Tracker, path: &Path) -> Result<(), String> {
-    let text = read(path)?;
     let mut staged = tracker.clone();
-    let skipped = relist(&mut staged, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let skipped = relist(&mut staged, Input::File(path, BLOCK))?;
     *tracker = staged;
     report_skipped(&skipped);
     Ok(())
@@ -120,6 +181,52 @@ mod tests {
             std::env::temp_dir().join(format!("nftproxy-source-{}-{name}", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    /// A file read a few bytes at a time, cut into many pieces, gives what its text gives
+    /// whole, in every format; a syntax error names the file's line, not the piece's.
+    #[test]
+    fn a_file_read_in_pieces_reads_as_a_whole() {
+        let docs: Vec<String> = (0..40)
+            .map(|i| service(&format!("s{i}"), &format!("10.96.0.{}", i + 1)))
+            .collect();
+        let json: Vec<String> = (0..40)
+            .map(|i| {
+                format!(
+                    "{{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": \
+                     {{\"name\": \"j{i}\", \"namespace\": \"ns\"}}, \"spec\": \
+                     {{\"clusterIP\": \"10.97.0.{}\", \"ports\": [{{\"port\": 80}}]}}}}\n",
+                    i + 1
+                )
+            })
+            .collect();
+        let texts = [
+            docs.iter().map(|d| format!("---\n{d}")).collect::<String>(),
+            docs.join("---\n"),
+            json.concat(),
+        ];
+        for (n, text) in texts.iter().enumerate() {
+            let path = write(&format!("pieces-{n}"), text);
+            let (whole, _) = load_text(text, "node", "").unwrap();
+            assert_eq!(whole.services.len(), 40);
+            for block in [1, 7, 64, 1000, 1 << 20] {
+                let mut tracker = Tracker::new("node", "");
+                relist(&mut tracker, Input::File(&path, block)).unwrap();
+                assert_eq!(tracker.cluster(), &whole, "text {n}, block {block}");
+            }
+            std::fs::remove_file(&path).unwrap();
+        }
+        let broken = format!("{}---\nkind: [\n", texts[0]);
+        let line = broken.lines().count();
+        let path = write("pieces-broken", &broken);
+        let whole = load_text(&broken, "node", "").unwrap_err();
+        for block in [7, 1 << 20] {
+            let mut tracker = Tracker::new("node", "");
+            let err = relist(&mut tracker, Input::File(&path, block)).unwrap_err();
+            assert!(err.contains(&format!("line {}", line + 1)), "{err}");
+            assert_eq!(err, format!("{}: {whole}", path.display()));
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 
     /// `render`/`trace`/`--once` and the followed file agree on a Service listed twice: the

@@ -30,11 +30,13 @@ use crate::convert::{Objects, Skip, Skipped};
 
 mod block;
 mod parallel;
+mod pieces;
 #[cfg(test)]
 mod props;
 mod split;
 
 use block::Unsure;
+pub use pieces::Cutter;
 
 /// A syntax error, with the position it names when there is one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +56,30 @@ impl std::fmt::Display for ParseError {
 }
 
 impl std::error::Error for ParseError {}
+
+impl ParseError {
+    /// The error of a piece of a file (see [`Cutter`]) that `lines` lines of the file precede:
+    /// its line numbers, in the location and the message, become the file's.
+    pub fn after_lines(self, lines: usize) -> ParseError {
+        let mut message = String::with_capacity(self.message.len());
+        let mut rest = self.message.as_str();
+        while let Some(i) = rest.find("line ") {
+            let (head, tail) = rest.split_at(i + "line ".len());
+            message.push_str(head);
+            let digits = tail.len() - tail.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            match tail[..digits].parse::<usize>() {
+                Ok(n) => message.push_str(&(n + lines).to_string()),
+                Err(_) => message.push_str(&tail[..digits]),
+            }
+            rest = &tail[digits..];
+        }
+        message.push_str(rest);
+        ParseError {
+            location: self.location.map(|(line, column)| (line + lines, column)),
+            message,
+        }
+    }
+}
 
 impl From<serde_yaml_ng::Error> for ParseError {
     fn from(e: serde_yaml_ng::Error) -> ParseError {
