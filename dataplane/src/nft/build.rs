@@ -49,7 +49,10 @@ pub use crate::settings::{
 };
 
 mod base;
+mod big;
 mod port;
+
+pub use big::{BIG_MAX_ENDPOINTS, DRAWS, class_of};
 
 pub use base::base_table;
 
