@@ -39,6 +39,14 @@ pub fn explain(pkt: &Packet, host: &Host, trace: &Trace) -> String {
             "its only endpoint".to_string()
         };
         let _ = writeln!(out, "verdict:  DNAT to {how}");
+        if trace.redraws {
+            let _ = writeln!(
+                out,
+                "          (drawn on the flat path for large Services: a random index past the \
+                 list is drawn again, up to {} times, then the first endpoint is taken)",
+                dataplane::nft::build::DRAWS
+            );
+        }
         for o in &endpoints {
             if let Outcome::Endpoint { addr, masquerade } = o {
                 let src = if *masquerade {

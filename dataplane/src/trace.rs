@@ -86,6 +86,10 @@ pub struct Trace {
     pub frontends: BTreeSet<Key>,
     /// The packet's destination and protocol.
     pub destination: Option<(SocketAddr, Proto)>,
+    /// The endpoint was drawn on the flat path for large Services: a draw that misses (an index
+    /// at or above the list's length) draws again, and after the last draw the destination's
+    /// first endpoint is taken.
+    pub redraws: bool,
     /// Conflicts over the packet's destination (several Services claim it; see
     /// [`crate::conflicts`]), filled in by [`Trace::name_services`].
     pub conflicts: Vec<Conflict>,
@@ -149,7 +153,7 @@ impl Trace {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct State {
     mark: u32,
     dnat: Option<SocketAddr>,
@@ -157,7 +161,7 @@ struct State {
 }
 
 /// How a chain evaluation ended.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum End {
     /// Fell off the end or returned: continue in the caller.
     Continue(State),
@@ -321,6 +325,9 @@ impl Tracer<'_> {
                         other => out.push(other),
                     }
                 }
+                // The flat path's draws reach the same endpoints again and again.
+                out.sort();
+                out.dedup();
                 out
             }
         }
@@ -367,7 +374,7 @@ impl Tracer<'_> {
                 let frontend = self.frontend(dst, *nodeport);
                 let targets: Vec<SocketAddr> = (0..*modulus)
                     .filter_map(|i| {
-                        let key = frontend.list_entry(u8::try_from(i).ok()?)?;
+                        let key = frontend.list_entry(u16::try_from(i).ok()?)?;
                         match self.element(map, &key)? {
                             Some(Value::Endpoint(addr, port)) => {
                                 Some(SocketAddr::new(*addr, *port))
@@ -380,7 +387,16 @@ impl Tracer<'_> {
                     return continue_here(self, state);
                 }
                 self.trace.frontends.insert(frontend);
-                dnat_to_any(targets, &state)
+                let misses = targets.len() < *modulus as usize;
+                let mut ends = dnat_to_any(targets, &state);
+                if misses {
+                    // A flat-path draw (see `nft::build`'s `big`) misses for indices at or
+                    // above the list's length: the packet goes on to the next draw, and after
+                    // the last to the fallback.
+                    self.trace.redraws = true;
+                    ends.extend(continue_here(self, state));
+                }
+                ends
             }
             Action::Masquerade => {
                 state.masqueraded = true;

@@ -267,3 +267,124 @@ fn dual_stack_and_no_endpoints() {
     // NodePort no-endpoint check rejects it, as the kernel does.
     check(&c, "192.168.0.2", Tcp, "192.168.0.2:3001", "REJECT", false);
 }
+
+/// The flat path for large Services: a LoadBalancer Service with 60 endpoints (20 on this node,
+/// externalTrafficPolicy Local) and a NodePort Service with 40, traced through the draws.
+#[test]
+fn large_services_reach_every_endpoint_through_the_draws() {
+    let eps = |n: usize| -> String {
+        (0..n)
+            .map(|i| {
+                let node = if i % 3 == 0 { "test-node" } else { "other" };
+                format!(
+                    "  - {{addresses: [10.180.{}.{}], conditions: {{ready: true}}, nodeName: {node}}}\n",
+                    i / 200,
+                    i % 200 + 1
+                )
+            })
+            .collect()
+    };
+    let text = format!(
+        "apiVersion: v1\nkind: List\nitems:\n\
+         - apiVersion: v1\n  kind: Node\n  metadata: {{name: test-node}}\n  status:\n    addresses: [{{type: InternalIP, address: 192.168.0.2}}]\n\
+         - apiVersion: v1\n  kind: Service\n  metadata: {{name: web, namespace: ns}}\n  spec:\n    type: LoadBalancer\n    externalTrafficPolicy: Local\n    healthCheckNodePort: 32000\n    clusterIPs: [172.30.0.10]\n    ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}}]\n  status: {{loadBalancer: {{ingress: [{{ip: 5.6.7.8}}]}}}}\n\
+         - apiVersion: v1\n  kind: Service\n  metadata: {{name: dns, namespace: ns}}\n  spec:\n    type: NodePort\n    clusterIPs: [172.30.0.11]\n    ports: [{{name: dns, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30053}}]\n\
+         - apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n  metadata: {{name: web-a, namespace: ns, labels: {{kubernetes.io/service-name: web}}}}\n  addressType: IPv4\n  ports: [{{name: http, port: 8080, protocol: TCP}}]\n  endpoints:\n{}\
+         - apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n  metadata: {{name: dns-a, namespace: ns, labels: {{kubernetes.io/service-name: dns}}}}\n  addressType: IPv4\n  ports: [{{name: dns, port: 5353, protocol: UDP}}]\n  endpoints:\n{}",
+        eps(60),
+        eps(40)
+    );
+    let (objects, skipped) = nftproxy_dataplane::input::parse_yaml(&text).unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let (cluster, skipped) = convert::cluster(&objects, "test-node", "");
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let table = build(&cluster, &config(), Family::V4).table;
+    let host = Host {
+        local_addresses: vec!["192.168.0.2".parse().unwrap()],
+    };
+    let endpoints = |n: usize, port: u16, only_local: bool| -> BTreeSet<SocketAddr> {
+        (0..n)
+            .filter(|i| !only_local || i % 3 == 0)
+            .map(|i| {
+                SocketAddr::new(
+                    IpAddr::from([10, 180, (i / 200) as u8, (i % 200 + 1) as u8]),
+                    port,
+                )
+            })
+            .collect()
+    };
+    for (src, proto, dst, want, masquerade) in [
+        // From a pod: all 60, the source kept.
+        (
+            "10.99.0.1",
+            Proto::Tcp,
+            "172.30.0.10:80",
+            endpoints(60, 8080, false),
+            false,
+        ),
+        // From outside the pod network: all 60, masqueraded.
+        (
+            "192.168.5.5",
+            Proto::Tcp,
+            "172.30.0.10:80",
+            endpoints(60, 8080, false),
+            true,
+        ),
+        // Load-balancer IP and NodePort, externalTrafficPolicy Local: this node's 20, the
+        // source kept.
+        (
+            "203.0.113.9",
+            Proto::Tcp,
+            "5.6.7.8:80",
+            endpoints(60, 8080, true),
+            false,
+        ),
+        (
+            "203.0.113.9",
+            Proto::Tcp,
+            "192.168.0.2:30080",
+            endpoints(60, 8080, true),
+            false,
+        ),
+        // From a pod to the load-balancer IP: short-circuited to all 60.
+        (
+            "10.99.0.1",
+            Proto::Tcp,
+            "5.6.7.8:80",
+            endpoints(60, 8080, false),
+            false,
+        ),
+        // NodePort, externalTrafficPolicy Cluster: all 40, masqueraded.
+        (
+            "203.0.113.9",
+            Proto::Udp,
+            "192.168.0.2:30053",
+            endpoints(40, 5353, false),
+            true,
+        ),
+    ] {
+        let pkt = Packet {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto,
+            iif: None,
+        };
+        let t = trace(&table, &host, &pkt);
+        let got: BTreeSet<Outcome> = want
+            .iter()
+            .map(|addr| Outcome::Endpoint {
+                addr: *addr,
+                masquerade,
+            })
+            .collect();
+        assert_eq!(t.outcomes, got, "{src} -> {dst}");
+        assert!(t.redraws, "{src} -> {dst}");
+        assert!(
+            t.chains
+                .iter()
+                .any(|c| c.starts_with("big-") && c.contains("-draw-")),
+            "{:?}",
+            t.chains
+        );
+    }
+}

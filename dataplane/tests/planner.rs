@@ -10,7 +10,9 @@ use nftproxy_dataplane::conflicts::{Conflict, conflicts, suppressed};
 use nftproxy_dataplane::model::{
     Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
 };
-use nftproxy_dataplane::nft::build::{BuildConfig, LIST_MAX_ENDPOINTS, LocalDetector, build};
+use nftproxy_dataplane::nft::build::{
+    BIG_MAX_ENDPOINTS, BuildConfig, EndpointLists, LIST_MAX_ENDPOINTS, LocalDetector, build,
+};
 use nftproxy_dataplane::nft::desired::{Before, Desired, Scope, Updated};
 use nftproxy_dataplane::nft::plan::{
     plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
@@ -208,7 +210,7 @@ proptest! {
 
 #[test]
 fn regions_stay_with_their_chains_and_are_reused() {
-    let spec = |id, endpoints: Vec<u8>| SvcSpec {
+    let spec = |id, endpoints: Vec<u16>| SvcSpec {
         id,
         endpoints,
         node_port: false,
@@ -224,13 +226,13 @@ fn regions_stay_with_their_chains_and_are_reused() {
                 _ => None,
             })
     };
-    // More endpoints than the shared lists take: svc1 has a chain and a region; svc2 none.
-    let many = |from: u8, to: u8| (from..=to).collect::<Vec<u8>>();
-    let mut c = cluster(&[spec(1, many(1, LONG)), spec(2, many(1, LONG + 1))]);
+    // More endpoints than the flat path takes: svc1 has a chain and a region; svc2 none.
+    let many = |from: u16, to: u16| (from..=to).collect::<Vec<u16>>();
+    let mut c = cluster(&[spec(1, many(1, HUGE)), spec(2, many(1, LONG + 1))]);
     let mut desired = Desired::build(&c, &config(), Family::V4);
     let before = region_of(desired.table(), "ns/svc1/").expect("svc1 uses an endpoint map");
     // Endpoints come and go: the rule, and so the region, stays.
-    for endpoints in [many(1, LONG + 1), many(3, LONG + 2), many(4, LONG + 11)] {
+    for endpoints in [many(1, HUGE + 1), many(3, HUGE + 2), many(4, HUGE + 11)] {
         c = cluster(&[spec(1, endpoints), spec(2, many(1, LONG + 1))]);
         let updated = desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
         assert!(matches!(updated, Updated::Scope(_)));
@@ -246,7 +248,7 @@ fn regions_stay_with_their_chains_and_are_reused() {
         .filter(|s| s.decl.key == KeyType::Interval)
         .map(|s| s.elements.len())
         .sum();
-    assert_eq!(left, usize::from(LONG + 1), "svc2's endpoints");
+    assert_eq!(left, 0, "svc2 is on the flat path");
     assert!(
         !desired.table().sets.contains_key(before.0)
             || region_of(desired.table(), "ns/svc2/").is_some_and(|s| s.0 == before.0)
@@ -396,12 +398,14 @@ fn services_claiming_one_frontend_update_in_place_like_a_full_build() {
 
 #[test]
 fn one_endpoint_change_touches_only_that_service() {
-    // Two endpoints (the shared lists) and LONG + 1 (a chain of their own, with an
-    // endpoint-map region) alternate.
+    // Two endpoints (the shared lists), LONG + 1 (the flat path) and, for svc8 and svc100,
+    // HUGE + 1 (a chain of their own, with an endpoint-map region).
     let many: Vec<SvcSpec> = (1..=200u8)
         .map(|id| SvcSpec {
             id,
-            endpoints: if id % 2 == 0 {
+            endpoints: if id == 8 || id == 100 {
+                (1..=HUGE + 1).collect()
+            } else if id % 2 == 0 {
                 (1..=LONG + 1).collect()
             } else {
                 vec![1, 2]
@@ -450,10 +454,9 @@ fn one_endpoint_change_touches_only_that_service() {
     // the whole table), svc8's region of its endpoint map is replaced, and the new endpoint
     // gets its hairpin element.
     let mut changed = many.clone();
-    changed[7].endpoints.push(LONG + 2);
+    changed[7].endpoints.push(HUGE + 2);
     let after = table(&changed);
     let tx = plan(state.as_ref(), &Before::Nothing, &after);
-    assert!(tx.ops.len() <= 3, "{:#?}", tx.ops);
     let (map, offset) = after
         .chains
         .iter()
@@ -469,7 +472,12 @@ fn one_endpoint_change_touches_only_that_service() {
         let touches_svc8 = match op {
             Op::AddElements { set, elements } if set == "hairpin-endpoints" => {
                 elements.iter().all(|(k, _)| {
-                    *k == Key::AddrPair(format!("10.180.8.{}", LONG + 2).parse().unwrap())
+                    *k == Key::AddrPair(IpAddr::from([
+                        10,
+                        180 + ((HUGE + 2) >> 8) as u8,
+                        8,
+                        (HUGE + 2) as u8,
+                    ]))
                 })
             }
             Op::AddElements { set, elements } => {
@@ -486,14 +494,14 @@ fn one_endpoint_change_touches_only_that_service() {
 fn fingerprints_differ_when_rules_differ() {
     let a = table(&[SvcSpec {
         id: 1,
-        endpoints: (1..=LONG).collect(),
+        endpoints: (1..=HUGE).collect(),
         node_port: false,
         udp: false,
         ..SvcSpec::default()
     }]);
     let b = table(&[SvcSpec {
         id: 1,
-        endpoints: (1..=LONG).collect(),
+        endpoints: (1..=HUGE).collect(),
         node_port: false,
         udp: true,
         ..SvcSpec::default()
@@ -513,26 +521,35 @@ fn fingerprints_differ_when_rules_differ() {
 
 #[test]
 fn a_restart_adopts_the_regions_the_kernel_has() {
-    let spec = |id| SvcSpec {
+    // Region chains (every 20th Service) and the flat path; later, the flat path's Services
+    // lose their first endpoint, whose index the last one takes.
+    let spec = |id: u8, later: bool| SvcSpec {
         id,
-        endpoints: (1..=LONG).collect(),
-        node_port: id % 3 == 0,
+        endpoints: if id.is_multiple_of(20) {
+            (1..=HUGE).collect()
+        } else {
+            (1 + u16::from(later)..=LONG + u16::from(id % 7)).collect()
+        },
+        node_port: id.is_multiple_of(3),
         udp: false,
         ..SvcSpec::default()
     };
     // Services come and go, so regions are no longer in name order.
-    let first: Vec<SvcSpec> = (1..=60).map(spec).collect();
+    let first: Vec<SvcSpec> = (1..=60).map(|id| spec(id, false)).collect();
     let mut desired = Desired::build(&cluster(&first), &config(), Family::V4);
     let mut state = fresh_state(desired.table());
-    let later: Vec<SvcSpec> = (20..=120).map(spec).collect();
+    let later: Vec<SvcSpec> = (20..=120).map(|id| spec(id, true)).collect();
     let c = cluster(&later);
     let names: Vec<ObjectName> = (1..=120)
         .map(|id| ObjectName::new("ns", &format!("svc{id}")))
         .collect();
-    let Updated::Scope(scope) = desired.update(&c, &config(), &names) else {
-        panic!("expected a scoped update");
-    };
-    step_scope(&mut state, desired.table(), &scope);
+    match desired.update(&c, &config(), &names) {
+        Updated::Scope(scope) => {
+            step_scope(&mut state, desired.table(), &scope);
+        }
+        // A set outgrew its size.
+        Updated::All(before) => step_from(&mut state, desired.table(), &before),
+    }
     assert_ne!(
         desired.table(),
         &build(&c, &config(), Family::V4).table,
@@ -554,7 +571,7 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
 
     let c = cluster(&[SvcSpec {
         id: 1,
-        endpoints: (1..=LONG).collect(),
+        endpoints: (1..=HUGE).collect(),
         node_port: false,
         udp: false,
         ..SvcSpec::default()
@@ -582,7 +599,7 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
     };
     assert_eq!(
         service_rules(&cascade).len(),
-        usize::from(LONG),
+        usize::from(HUGE),
         "one dnat rule per endpoint"
     );
     assert!(
@@ -606,9 +623,17 @@ fn without_a_free_region_a_chain_falls_back_to_the_cascade() {
         proto: Proto::Tcp,
         iif: None,
     };
-    let a = trace(&cascade, &Host::default(), &pkt);
-    let b = trace(&mapped, &Host::default(), &pkt);
-    assert_eq!(a.endpoints().len(), usize::from(LONG), "{a:?}");
+    // The tracer follows the cascade's rules recursively: give it room.
+    let (a, b) = std::thread::Builder::new()
+        .stack_size(1 << 30)
+        .spawn(move || {
+            let a = trace(&cascade, &Host::default(), &pkt);
+            (a, trace(&mapped, &Host::default(), &pkt))
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(a.endpoints().len(), usize::from(HUGE));
     assert_eq!(a.outcomes, b.outcomes);
 }
 
@@ -666,4 +691,68 @@ fn a_set_that_outgrows_its_size_is_recreated_with_room() {
         Updated::Scope(_)
     ));
     assert_eq!(size_of(&desired), Some(384));
+}
+
+#[test]
+fn a_flat_path_endpoint_change_is_a_few_elements() {
+    let spec = |endpoints: Vec<u16>| SvcSpec {
+        id: 1,
+        endpoints,
+        node_port: true,
+        ..SvcSpec::default()
+    };
+    let c = cluster(&[spec((1..=1000).collect())]);
+    let mut desired = Desired::build(&c, &config(), Family::V4);
+    let mut state = fresh_state(desired.table());
+    // The elements of the flat path a change sends (a replaced value counts once).
+    let mut change = |endpoints: Vec<u16>| -> (usize, BTreeMap<String, usize>) {
+        let c = cluster(&[spec(endpoints)]);
+        let Updated::Scope(scope) = desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")])
+        else {
+            panic!("expected a scoped update");
+        };
+        let tx = step_scope(&mut state, desired.table(), &scope);
+        assert_eq!(state, fresh_state(desired.table()));
+        let mut touched: BTreeMap<String, std::collections::BTreeSet<Key>> = BTreeMap::new();
+        for op in &tx.ops {
+            match op {
+                Op::AddElements { set, elements } => touched
+                    .entry(set.clone())
+                    .or_default()
+                    .extend(elements.iter().map(|(k, _)| *k)),
+                Op::DeleteElements { set, keys } => touched
+                    .entry(set.clone())
+                    .or_default()
+                    .extend(keys.iter().copied()),
+                other => panic!("unexpected op {other:?}"),
+            }
+        }
+        let sizes: BTreeMap<String, usize> =
+            touched.iter().map(|(s, k)| (s.clone(), k.len())).collect();
+        (sizes.values().sum(), sizes)
+    };
+    // Endpoint 500 removed: its index gets the last endpoint, the last index goes (ClusterIP
+    // and NodePort lists), and its hairpin element.
+    let without_500: Vec<u16> = (1..=1000).filter(|e| *e != 500).collect();
+    let (n, sets) = change(without_500.clone());
+    assert_eq!(n, 5, "{sets:?}");
+    assert_eq!(sets["big-endpoints"], 2);
+    assert_eq!(sets["big-nodeport-endpoints"], 2);
+    // One added: one new index per list.
+    let mut more = without_500.clone();
+    more.push(1001);
+    let (n, sets) = change(more);
+    assert_eq!(n, 3, "{sets:?}");
+    // 1,024 → 1,025 endpoints moves the destinations to the next class.
+    let (_, sets) = change((1..=1024).collect());
+    assert!(sets["big-endpoints"] <= 26, "{sets:?}");
+    let (n, sets) = change((1..=1025).collect());
+    assert_eq!(n, 7, "{sets:?}");
+    assert_eq!(sets["big-class-10"] + sets["big-class-11"], 2);
+    // Down to 16: back to the shared lists (the emptied maps are resized: a full plan).
+    let c = cluster(&[spec((1..=16).collect())]);
+    desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
+    let t = desired.table();
+    assert_eq!(t.sets["cluster-endpoints-16"].elements.len(), 16);
+    assert!(t.sets["big-endpoints"].elements.is_empty());
 }

@@ -3,6 +3,7 @@
 //! the no-endpoints reject, the spread of random choices, render/list round trips, malformed
 //! input and idempotent re-runs.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -333,14 +334,25 @@ fn a_service_with_more_endpoints_than_the_lists_take_spreads_over_all_of_them() 
     nftproxy_tests::require_root!();
     let t = topology();
     run_once(&t.node, "cluster-ip.yaml");
-    // Eighteen endpoints: its own Service chain, endpoints chosen from an endpoint map.
+    // Eighteen endpoints: no chain, the flat path for large Services (class 5: 17 to 32).
     let listing = listing(&t.node);
-    let chain: String = listing
+    assert!(!listing.contains("ns5/svc9/"), "{listing}");
+    let class: String = listing
         .lines()
-        .skip_while(|l| !(l.contains("chain service-") && l.contains("ns5/svc9/tcp/http")))
+        .skip_while(|l| !l.contains("set big-class-5 "))
         .take_while(|l| l.trim() != "}")
         .collect();
-    assert!(chain.contains("map @endpoints-"), "{chain}\n{listing}");
+    assert!(class.contains("172.30.0.49 . tcp . 80"), "{class}");
+    let map: String = listing
+        .lines()
+        .skip_while(|l| !l.contains("map big-endpoints "))
+        .take_while(|l| l.trim() != "}")
+        .collect();
+    assert_eq!(
+        map.matches("172.30.0.49 . tcp . 80 . ").count(),
+        18,
+        "{map}"
+    );
     assert_spread(&t, "172.30.0.49:80", 900, 18, 20..=85);
 }
 
@@ -456,7 +468,7 @@ fn second_run_sends_nothing() {
 }
 
 /// `n` ClusterIP Services `ns/svc-I` (172.30.1.0/24 and up), without Service `skip`, each with
-/// seventeen endpoints: more than the shared endpoint lists take, so each has a Service chain.
+/// seventeen endpoints: more than the shared endpoint lists take, so each is on the flat path.
 fn many_services(n: u16, skip: Option<u16>) -> String {
     use nftproxy_tests::cluster::{Endpoint, Objects, Service, Slice};
     let mut objects = Objects::new();
@@ -479,22 +491,21 @@ fn many_services(n: u16, skip: Option<u16>) -> String {
     objects.to_yaml()
 }
 
-/// Each Service chain's endpoint map and offset, from `nft list`.
-fn regions(listing: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut chain = None;
-    for line in listing.lines().map(str::trim) {
-        if let Some(rest) = line.strip_prefix("chain service-") {
-            chain = rest.split_whitespace().next().map(str::to_string);
-        } else if let (Some(c), Some(rule)) = (&chain, line.split(" dnat ip to ").nth(1)) {
-            out.push((c.clone(), rule.to_string()));
-        }
-    }
-    out
+/// The elements of the flat path's `big-endpoints` map, from `nft list`.
+fn big_elements(listing: &str) -> BTreeSet<String> {
+    listing
+        .lines()
+        .skip_while(|l| !l.contains("map big-endpoints "))
+        .take_while(|l| l.trim() != "}")
+        .flat_map(|l| l.split(['{', ',']))
+        .map(str::trim)
+        .filter(|e| e.contains(" : ") && !e.starts_with("typeof"))
+        .map(str::to_string)
+        .collect()
 }
 
 #[test]
-fn a_restart_keeps_every_other_services_endpoint_region() {
+fn a_restart_keeps_every_other_services_endpoints() {
     nftproxy_tests::require_root!();
     let t = topology();
     let dir = tempfile::tempdir().unwrap();
@@ -514,49 +525,22 @@ fn a_restart_keeps_every_other_services_endpoint_region() {
         )
     };
     assert!(run(&first).status.success());
-    let before = regions(&listing(&t.node));
-    assert_eq!(before.len(), 600, "one endpoint-map rule per Service chain");
-    // A Service holding region 0 of a map that later Services share: a fresh build without it
-    // would move the next one of that map into region 0.
-    let map_of = |rule: &str| rule.split("map @").nth(1).unwrap().to_string();
-    let gone = before
-        .iter()
-        .position(|(_, rule)| {
-            !rule.contains(" offset ")
-                && before
-                    .iter()
-                    .filter(|(_, other)| map_of(other) == map_of(rule))
-                    .count()
-                    > 1
-        })
-        .expect("600 Services over 256 maps share some");
-    let gone_name = before[gone].0.clone();
-    let index: u16 = gone_name
-        .split("svc-")
-        .nth(1)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let before = big_elements(&listing(&t.node));
+    assert_eq!(before.len(), 600 * 17, "every endpoint on the flat path");
 
-    // A new process with the Service deleted: the other chains keep their regions, so their
-    // rules are not rewritten (only the deleted Service's objects change).
+    // A new process with a Service deleted: the other Services' elements stay as they are
+    // (only the deleted Service's objects change).
     let second = dir.path().join("second.yaml");
-    std::fs::write(&second, many_services(600, Some(index))).unwrap();
+    std::fs::write(&second, many_services(600, Some(7))).unwrap();
     let out = run(&second);
     assert!(out.status.success());
-    let after = regions(&listing(&t.node));
-    assert_eq!(after.len(), 599);
-    let moved: Vec<&(String, String)> = after
+    let after = big_elements(&listing(&t.node));
+    let kept: BTreeSet<String> = before
         .iter()
-        .filter(|entry| !before.contains(entry))
+        .filter(|e| !e.starts_with("172.30.1.8 . tcp . 80 . "))
+        .cloned()
         .collect();
-    assert!(
-        moved.is_empty(),
-        "rules rewritten with another region: {moved:?}"
-    );
+    assert_eq!(after, kept);
     let sent = committed_ops(&String::from_utf8_lossy(&out.stderr));
     assert!(
         sent[0] < 20,

@@ -15,6 +15,10 @@
 //!   (`masquerade-services`, `local-policy-services` and their NodePort twins). So the table's
 //!   chains and rules do not grow with the cluster: adding, changing or deleting such a
 //!   Service only adds and removes map elements;
+//! - a Service port without session affinity and with 17 to [`BIG_MAX_ENDPOINTS`] endpoints
+//!   is map elements too, on the flat path for large Services (see the `big` module): dense
+//!   keys `DEST . i` in one shared map per kind of list, a class-set element, and fixed chains
+//!   that draw `numgen random mod 2^J` until an index below the list's length comes up;
 //! - other Service ports keep a chain whose endpoint selection is one rule, `dnat to numgen
 //!   random mod M offset O map @endpoints-N`, with its endpoints as intervals of the values `O
 //!   .. O+M` in a shared endpoint map. With session affinity they keep kube-proxy's
@@ -49,7 +53,10 @@ pub use crate::settings::{
 };
 
 mod base;
+mod big;
 mod port;
+
+pub use big::{BIG_MAX_ENDPOINTS, DRAWS, class_of};
 
 pub use base::base_table;
 

@@ -6,10 +6,12 @@
 //! the chains, sets and map elements that may differ, so that planning is O(change) as well.
 //!
 //! The result is always the table a full build would give, except for which endpoint-map region
-//! a Service chain uses and the sets' sizes: regions are kept for as long as their chain exists
-//! (see [`crate::nft::regions`]) and sizes for as long as they fit (see
-//! [`crate::nft::ruleset::Table::fit_set_sizes`]), so after changes both may differ from a fresh
-//! build's (and a build at startup adopts the kernel's). Elements of plain sets may be shared (an
+//! a Service chain uses, the sets' sizes and the order of large Services' endpoints: regions are
+//! kept for as long as their chain exists (see [`crate::nft::regions`]), sizes for as long as
+//! they fit (see [`crate::nft::ruleset::Table::fit_set_sizes`]) and an endpoint's index in a
+//! flat-path list for as long as it is in the list (see [`Fragment::keep_big_order`]), so after
+//! changes all three may differ from a fresh build's (and a build at startup adopts the
+//! kernel's). Elements of plain sets may be shared (an
 //! endpoint of several Services is one `hairpin-endpoints` element): they are counted and stay
 //! while any Service claims them.
 //!
@@ -168,7 +170,14 @@ pub struct Desired {
 impl Desired {
     /// Builds the whole table (O(cluster)).
     pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Desired {
-        Desired::build_keeping(cluster, config, family, Regions::new(), |_| None)
+        Desired::build_keeping(
+            cluster,
+            config,
+            family,
+            Regions::new(),
+            |_| None,
+            |_, _| None,
+        )
     }
 
     /// Builds the whole table, giving chains the endpoint-map regions they have in `kernel`
@@ -185,19 +194,26 @@ impl Desired {
                 regions.seed(chain, region);
             }
         }
-        Desired::build_keeping(cluster, config, family, regions, |name| {
-            kernel.sets.get(name)?.decl.size
-        })
+        Desired::build_keeping(
+            cluster,
+            config,
+            family,
+            regions,
+            |name| kernel.sets.get(name)?.decl.size,
+            |name, key| kernel.sets.get(name)?.elements.read()?.get(key)?.clone(),
+        )
     }
 
-    /// Builds the whole table, keeping the regions `regions` gave chains that still exist and the
-    /// set sizes `sizes` gives that still fit.
+    /// Builds the whole table, keeping the regions `regions` gave chains that still exist, the
+    /// set sizes `sizes` gives that still fit, and the order of the flat-path endpoint lists
+    /// `before` gives (the element a set held: see [`Fragment::keep_big_order`]).
     fn build_keeping(
         cluster: &Cluster,
         config: &BuildConfig,
         family: Family,
         regions: Regions,
         sizes: impl Fn(&str) -> Option<u32>,
+        before: impl Fn(&str, &Key) -> Option<Value>,
     ) -> Desired {
         let table = base_table(config, cluster, family);
         let mut desired = Desired {
@@ -217,13 +233,14 @@ impl Desired {
         // rest of the table.
         let mut gathered: HashMap<&'static str, Vec<(Key, Option<Value>)>> = HashMap::new();
         for svc in cluster.services.values() {
-            let part = service_fragment(
+            let mut part = service_fragment(
                 svc,
                 cluster.slices_of(&svc.name),
                 &env,
                 &mut RegionSource::Assign(&mut desired.regions),
                 &suppressed(&cluster.services, svc),
             );
+            part.keep_big_order(&before);
             desired.insert_structure(&part);
             for ((set, key), value) in part.elements {
                 gathered.entry(set).or_default().push((key, value));
@@ -348,13 +365,18 @@ impl Desired {
         drop(old_fragments);
         for (name, (_, new)) in &affected {
             if let Some(svc) = after.services.get(name) {
-                let part = service_fragment(
+                let mut part = service_fragment(
                     svc,
                     after.slices_of(name),
                     &env,
                     &mut RegionSource::Assign(&mut self.regions),
                     new,
                 );
+                // What the table held before this update: the old parts are out already.
+                part.keep_big_order(|set, key| match scope.elements.get(set)?.get(key) {
+                    Some(was) => was.clone().flatten(),
+                    None => self.table.sets.get(set)?.elements.get(key)?.clone(),
+                });
                 scope.cover(&part);
                 scope.note(&self.table, &part);
                 contested |= self.insert(&part);
@@ -434,9 +456,14 @@ impl Desired {
     pub fn rebuild(&mut self, cluster: &Cluster, config: &BuildConfig) -> BTreeMap<String, Set> {
         let regions = std::mem::take(&mut self.regions);
         let old = std::mem::take(&mut self.table.sets);
-        *self = Desired::build_keeping(cluster, config, self.family(), regions, |name| {
-            old.get(name)?.decl.size
-        });
+        *self = Desired::build_keeping(
+            cluster,
+            config,
+            self.family(),
+            regions,
+            |name| old.get(name)?.decl.size,
+            |name, key| old.get(name)?.elements.get(key)?.clone(),
+        );
         old
     }
 

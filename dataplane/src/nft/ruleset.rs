@@ -243,9 +243,9 @@ pub enum Key {
         end: u32,
     },
     /// Entry `index` of the endpoint list of a Service address and port.
-    AddrProtoPortIndex(IpAddr, Proto, u16, u8),
+    AddrProtoPortIndex(IpAddr, Proto, u16, u16),
     /// Entry `index` of the endpoint list of a NodePort.
-    ProtoPortIndex(Proto, u16, u8),
+    ProtoPortIndex(Proto, u16, u16),
 }
 
 /// What a map element maps its key to.
@@ -363,12 +363,23 @@ pub fn region_elements_from_bounds(
 impl Key {
     /// Entry `index` of the endpoint list of a destination (`ADDR . PROTO . PORT`, or `PROTO .
     /// PORT` for a node port); `None` for other keys.
-    pub fn list_entry(self, index: u8) -> Option<Key> {
+    pub fn list_entry(self, index: u16) -> Option<Key> {
         match self {
             Key::AddrProtoPort(addr, proto, port) => {
                 Some(Key::AddrProtoPortIndex(addr, proto, port, index))
             }
             Key::ProtoPort(proto, port) => Some(Key::ProtoPortIndex(proto, port, index)),
+            _ => None,
+        }
+    }
+
+    /// The destination and index of an endpoint-list entry ([`Key::list_entry`] reversed).
+    pub fn list_destination(self) -> Option<(Key, u16)> {
+        match self {
+            Key::AddrProtoPortIndex(addr, proto, port, i) => {
+                Some((Key::AddrProtoPort(addr, proto, port), i))
+            }
+            Key::ProtoPortIndex(proto, port, i) => Some((Key::ProtoPort(proto, port), i)),
             _ => None,
         }
     }

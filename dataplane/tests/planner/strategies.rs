@@ -6,8 +6,9 @@ pub fn specs() -> impl Strategy<Value = Vec<SvcSpec>> {
     prop::collection::btree_map(
         1u8..40,
         (
-            // Both sides of LIST_MAX_ENDPOINTS: shared lists and Service chains.
-            prop::collection::btree_set(1u8..40, 0..LONG as usize + 5),
+            // Both sides of LIST_MAX_ENDPOINTS and of the flat path's first classes (32 / 33):
+            // shared lists and the flat path.
+            prop::collection::btree_set(1u16..50, 0..40),
             any::<bool>(),
             any::<bool>(),
         ),
@@ -40,7 +41,7 @@ pub fn claimable_addr() -> impl Strategy<Value = IpAddr> {
 /// than the shared lists take, or session affinity) and NodePorts.
 pub fn overlapping_specs() -> impl Strategy<Value = Vec<SvcSpec>> {
     let one = (
-        prop::collection::btree_set(1u8..40, 0..LONG as usize + 3),
+        prop::collection::btree_set(1u16..50, 0..LONG as usize + 20),
         any::<bool>(),
         any::<bool>(),
         prop::option::of(1u8..9),

@@ -2,14 +2,19 @@
 
 use super::*;
 
-/// The fewest endpoints that give a Service port a chain of its own (more than the shared
-/// endpoint lists take).
-pub const LONG: u8 = LIST_MAX_ENDPOINTS as u8 + 1;
+/// The fewest endpoints that put a Service port on the flat path for large Services (more than
+/// the shared endpoint lists take).
+pub const LONG: u16 = LIST_MAX_ENDPOINTS as u16 + 1;
+
+/// The fewest endpoints that give a Service port without session affinity a chain of its own
+/// (more than the flat path takes).
+pub const HUGE: u16 = BIG_MAX_ENDPOINTS as u16 + 1;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SvcSpec {
     pub id: u8,
-    pub endpoints: Vec<u8>,
+    /// Endpoint e is 10.180+e/256.ID.e%256 (10.180.ID.e below 256).
+    pub endpoints: Vec<u16>,
     pub node_port: bool,
     pub udp: bool,
     /// The last octet of the ClusterIP 172.30.0.N (default: `id`); Services with the same
@@ -75,7 +80,7 @@ pub fn cluster(specs: &[SvcSpec]) -> Cluster {
                     .endpoints
                     .iter()
                     .map(|e| Endpoint {
-                        addr: IpAddr::from([10, 180, s.id, *e]),
+                        addr: IpAddr::from([10, 180 + (*e >> 8) as u8, s.id, *e as u8]),
                         ready: true,
                         serving: true,
                         terminating: false,
@@ -103,7 +108,7 @@ pub fn table(specs: &[SvcSpec]) -> Table {
     build(&cluster(specs), &config(), Family::V4).table
 }
 
-/// `t` without its choice of endpoint-map regions: every `DnatRegion` rule becomes one `dnat` rule
+/// `t` without its choice of endpoint-map regions and of the order of the flat path's lists: every `DnatRegion` rule becomes one `dnat` rule
 /// per endpoint of its region, in order, and the endpoint maps go. Two tables that agree here
 /// send every connection to the same endpoints with the same odds.
 pub fn without_regions(t: &Table) -> Table {
@@ -143,6 +148,27 @@ pub fn without_regions(t: &Table) -> Table {
             rules: Arc::new(rules),
             ..chain.clone()
         };
+    }
+    // The flat path's lists keep each endpoint's index while it stays (history too): sorted per
+    // destination, as a fresh build has them.
+    for lists in EndpointLists::ALL {
+        let Some(set) = out.sets.get_mut(lists.big_map()) else {
+            continue;
+        };
+        let mut by_dest: BTreeMap<Key, Vec<Option<Value>>> = BTreeMap::new();
+        for (key, value) in &set.elements {
+            let (dest, _) = key.list_destination().expect("a list entry");
+            by_dest.entry(dest).or_default().push(value.clone());
+        }
+        set.elements = by_dest
+            .into_iter()
+            .flat_map(|(dest, mut values)| {
+                values.sort();
+                (0u16..)
+                    .zip(values)
+                    .map(move |(i, v)| (dest.list_entry(i).unwrap(), v))
+            })
+            .collect();
     }
     out
 }

@@ -173,7 +173,7 @@ pub(super) fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> 
         }
         KeyType::AddrProtoPortIndex if b.len() == alen + 12 => {
             let (p, port) = decode_proto_port(&b[alen..alen + 8])?;
-            let i = u8::try_from(u32_ne(&b[alen + 8..])?).ok()?;
+            let i = u16::try_from(u32_ne(&b[alen + 8..])?).ok()?;
             Some(Key::AddrProtoPortIndex(
                 decode_addr(&b[..alen])?,
                 p,
@@ -183,7 +183,7 @@ pub(super) fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> 
         }
         KeyType::ProtoPortIndex if b.len() == 12 => {
             let (p, port) = decode_proto_port(&b[..8])?;
-            let i = u8::try_from(u32_ne(&b[8..])?).ok()?;
+            let i = u16::try_from(u32_ne(&b[8..])?).ok()?;
             Some(Key::ProtoPortIndex(p, port, i))
         }
         // Only an address paired with itself is modelled; anything else is foreign.

@@ -11,7 +11,7 @@ use super::{
     LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES,
     MASQUERADING, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, NODEPORT_ENDPOINTS_CHECK,
     NODEPORT_IPS, NODEPORTS, NodePortIps, REJECT_CHAIN, SERVICE_ENDPOINTS_CHECK, SERVICE_IPS,
-    SERVICE_NODEPORTS, SERVICES, empty_set, endpoint_map, goto, jump, local_policy_rules,
+    SERVICE_NODEPORTS, SERVICES, big, empty_set, endpoint_map, goto, jump, local_policy_rules,
     node_port_ips, regular,
 };
 use crate::decision::{DecisionEnv, InternalMasquerade};
@@ -224,18 +224,44 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         ),
     );
     for lists in EndpointLists::ALL {
-        let rules = (1..=LIST_MAX_ENDPOINTS)
-            .map(|k| {
-                Rule::new(
-                    vec![],
-                    Action::DnatIndexed {
-                        map: lists.map(k).into(),
-                        nodeport: lists.nodeport(),
-                        modulus: k as u32,
-                    },
-                )
-            })
+        let dnat = |map: &str, modulus: u32| {
+            Rule::new(
+                vec![],
+                Action::DnatIndexed {
+                    map: map.into(),
+                    nodeport: lists.nodeport(),
+                    modulus,
+                },
+            )
+        };
+        let mut rules: Vec<Rule> = (1..=LIST_MAX_ENDPOINTS)
+            .map(|k| dnat(lists.map(k), k as u32))
             .collect();
+        // The flat path for larger lists (see `big`): a fixed rule per class, then fixed
+        // chains that draw until an index below the list's length comes up.
+        for j in big::classes() {
+            let set = lists.big_class_set(j).into();
+            let member = if lists.nodeport() {
+                Match::ProtoPortInSet { set }
+            } else {
+                Match::AddrProtoPortInSet { set }
+            };
+            let chain: ChainName = lists.big_chain(j).into();
+            rules.push(Rule::new(vec![member], goto(&chain)));
+            let mut draws: Vec<Rule> = (0..big::DRAWS)
+                .map(|_| Rule::new(vec![], jump(lists.big_draw(j))))
+                .collect();
+            draws.push(Rule::new(vec![], goto(&lists.big_first().into())));
+            c.insert(chain, regular(draws));
+            c.insert(
+                lists.big_draw(j).into(),
+                regular(vec![dnat(lists.big_map(), 1 << j)]),
+            );
+        }
+        c.insert(
+            lists.big_first().into(),
+            regular(vec![dnat(lists.big_map(), 1)]),
+        );
         c.insert(lists.chain().into(), regular(rules));
     }
     c.insert(
@@ -335,6 +361,23 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         for k in 1..=LIST_MAX_ENDPOINTS {
             t.sets
                 .insert(lists.map(k).into(), endpoint_map(lists.key_type()));
+        }
+        t.sets
+            .insert(lists.big_map().into(), endpoint_map(lists.key_type()));
+        let (key, what) = if lists.nodeport() {
+            (KeyType::ProtoPort, "NodePorts")
+        } else {
+            (KeyType::AddrProtoPort, "destinations")
+        };
+        for j in big::classes() {
+            let comment = format!(
+                "{what} with {}..{} endpoints in @{}",
+                (1 << (j - 1)) + 1,
+                1 << j,
+                lists.big_map()
+            );
+            t.sets
+                .insert(lists.big_class_set(j).into(), set(key, false, &comment));
         }
     }
     t

@@ -8,11 +8,11 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{
-    CLUSTER_IPS, Detector, EndpointLists, FIREWALL_IPS, Fragment, HAIRPIN_ENDPOINTS,
-    LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE,
-    MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
-    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, dnat_rule, empty_set, endpoint_base, goto, jump,
-    local_policy_rules, regular, service_port_base,
+    BIG_MAX_ENDPOINTS, CLUSTER_IPS, Detector, EndpointLists, FIREWALL_IPS, Fragment,
+    HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES,
+    MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS,
+    NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, big, dnat_rule, empty_set,
+    endpoint_base, goto, jump, local_policy_rules, regular, service_port_base,
 };
 use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
 use crate::model::port_label;
@@ -64,8 +64,8 @@ fn insert_element(part: &mut Fragment, set: &'static str, key: Key, value: Optio
     part.elements.insert((set, key), value.map(Value::Verdict));
 }
 
-/// Adds the endpoint list of `frontend` (at most [`LIST_MAX_ENDPOINTS`] endpoints): entry i of
-/// the map for k endpoints DNATs to endpoint i.
+/// Adds the endpoint list of `frontend`: with k ≤ [`LIST_MAX_ENDPOINTS`] endpoints, entry i of
+/// the map for k endpoints DNATs to endpoint i; with more, the flat path's elements ([`big`]).
 fn list_elements(
     part: &mut Fragment,
     frontend: Frontend,
@@ -74,8 +74,11 @@ fn list_elements(
     eps: &[PortEndpoint],
 ) {
     let lists = EndpointLists::of(local, matches!(frontend, Frontend::NodePort(_)));
+    if eps.len() > LIST_MAX_ENDPOINTS {
+        return big::add_elements(part, lists, key(frontend, proto), eps);
+    }
     let map = lists.map(eps.len());
-    for (i, ep) in (0u8..).zip(eps) {
+    for (i, ep) in (0u16..).zip(eps) {
         let key = key(frontend, proto)
             .list_entry(i)
             .expect("a destination key");
@@ -226,12 +229,12 @@ pub(super) fn add(
 
     let cluster_eps = d.cluster_endpoints();
     let local_eps = d.local_endpoints();
-    // Without session affinity and with short enough endpoint lists, the Service port
-    // needs no chain: its frontends' endpoint lists are map elements that the shared
-    // `…-endpoints` chains DNAT to.
+    // Without session affinity and with at most `BIG_MAX_ENDPOINTS` endpoints, the Service
+    // port needs no chain: its frontends' endpoint lists are map elements that the shared
+    // `…-endpoints` chains DNAT to (through the flat path's chains above 16 endpoints).
     let direct = affinity_chains.is_empty()
-        && cluster_eps.len() <= LIST_MAX_ENDPOINTS
-        && local_eps.len() <= LIST_MAX_ENDPOINTS;
+        && cluster_eps.len() <= BIG_MAX_ENDPOINTS
+        && local_eps.len() <= BIG_MAX_ENDPOINTS;
     if !direct && !cluster_eps.is_empty() {
         let mut chain = regular(dispatch(part, &names.cluster, cluster_eps, regions));
         chain.comment = Some(comment().into());

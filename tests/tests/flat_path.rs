@@ -1,0 +1,305 @@
+//! Traffic through the flat path for large Services (17 to 8,192 endpoints without session
+//! affinity: endpoints drawn from a shared map by rejection sampling). Needs root: a lab of
+//! network namespaces (a node, a client pod and one pod holding every endpoint address, whose
+//! echo server answers on all of them), deleted at the end, also on failure.
+//!
+//! - A 1,000-endpoint Service programmed by `nftproxy run --once` spreads new UDP connections
+//!   over all of its endpoints as a uniform choice would (chi-square).
+//! - A Service growing from 1 endpoint to 200 and back, one endpoint per partial sync of the
+//!   agent's syncer (the proxier the daemon's sync loop drives), never loses a UDP probe sent
+//!   meanwhile: the lists move from map to map up to 16, then one key per change plus the
+//!   class-set element at each power of two.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dataplane::convert::{self, Objects};
+use dataplane::model::{Cluster, ObjectName};
+use dataplane::nft::build::{BuildConfig, LocalDetector};
+use dataplane::nft::ruleset::Family;
+use nftproxy::proxier::{ChangedServices, Syncer};
+use nftproxy_tests::{Lab, Ns, Probe, ProbeResult, Proto, ip, target_binary};
+use serde_json::json;
+
+const NODE: &str = "test-node";
+const VIP: &str = "172.30.0.10";
+const PORT: u16 = 53;
+const TARGET_PORT: u16 = 5353;
+
+/// Endpoint `i`: 10.181.0.0/16 upwards.
+fn endpoint(i: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(
+        u32::from(Ipv4Addr::new(10, 181, 0, 1)) + i as u32,
+    ))
+}
+
+/// The client's further addresses, for connections that are all new to conntrack.
+const SOURCES: usize = 60;
+
+fn client_sources() -> Vec<IpAddr> {
+    (1..=SOURCES as u8)
+        .map(|i| IpAddr::from([10, 180, 1, i]))
+        .collect()
+}
+
+struct Site {
+    lab: Lab,
+    node: Ns,
+    client: Ns,
+}
+
+/// A node, a client pod and a pod answering on the first `n` endpoint addresses.
+///
+/// The node routes the endpoints' block through the pod's own address: a host route per
+/// endpoint would make the node resolve a neighbour per endpoint, and the kernel's ARP table
+/// (1,024 entries for all namespaces together) overflows and drops packets.
+fn site(n: usize) -> Site {
+    let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
+    let node = lab.node("node").unwrap();
+    let mut sources = vec![ip("10.180.0.2")];
+    sources.extend(client_sources());
+    let client = lab.pod(&node, "client", &sources).unwrap();
+    let eps = lab.pod(&node, "eps", &[ip("10.181.255.1")]).unwrap();
+    let adds: Vec<String> = (0..n)
+        .map(|i| format!("addr add {}/32 dev eth0", endpoint(i)))
+        .collect();
+    eps.ip_batch(&adds).unwrap();
+    let link = eps.node_link().unwrap().to_string();
+    node.add_route(&format!("10.181.0.0/20 via 10.181.255.1 dev {link}"))
+        .unwrap();
+    lab.echo(&eps, &[TARGET_PORT]).unwrap();
+    Site { lab, node, client }
+}
+
+/// This node and Service `ns/dns` (UDP 53 → 5353) with the endpoints `eps`, as API objects.
+fn items(eps: &[usize]) -> Vec<serde_json::Value> {
+    let endpoints: Vec<serde_json::Value> = eps
+        .iter()
+        .map(|i| json!({"addresses": [endpoint(*i).to_string()], "conditions": {"ready": true}}))
+        .collect();
+    vec![
+        json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]},
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "dns", "namespace": "ns"},
+            "spec": {"type": "ClusterIP", "clusterIP": VIP, "clusterIPs": [VIP],
+                     "ports": [{"name": "dns", "port": PORT, "protocol": "UDP",
+                                "targetPort": TARGET_PORT}]},
+        }),
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "dns-a", "namespace": "ns",
+                         "labels": {"kubernetes.io/service-name": "dns"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "dns", "port": TARGET_PORT, "protocol": "UDP"}],
+            "endpoints": endpoints,
+        }),
+    ]
+}
+
+fn objects(eps: &[usize]) -> Objects {
+    let [node, svc, slice]: [serde_json::Value; 3] = items(eps).try_into().unwrap();
+    let mut o = Objects::default();
+    o.nodes.push(serde_json::from_value(node).unwrap());
+    o.services.push(serde_json::from_value(svc).unwrap());
+    o.slices.push(serde_json::from_value(slice).unwrap());
+    o
+}
+
+fn cluster(eps: &[usize]) -> Cluster {
+    let (cluster, skipped) = convert::cluster(&objects(eps), NODE, "");
+    assert!(skipped.is_empty(), "{skipped:?}");
+    cluster
+}
+
+fn config() -> BuildConfig {
+    BuildConfig {
+        node_name: NODE.to_string(),
+        local_detector: LocalDetector::ClusterCidr(vec!["10.180.0.0/16".parse().unwrap()]),
+        ..BuildConfig::default()
+    }
+}
+
+fn vip() -> SocketAddr {
+    SocketAddr::new(ip(VIP), PORT)
+}
+
+/// Pearson's chi-square of `counts` against a uniform choice among `k` values.
+fn chi_square(counts: impl Iterator<Item = usize>, k: usize, total: usize) -> f64 {
+    let expected = total as f64 / k as f64;
+    counts
+        .map(|n| (n as f64 - expected).powi(2) / expected)
+        .sum()
+}
+
+#[test]
+fn a_thousand_endpoints_share_the_connections_evenly() {
+    nftproxy_tests::require_root!();
+    const N: usize = 1000;
+    const CONNECTIONS: usize = 30_000;
+    let s = site(N);
+    let eps: Vec<usize> = (0..N).collect();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let text = serde_json::to_string(&json!({
+        "apiVersion": "v1", "kind": "List",
+        "items": items(&eps),
+    }))
+    .unwrap();
+    std::fs::write(file.path(), text).unwrap();
+    let out = s
+        .node
+        .command(target_binary("nftproxy").unwrap())
+        .args([
+            "run",
+            "--once",
+            "--hostname-override",
+            NODE,
+            "--from-file",
+            file.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing = s
+        .node
+        .exec(&["nft", "list", "set", "ip", "nftproxy", "big-class-10"])
+        .unwrap();
+    assert!(listing.contains("172.30.0.10 . udp . 53"), "{listing}");
+
+    // Each connection must be new to conntrack: a source port used again within the UDP
+    // timeout would follow its earlier connection to the same endpoint. So the connections come
+    // from 60 source addresses, 500 each (a few repeated ports among 28k per address).
+    let mut r = ProbeResult::default();
+    for src in &client_sources() {
+        let probe = Probe::new(Proto::Udp, vip(), CONNECTIONS / SOURCES)
+            .src(*src)
+            .parallel(32);
+        r.absorb(s.lab.run_probe(&s.client, &probe).unwrap());
+    }
+    assert_eq!(r.answered_total(), CONNECTIONS, "{r}");
+    assert_eq!(r.refused + r.timeouts, 0, "{r}");
+    let want: BTreeSet<SocketAddr> = (0..N)
+        .map(|i| SocketAddr::new(endpoint(i), TARGET_PORT))
+        .collect();
+    let got: BTreeSet<SocketAddr> = r.answered.keys().copied().collect();
+    assert_eq!(got, want, "every endpoint answers, and only they");
+    // 999 degrees of freedom: mean 999, standard deviation 44.7. Six standard deviations
+    // above the mean happens by chance about once in a billion runs; a choice that favoured a
+    // tenth of the endpoints by a fifth (e.g. a modulus that does not divide evenly) would
+    // add about 3,000.
+    let chi2 = chi_square(r.answered.values().copied(), N, CONNECTIONS);
+    eprintln!("chi-square over {N} endpoints, {CONNECTIONS} connections: {chi2:.0}");
+    assert!(chi2 < 999.0 + 6.0 * 44.7, "chi-square {chi2:.0}: {r}");
+    let (min, max) = (
+        r.answered.values().min().unwrap(),
+        r.answered.values().max().unwrap(),
+    );
+    eprintln!("connections per endpoint: min {min}, max {max} (expected 30)");
+}
+
+/// Runs `f` on a thread inside network namespace `ns` (the agent's netlink sockets stay there).
+fn in_netns<T: Send>(ns: &Ns, f: impl FnOnce() -> T + Send) -> T {
+    let path = format!("/run/netns/{}", ns.name());
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                let file = File::open(&path).expect("open the namespace");
+                // SAFETY: setns on a valid namespace fd; it only affects this thread.
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .expect("the namespace's thread")
+    })
+}
+
+#[test]
+fn a_service_growing_to_200_endpoints_and_back_never_loses_a_probe() {
+    nftproxy_tests::require_root!();
+    const N: usize = 200;
+    let s = site(N);
+    let changed: BTreeSet<ObjectName> = [ObjectName::new("ns", "dns")].into();
+    let families = [(Family::V4, false)].into();
+    let done = AtomicBool::new(false);
+    let (syncs, probes) = std::thread::scope(|scope| {
+        let node = &s.node;
+        let done = &done;
+        let changes = scope.spawn(move || {
+            in_netns(node, || {
+                let mut syncer = Syncer::new().expect("a syncer");
+                syncer
+                    .sync(&cluster(&[0]), &config(), true)
+                    .expect("the first sync");
+                let mut syncs = 0;
+                let up = 2..=N;
+                let down = (1..N).rev();
+                for n in up.chain(down) {
+                    let eps: Vec<usize> = (0..n).collect();
+                    let report = syncer
+                        .sync_families(
+                            &cluster(&eps),
+                            &config(),
+                            &families,
+                            ChangedServices::Services(&changed),
+                        )
+                        .remove(&Family::V4)
+                        .expect("IPv4")
+                        .expect("the partial sync commits");
+                    assert!(report.ops > 0, "{n} endpoints: nothing sent");
+                    syncs += 1;
+                    // Probes in flight across every change.
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                done.store(true, Ordering::SeqCst);
+                syncs
+            })
+        });
+        // New UDP connections (a fresh source port each) while the endpoints change.
+        let mut all = ProbeResult::default();
+        // The first probe waits for the first sync to have programmed the Service.
+        while all.answered_total() == 0 {
+            all = s
+                .lab
+                .run_probe(&s.client, &Probe::new(Proto::Udp, vip(), 1))
+                .unwrap();
+        }
+        let mut rounds = 0;
+        while !done.load(Ordering::SeqCst) {
+            let r = s
+                .lab
+                .run_probe(&s.client, &Probe::new(Proto::Udp, vip(), 64).parallel(16))
+                .unwrap();
+            all.absorb(r);
+            rounds += 1;
+        }
+        let syncs = changes.join().expect("the changes");
+        assert!(
+            rounds > 5,
+            "only {rounds} rounds of probes ran during the changes"
+        );
+        (syncs, all)
+    });
+    assert_eq!(syncs, 2 * (N - 1));
+    let sent = probes.answered_total() + probes.refused + probes.timeouts;
+    eprintln!(
+        "{sent} probes during {syncs} partial syncs, {} endpoints answered",
+        probes.answered.len()
+    );
+    assert_eq!(probes.refused, 0, "{probes}");
+    assert_eq!(probes.timeouts, 0, "{probes}");
+    assert!(probes.other_errors.is_empty(), "{probes}");
+    // The probes saw the Service at many sizes: far more than the 16 of the lists.
+    assert!(probes.answered.len() > 100, "{probes}");
+}
