@@ -156,19 +156,21 @@ pub fn without_regions(t: &Table) -> Table {
             continue;
         };
         let mut by_dest: BTreeMap<Key, Vec<Option<Value>>> = BTreeMap::new();
-        for (key, value) in &set.elements {
+        for (key, value) in set.elements.iter() {
             let (dest, _) = key.list_destination().expect("a list entry");
             by_dest.entry(dest).or_default().push(value.clone());
         }
-        set.elements = by_dest
-            .into_iter()
-            .flat_map(|(dest, mut values)| {
-                values.sort();
-                (0u16..)
-                    .zip(values)
-                    .map(move |(i, v)| (dest.list_entry(i).unwrap(), v))
-            })
-            .collect();
+        set.elements = std::sync::Arc::new(
+            by_dest
+                .into_iter()
+                .flat_map(|(dest, mut values)| {
+                    values.sort();
+                    (0u16..)
+                        .zip(values)
+                        .map(move |(i, v)| (dest.list_entry(i).unwrap(), v))
+                })
+                .collect(),
+        );
     }
     out
 }
