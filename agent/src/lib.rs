@@ -1,6 +1,7 @@
 //! The nftproxy node agent: configuration, sources, the sync loop and the kernel backends.
 
 pub mod addresses;
+pub mod ahead;
 pub mod apiclient;
 pub mod backoff;
 pub mod client_metrics;

@@ -310,6 +310,18 @@ impl Desired {
         config: &BuildConfig,
         changed: impl IntoIterator<Item = &'a ObjectName>,
     ) -> Updated {
+        self.update_noting(cluster, config, changed, true)
+    }
+
+    /// [`Desired::update`]; with `note` false the elements' previous values are not recorded
+    /// (the returned scope's `elements` are empty), for a table nothing is planned from yet.
+    fn update_noting<'a>(
+        &mut self,
+        cluster: &Cluster,
+        config: &BuildConfig,
+        changed: impl IntoIterator<Item = &'a ObjectName>,
+        note: bool,
+    ) -> Updated {
         let family = self.family();
         if *config != self.config || NodeInputs::of(cluster, family) != self.inputs {
             return Updated::All(Before::Sets(self.rebuild(cluster, config)));
@@ -339,7 +351,9 @@ impl Desired {
             }
         }
         for old in &old_fragments {
-            scope.note(&self.table, old);
+            if note {
+                scope.note(&self.table, old);
+            }
             contested |= self.remove(old);
             scope.cover(old);
             released.extend(old.chains.keys().cloned());
@@ -355,7 +369,9 @@ impl Desired {
                     new,
                 );
                 scope.cover(&part);
-                scope.note(&self.table, &part);
+                if note {
+                    scope.note(&self.table, &part);
+                }
                 contested |= self.insert(&part);
                 for chain in part.chains.keys() {
                     released.remove(chain);
@@ -376,12 +392,42 @@ impl Desired {
         self.built_from = cluster.clone();
         // A set that outgrew its size (or shrank far below it) is recreated with a new one,
         // which rewrites the chains that use it: plan everything.
-        let touched = scope.elements.keys().chain(&scope.sets).map(String::as_str);
-        if !self.table.set_sizes_fit(touched) {
+        let fits = if note {
+            let touched = scope.elements.keys().chain(&scope.sets);
+            self.table.set_sizes_fit(touched.map(String::as_str))
+        } else {
+            // The elements touched are not known: every set is looked at.
+            self.table
+                .set_sizes_fit(self.table.sets.keys().map(String::as_str))
+        };
+        if !fits {
             self.table.fit_set_sizes(|_| None);
             return Updated::All(Before::Delta(scope.elements));
         }
         Updated::Scope(scope)
+    }
+
+    /// Brings the table up to date with `cluster` for whatever differs from the model it was
+    /// last built or updated from: [`Desired::update`] for the Services whose object or slices
+    /// changed since (found in O(differences), see [`Cluster::changed_services`]).
+    /// Where more than a quarter of the Services changed, the table is rebuilt instead (a
+    /// build costs less per Service than an update).
+    pub fn catch_up(&mut self, cluster: &Cluster, config: &BuildConfig) -> Updated {
+        self.catch_up_noting(cluster, config, true)
+    }
+
+    /// [`Desired::catch_up`] for a table built ahead, from which nothing was planned yet:
+    /// what the elements were before is not recorded.
+    pub fn catch_up_ahead(&mut self, cluster: &Cluster, config: &BuildConfig) {
+        self.catch_up_noting(cluster, config, false);
+    }
+
+    fn catch_up_noting(&mut self, cluster: &Cluster, config: &BuildConfig, note: bool) -> Updated {
+        let changed = self.built_from.changed_services(cluster);
+        if changed.len() > cluster.services.len() / 4 {
+            return Updated::All(Before::Sets(self.rebuild(cluster, config)));
+        }
+        self.update_noting(cluster, config, &changed, note)
     }
 
     /// The Services whose parts an update for `changed` re-plans, with what each may not
