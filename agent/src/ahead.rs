@@ -4,31 +4,45 @@
 //! listed side by side and the slices, larger, come later: a Service built without its
 //! endpoints would be built again when they arrive. Held back, it is built once, when its first
 //! slice arrives or by the first sync (a Service without endpoints).
+//!
+//! Each call lets at most [`ADMIT_AT_MOST`] Services in (or out): the build ahead runs at the
+//! lowest priority (see [`crate::priority`]), and a short step keeps the first sync from
+//! waiting long for one that a busy CPU slowed down. What is left over is built by the first
+//! sync.
 
 use std::collections::BTreeSet;
 
 use dataplane::model::{Cluster, ObjectName};
 
+/// Services let into (or out of) the cluster built ahead per call.
+pub const ADMIT_AT_MOST: usize = 1000;
+
 #[derive(Debug, Default)]
 pub struct Ahead {
     /// The tracker's cluster at the last call.
     last: Cluster,
-    /// `last` without the Services held back.
+    /// The cluster built ahead: `last`'s slices, and its Services but for those held back
+    /// and those still `pending`.
     ready: Cluster,
+    /// Services that changed in the tracker and are not brought up to date in `ready` yet.
+    pending: BTreeSet<ObjectName>,
 }
 
 impl Ahead {
     /// The part of `now` (the tracker's cluster) to build ahead. O(what changed since the last
     /// call).
     pub fn cluster(&mut self, now: &Cluster) -> Cluster {
-        let changed: BTreeSet<ObjectName> = self.last.changed_services(now);
-        for name in &changed {
-            match now.services.get(name) {
-                Some(svc) if now.slices_of(name).next().is_some() => {
-                    self.ready.services.insert(name.clone(), svc.clone());
+        self.pending.extend(self.last.changed_services(now));
+        for _ in 0..ADMIT_AT_MOST {
+            let Some(name) = self.pending.pop_first() else {
+                break;
+            };
+            match now.services.get(&name) {
+                Some(svc) if now.slices_of(&name).next().is_some() => {
+                    self.ready.services.insert(name, svc.clone());
                 }
                 _ => {
-                    self.ready.services.remove(name);
+                    self.ready.services.remove(&name);
                 }
             }
         }
@@ -107,5 +121,24 @@ mod tests {
         assert_eq!(names(&ahead.cluster(&now)), ["d"]);
         // Nothing changed: the same.
         assert_eq!(names(&ahead.cluster(&now)), ["d"]);
+    }
+
+    #[test]
+    fn services_are_let_in_a_step_at_a_time() {
+        let mut ahead = Ahead::default();
+        let mut now = Cluster::default();
+        let n = ADMIT_AT_MOST + 10;
+        for i in 0..n {
+            let name = format!("s{i:05}");
+            now.services
+                .insert(ObjectName::new("ns", &name), service(&name));
+            let slice_name = format!("{name}-1");
+            now.slices.insert(
+                ObjectName::new("ns", &slice_name),
+                slice(&slice_name, &name),
+            );
+        }
+        assert_eq!(ahead.cluster(&now).services.len(), ADMIT_AT_MOST);
+        assert_eq!(ahead.cluster(&now).services, now.services);
     }
 }

@@ -15,6 +15,7 @@ pub mod iptables;
 pub mod memory;
 pub mod nftables;
 pub mod node_wait;
+pub mod priority;
 pub mod proxier;
 pub mod quarantine;
 pub mod ratelimit;

@@ -392,9 +392,10 @@ pub fn run(
             _ => None,
         };
         // While the initial lists arrive, the proxiers build what they can of the first sync
-        // from the objects listed so far (the rules stay untouched): once the lists are
-        // complete, only what arrived since is left to build. Not before the Node is known,
-        // as everything depends on it.
+        // from the objects listed so far (the rules stay untouched), in CPU time the listing
+        // leaves idle: once the lists are complete, only what arrived since (or what could not
+        // be done) is left to build. Not before the Node is known, as everything depends on
+        // it.
         if gate == Gate::Listing
             && node_known
             && prepared_at.is_none_or(|t| now >= t + PREPARE_EVERY)
@@ -405,7 +406,7 @@ pub fn run(
             drop(listed);
             node_wait.complete(&mut cluster);
             config.local_addresses = shared.addresses.current();
-            syncer.prepare(&cluster, &config);
+            crate::priority::idle(|| syncer.prepare(&cluster, &config));
         }
         if gate != Gate::Open {
             continue;
@@ -510,7 +511,7 @@ pub fn run(
 /// While the initial lists arrive, the first sync is prepared at most this often (each time
 /// with what arrived since the last): often enough that little is left when the lists end, and
 /// seldom enough that the sync loop's wake-ups (one per batch of events) cost nothing more.
-const PREPARE_EVERY: Duration = Duration::from_millis(50);
+const PREPARE_EVERY: Duration = Duration::from_millis(20);
 
 /// At most this many Services are set aside at once: a refusal that keeps naming new Services
 /// is not theirs (a full set, a kernel limit), and quarantining more would only take traffic

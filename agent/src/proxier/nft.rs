@@ -93,7 +93,17 @@ impl<K: NftKernel> NftProxier<K> {
         // to be considered (the first sync): it was built from scratch moments ago.
         let ahead = std::mem::replace(&mut self.ahead, Ahead::Off) == Ahead::Built;
         let updated = match self.desired.as_mut() {
-            Some(d) if ahead => d.catch_up(cluster, config),
+            Some(d) if ahead => {
+                let start = Instant::now();
+                let updated = d.catch_up(cluster, config);
+                tracing::info!(
+                    family = family.k8s_name(),
+                    seconds = start.elapsed().as_secs_f64(),
+                    rebuilt = matches!(updated, Updated::All(Before::Sets(_))),
+                    "first sync: the desired table was built ahead, caught up with the rest"
+                );
+                updated
+            }
             _ => update_desired(&mut self.desired, cluster, config, family, changed, kernel),
         };
         let desired = self.desired.as_ref().expect("just built");
