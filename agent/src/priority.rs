@@ -1,9 +1,12 @@
 //! Work that should use only CPU time nothing else wants: building the first sync's tables
 //! ahead while the initial lists arrive competes with the listing itself (the decoding, and on
 //! small nodes the API server) and would delay it. Run at the lowest priority, it takes idle
-//! time only; what it could not do is left to the first sync.
+//! time only; what it could not do is left to the first sync. Once the lists are complete, the
+//! work in progress gets its thread's own priority back at once ([`Idle::end`]), so that a busy
+//! CPU does not hold the first sync up.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 /// The lowest priority (nice value).
 const LOWEST: libc::c_int = 19;
@@ -11,36 +14,74 @@ const LOWEST: libc::c_int = 19;
 /// `CAP_SYS_NICE`, which raising a thread's priority back needs.
 const CAP_SYS_NICE: u32 = 23;
 
-/// Runs `f` with the calling thread at the lowest priority, and gives the thread its own back
-/// afterwards. Where it could not be given back (no `CAP_SYS_NICE`), `f` runs at the thread's
-/// own priority.
-pub fn idle<R>(f: impl FnOnce() -> R) -> R {
-    if !may_raise() {
-        return f();
+/// Runs work at the lowest priority until [`Idle::end`].
+#[derive(Debug, Default)]
+pub struct Idle {
+    /// The thread running at the lowest priority now (0: none), and its own priority.
+    tid: AtomicI32,
+    own: AtomicI32,
+    ended: AtomicBool,
+}
+
+impl Idle {
+    /// Runs `f` with the calling thread at the lowest priority, and gives the thread its own
+    /// back afterwards (or at [`Idle::end`], whichever comes first). After `end`, or where the
+    /// priority could not be given back (no `CAP_SYS_NICE`), `f` runs at the thread's own.
+    pub fn run<R>(&self, f: impl FnOnce() -> R) -> R {
+        if self.ended.load(Ordering::SeqCst) || !may_raise() {
+            return f();
+        }
+        // SAFETY: gettid has no memory effects.
+        let tid = unsafe { libc::gettid() };
+        let Some(own) = priority(tid) else {
+            return f();
+        };
+        self.own.store(own, Ordering::SeqCst);
+        if !set_priority(tid, LOWEST) {
+            return f();
+        }
+        self.tid.store(tid, Ordering::SeqCst);
+        // `end` may have come in between and found no thread to raise.
+        if self.ended.load(Ordering::SeqCst) {
+            self.restore();
+        }
+        let out = f();
+        self.restore();
+        out
     }
-    // SAFETY: gettid has no memory effects.
-    let tid = unsafe { libc::gettid() } as libc::id_t;
+
+    /// From now on nothing runs at the lowest priority: work in progress gets its thread's own
+    /// priority back. Any thread may call it.
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        self.restore();
+    }
+
+    fn restore(&self) {
+        let tid = self.tid.swap(0, Ordering::SeqCst);
+        if tid != 0 && !set_priority(tid, self.own.load(Ordering::SeqCst)) {
+            tracing::warn!(
+                error = %std::io::Error::last_os_error(),
+                "cannot give the sync thread its priority back"
+            );
+        }
+    }
+}
+
+/// The nice value of thread `tid`.
+fn priority(tid: libc::pid_t) -> Option<libc::c_int> {
     // -1 is a valid priority: errno tells a failure.
     // SAFETY: errno is this thread's; getpriority has no memory effects.
-    let own = unsafe {
+    unsafe {
         *libc::__errno_location() = 0;
-        libc::getpriority(libc::PRIO_PROCESS, tid)
-    };
-    // SAFETY: as above.
-    if unsafe { *libc::__errno_location() } != 0 {
-        return f();
+        let p = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+        (*libc::__errno_location() == 0).then_some(p)
     }
+}
+
+fn set_priority(tid: libc::pid_t, nice: libc::c_int) -> bool {
     // SAFETY: setpriority has no memory effects.
-    let lowered = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, LOWEST) } == 0;
-    let out = f();
-    // SAFETY: as above.
-    if lowered && unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, own) } != 0 {
-        tracing::warn!(
-            error = %std::io::Error::last_os_error(),
-            "cannot give the sync thread its priority back"
-        );
-    }
-    out
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0 }
 }
 
 /// Whether this process may raise a thread's priority (`CAP_SYS_NICE` is effective).
@@ -60,16 +101,24 @@ fn may_raise() -> bool {
 mod tests {
     use super::*;
 
-    fn priority() -> libc::c_int {
-        // SAFETY: no memory effects.
-        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    fn mine() -> libc::c_int {
+        // SAFETY: gettid has no memory effects.
+        priority(unsafe { libc::gettid() }).expect("own priority")
     }
 
     #[test]
     fn idle_work_runs_at_the_lowest_priority_and_the_thread_gets_its_own_back() {
-        let own = priority();
-        let inside = idle(priority);
-        assert_eq!(inside, if may_raise() { LOWEST } else { own });
-        assert_eq!(priority(), own);
+        let own = mine();
+        let idle = Idle::default();
+        assert_eq!(idle.run(mine), if may_raise() { LOWEST } else { own });
+        assert_eq!(mine(), own);
+        // Ended from within (as another thread would): the rest runs at the thread's own.
+        let during = idle.run(|| {
+            idle.end();
+            mine()
+        });
+        assert_eq!(during, own);
+        assert_eq!(idle.run(mine), own, "after the end");
+        assert_eq!(mine(), own);
     }
 }

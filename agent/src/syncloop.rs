@@ -23,6 +23,7 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::http::health::{HealthState, node_eligible};
 use crate::node_wait::{Gate, NodeWait};
+use crate::priority::Idle;
 use crate::proxier::{ChangedServices, FamilyReport, SyncError, Syncer};
 use crate::quarantine::{self, Moves, Quarantine};
 use crate::ratelimit::Bucket;
@@ -52,6 +53,8 @@ pub struct Shared {
     initialised: AtomicBool,
     /// This host's addresses, kept current by the address watcher.
     addresses: LocalAddresses,
+    /// Building the first sync ahead at the lowest priority, ended when the lists are complete.
+    idle: Idle,
 }
 
 impl Shared {
@@ -64,6 +67,7 @@ impl Shared {
                 health: Arc::new(HealthState::new()),
                 initialised: AtomicBool::new(false),
                 addresses: LocalAddresses::default(),
+                idle: Idle::default(),
             },
             rx,
         )
@@ -85,8 +89,14 @@ impl Shared {
     /// handlers queue nothing until its proxier is initialised: a slow initial list must not
     /// fail `/livez` and get the agent restarted, which would only start the list again.
     pub fn changed(&self) {
-        let (pending, counts, eligible) =
-            self.with_tracker(|t| (t.has_changes(), t.change_counts(), node_eligible(t.node())));
+        let (pending, counts, eligible, ready) = self.with_tracker(|t| {
+            let eligible = node_eligible(t.node());
+            (t.has_changes(), t.change_counts(), eligible, t.ready())
+        });
+        if ready {
+            // The first sync is due: a build ahead in progress must not hold it up.
+            self.idle.end();
+        }
         self.health.set_node_eligible(eligible);
         let m = metrics::metrics();
         m.set_changes(counts);
@@ -406,7 +416,7 @@ pub fn run(
             drop(listed);
             node_wait.complete(&mut cluster);
             config.local_addresses = shared.addresses.current();
-            crate::priority::idle(|| syncer.prepare(&cluster, &config));
+            shared.idle.run(|| syncer.prepare(&cluster, &config));
         }
         if gate != Gate::Open {
             continue;
