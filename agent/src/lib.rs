@@ -1,7 +1,6 @@
 //! The nftproxy node agent: configuration, sources, the sync loop and the kernel backends.
 
 pub mod addresses;
-pub mod ahead;
 pub mod apiclient;
 pub mod backoff;
 pub mod client_metrics;
@@ -15,7 +14,6 @@ pub mod iptables;
 pub mod memory;
 pub mod nftables;
 pub mod node_wait;
-pub mod priority;
 pub mod proxier;
 pub mod quarantine;
 pub mod ratelimit;

@@ -150,12 +150,6 @@ pub trait Proxier: Send {
         probe: &mut dyn Probe,
     ) -> Result<FamilyReport, SyncError>;
 
-    /// Before the first sync, while the initial lists arrive: does what it can of the first
-    /// sync's work from the objects listed so far (`cluster`), without touching the rules, so
-    /// that less is left once the lists are complete. Called again as more arrive; the first
-    /// sync then takes only what changed since. Nothing by default.
-    fn prepare(&mut self, _cluster: &Cluster, _config: &BuildConfig) {}
-
     /// The addresses the kernel's table serves NodePorts on: what an earlier run programmed
     /// from this node's Node object. Empty when unknown.
     fn programmed_node_port_ips(&mut self) -> Vec<std::net::IpAddr> {
@@ -297,14 +291,6 @@ impl Syncer {
             }
         }
         results
-    }
-
-    /// Before the first sync: every proxier prepares it from the objects listed so far (see
-    /// [`Proxier::prepare`]).
-    pub fn prepare(&mut self, cluster: &Cluster, config: &BuildConfig) {
-        for p in self.proxiers.values_mut() {
-            p.prepare(cluster, config);
-        }
     }
 
     /// nftables mode: leaves the drift monitor's notifications out of transactions of

@@ -17,13 +17,11 @@ use dataplane::nft::ruleset::Family;
 use dataplane::tracker::Tracker;
 
 use crate::addresses::LocalAddresses;
-use crate::ahead::Ahead;
 use crate::backoff::Backoff;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::http::health::{HealthState, node_eligible};
 use crate::node_wait::{Gate, NodeWait};
-use crate::priority::Idle;
 use crate::proxier::{ChangedServices, FamilyReport, SyncError, Syncer};
 use crate::quarantine::{self, Moves, Quarantine};
 use crate::ratelimit::Bucket;
@@ -53,8 +51,6 @@ pub struct Shared {
     initialised: AtomicBool,
     /// This host's addresses, kept current by the address watcher.
     addresses: LocalAddresses,
-    /// Building the first sync ahead at the lowest priority, ended when the lists are complete.
-    idle: Idle,
 }
 
 impl Shared {
@@ -67,7 +63,6 @@ impl Shared {
                 health: Arc::new(HealthState::new()),
                 initialised: AtomicBool::new(false),
                 addresses: LocalAddresses::default(),
-                idle: Idle::default(),
             },
             rx,
         )
@@ -89,14 +84,8 @@ impl Shared {
     /// handlers queue nothing until its proxier is initialised: a slow initial list must not
     /// fail `/livez` and get the agent restarted, which would only start the list again.
     pub fn changed(&self) {
-        let (pending, counts, eligible, ready) = self.with_tracker(|t| {
-            let eligible = node_eligible(t.node());
-            (t.has_changes(), t.change_counts(), eligible, t.ready())
-        });
-        if ready {
-            // The first sync is due: a build ahead in progress must not hold it up.
-            self.idle.end();
-        }
+        let (pending, counts, eligible) =
+            self.with_tracker(|t| (t.has_changes(), t.change_counts(), node_eligible(t.node())));
         self.health.set_node_eligible(eligible);
         let m = metrics::metrics();
         m.set_changes(counts);
@@ -356,8 +345,6 @@ pub fn run(
     let mut next_full = clock.now() + FULL_SYNC_PERIOD;
     let mut addresses_changed = false;
     let mut gate_until: Option<Instant> = None;
-    let mut prepared_at: Option<Instant> = None;
-    let mut ahead = Ahead::default();
     let mut quarantine = Quarantine::new(settings.sync_period, 20 * settings.sync_period);
     // Services put into or out of quarantine, to re-plan in every family at the next sync.
     let mut moved: BTreeSet<ObjectName> = BTreeSet::new();
@@ -393,35 +380,17 @@ pub fn run(
                 f.need_full = true;
             }
         }
-        let (gate, needs_stand_in, node_known) = shared.with_tracker(|t| {
+        let (gate, needs_stand_in) = shared.with_tracker(|t| {
             let gate = node_wait.gate(t, now);
-            (gate, node_wait.needs_stand_in(t), t.node_known())
+            (gate, node_wait.needs_stand_in(t))
         });
         gate_until = match gate {
             Gate::Until(t) => Some(t),
             _ => None,
         };
-        // While the initial lists arrive, the proxiers build what they can of the first sync
-        // from the objects listed so far (the rules stay untouched), in CPU time the listing
-        // leaves idle: once the lists are complete, only what arrived since (or what could not
-        // be done) is left to build. Not before the Node is known, as everything depends on
-        // it.
-        if gate == Gate::Listing
-            && node_known
-            && prepared_at.is_none_or(|t| now >= t + PREPARE_EVERY)
-        {
-            prepared_at = Some(now);
-            let listed = shared.with_tracker(|t| t.cluster().clone());
-            let mut cluster = ahead.cluster(&listed);
-            drop(listed);
-            node_wait.complete(&mut cluster);
-            config.local_addresses = shared.addresses.current();
-            shared.idle.run(|| syncer.prepare(&cluster, &config));
-        }
         if gate != Gate::Open {
             continue;
         }
-        drop(std::mem::take(&mut ahead));
         if needs_stand_in {
             node_wait.stand_in(|| syncer.programmed_node_port_ips());
         }
@@ -517,11 +486,6 @@ pub fn run(
         }
     }
 }
-
-/// While the initial lists arrive, the first sync is prepared at most this often (each time
-/// with what arrived since the last): often enough that little is left when the lists end, and
-/// seldom enough that the sync loop's wake-ups (one per batch of events) cost nothing more.
-const PREPARE_EVERY: Duration = Duration::from_millis(20);
 
 /// At most this many Services are set aside at once: a refusal that keeps naming new Services
 /// is not theirs (a full set, a kernel limit), and quarantining more would only take traffic

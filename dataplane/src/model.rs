@@ -1,6 +1,6 @@
 //! The Service model nftproxy computes rules from: validated, normalised, family-aware.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -590,36 +590,6 @@ impl Cluster {
         self.slices.of_service(service)
     }
 
-    /// The Services whose object or EndpointSlices differ between `self` and `other` (either
-    /// may lack them). For snapshots of one model it costs O(differences): the persistent
-    /// maps' shared parts are skipped unvisited.
-    pub fn changed_services(&self, other: &Cluster) -> BTreeSet<ObjectName> {
-        use imbl::ordmap::DiffItem;
-        let mut changed: BTreeSet<ObjectName> = BTreeSet::new();
-        for item in self.services.by_name.diff(&other.services.by_name) {
-            let name = match item {
-                DiffItem::Add(name, _) | DiffItem::Remove(name, _) => name,
-                DiffItem::Update { new: (name, _), .. } => name,
-            };
-            changed.insert(name.clone());
-        }
-        for item in self.slices.by_name.diff(&other.slices.by_name) {
-            match item {
-                DiffItem::Add(_, s) | DiffItem::Remove(_, s) => {
-                    changed.insert(s.service.clone());
-                }
-                DiffItem::Update {
-                    old: (_, old),
-                    new: (_, new),
-                } => {
-                    changed.insert(old.service.clone());
-                    changed.insert(new.service.clone());
-                }
-            }
-        }
-        changed
-    }
-
     pub fn service_cidrs(&self, family: Family) -> Vec<IpNet> {
         let mut out: Vec<IpNet> = self
             .service_cidrs
@@ -716,72 +686,5 @@ mod tests {
         c.slices.clear();
         assert!(c.slices.is_empty() && names_of(&c, "b").is_empty());
         assert_eq!(names_of(&before, "b"), ["b-1", "b-3"]);
-    }
-
-    fn service(name: &str) -> Service {
-        Service {
-            name: ObjectName::new("ns", name),
-            service_type: ServiceType::ClusterIp,
-            cluster_ips: Vec::new(),
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            load_balancer_source_ranges: Vec::new(),
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-            affinity_timeout: None,
-            ports: Vec::new(),
-            creation_timestamp: None,
-        }
-    }
-
-    #[test]
-    fn changed_services_names_every_service_whose_object_or_slices_differ() {
-        let mut before = Cluster::default();
-        for name in ["a", "b", "c", "d"] {
-            before
-                .services
-                .insert(ObjectName::new("ns", name), service(name));
-            let slice_name = format!("{name}-1");
-            before
-                .slices
-                .insert(ObjectName::new("ns", &slice_name), slice(&slice_name, name));
-        }
-        assert!(before.changed_services(&before.clone()).is_empty());
-        let mut after = before.clone();
-        // a: its Service changed; b: its slice changed; c: deleted; e: created with a slice;
-        // d: its slice moved to Service f (both count).
-        let mut a = service("a");
-        a.affinity_timeout = Some(10);
-        after.services.insert(ObjectName::new("ns", "a"), a);
-        let mut b1 = slice("b-1", "b");
-        b1.ports.push(EndpointPort {
-            name: String::new(),
-            protocol: Proto::Tcp,
-            port: 80,
-        });
-        after.slices.insert(ObjectName::new("ns", "b-1"), b1);
-        after.services.remove(&ObjectName::new("ns", "c"));
-        after.slices.remove(&ObjectName::new("ns", "c-1"));
-        after
-            .services
-            .insert(ObjectName::new("ns", "e"), service("e"));
-        after
-            .slices
-            .insert(ObjectName::new("ns", "e-1"), slice("e-1", "e"));
-        after
-            .slices
-            .insert(ObjectName::new("ns", "d-1"), slice("d-1", "f"));
-        let names = |set: BTreeSet<ObjectName>| -> Vec<String> {
-            set.into_iter().map(|n| n.name.to_string()).collect()
-        };
-        assert_eq!(
-            names(before.changed_services(&after)),
-            ["a", "b", "c", "d", "e", "f"]
-        );
-        assert_eq!(
-            names(after.changed_services(&before)),
-            ["a", "b", "c", "d", "e", "f"]
-        );
     }
 }

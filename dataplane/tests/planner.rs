@@ -162,32 +162,6 @@ proptest! {
 }
 
 proptest! {
-    /// A table built ahead from part of the cluster (the agent builds it while the initial
-    /// lists arrive) and caught up with the whole is the full build's.
-    #[test]
-    fn catching_up_equals_full_build(
-        a in overlapping_specs(),
-        b in overlapping_specs(),
-        c in overlapping_specs(),
-    ) {
-        let (ca, cb, cc) = (cluster(&a), cluster(&b), cluster(&c));
-        let mut desired = Desired::build(&ca, &config(), Family::V4);
-        desired.catch_up_ahead(&cb, &config());
-        let full = build(&cb, &config(), Family::V4);
-        prop_assert_eq!(without_regions(desired.table()), without_regions(&full.table));
-        prop_assert!(desired.table().set_sizes_fit(desired.table().sets.keys().map(String::as_str)));
-        desired.catch_up(&cc, &config());
-        let full = build(&cc, &config(), Family::V4);
-        prop_assert!(desired.table().set_sizes_fit(desired.table().sets.keys().map(String::as_str)));
-        prop_assert_eq!(without_regions(desired.table()), without_regions(&full.table));
-        prop_assert_eq!(desired.no_local_endpoints(), full.no_local_endpoints);
-        prop_assert_eq!(desired.object_counts().3, full.table.sets.values().map(|s| s.elements.len()).sum::<usize>());
-        // Nothing differs any more: catching up again changes nothing.
-        prop_assert_eq!(desired.catch_up(&cc, &config()), Updated::Scope(Scope::default()));
-    }
-}
-
-proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
     /// A sequence of changes (batches of one to three Services), each applied incrementally:
     /// after every batch the desired table is a full build's, the scoped plan takes the

@@ -34,22 +34,7 @@ pub struct NftProxier<K> {
     /// The desired table, updated Service by Service; `None` until the first build and after
     /// a failure.
     desired: Option<Desired>,
-    /// Whether the desired table is being built ahead of the first sync.
-    ahead: Ahead,
     udp: UdpCleanup,
-}
-
-/// Building the desired table ahead of the first sync, while the initial lists arrive (see
-/// [`Proxier::prepare`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ahead {
-    /// Not tried yet.
-    Untried,
-    /// Built from the objects listed so far: the first sync catches it up with the rest.
-    Built,
-    /// Not done: the kernel holds a table already (the first build adopts its endpoint-map
-    /// regions), or the first sync has run.
-    Off,
 }
 
 impl<K: NftKernel> NftProxier<K> {
@@ -59,7 +44,6 @@ impl<K: NftKernel> NftProxier<K> {
             kernel,
             committed: None,
             desired: None,
-            ahead: Ahead::Untried,
             udp,
         }
     }
@@ -89,23 +73,7 @@ impl<K: NftKernel> NftProxier<K> {
         )?;
         probe.enter(family, Phase::Build);
         let kernel = current.state.as_ref().filter(|_| fresh);
-        // A table built ahead needs only what changed since it was, even where everything is
-        // to be considered (the first sync): it was built from scratch moments ago.
-        let ahead = std::mem::replace(&mut self.ahead, Ahead::Off) == Ahead::Built;
-        let updated = match self.desired.as_mut() {
-            Some(d) if ahead => {
-                let start = Instant::now();
-                let updated = d.catch_up(cluster, config);
-                tracing::info!(
-                    family = family.k8s_name(),
-                    seconds = start.elapsed().as_secs_f64(),
-                    rebuilt = matches!(updated, Updated::All(Before::Sets(_))),
-                    "first sync: the desired table was built ahead, caught up with the rest"
-                );
-                updated
-            }
-            _ => update_desired(&mut self.desired, cluster, config, family, changed, kernel),
-        };
+        let updated = update_desired(&mut self.desired, cluster, config, family, changed, kernel);
         let desired = self.desired.as_ref().expect("just built");
         let Current {
             state: current,
@@ -237,28 +205,6 @@ impl<K: NftKernel> Proxier for NftProxier<K> {
             .collect()
     }
 
-    fn prepare(&mut self, cluster: &Cluster, config: &BuildConfig) {
-        match self.ahead {
-            Ahead::Off => {}
-            Ahead::Built => {
-                if let Some(d) = self.desired.as_mut() {
-                    d.catch_up_ahead(cluster, config);
-                }
-            }
-            Ahead::Untried => {
-                // Only for a table the kernel does not hold: one an earlier run left is read
-                // back by the first sync, whose build keeps that table's endpoint-map regions.
-                self.ahead = match self.kernel.read_table(self.family) {
-                    Ok(None) => {
-                        self.desired = Some(Desired::build(cluster, config, self.family));
-                        Ahead::Built
-                    }
-                    Ok(Some(_)) | Err(_) => Ahead::Off,
-                };
-            }
-        }
-    }
-
     fn set_quieter(&mut self, quieter: std::sync::Arc<Quieter>) {
         self.kernel.set_quieter(quieter);
     }
@@ -306,7 +252,6 @@ impl<K> NftProxier<K> {
     fn forget(&mut self) {
         self.committed = None;
         self.desired = None;
-        self.ahead = Ahead::Off;
         self.udp.forget_index();
     }
 }

@@ -314,35 +314,3 @@ fn a_cold_start_in_parts_is_accepted_part_by_part() {
     assert!(fake.transactions().iter().all(|r| r.refused.is_none()));
     assert_nothing_to_do(&mut syncer, tracker.cluster());
 }
-
-#[test]
-fn a_first_sync_prepared_ahead_commits_what_a_plain_one_does() {
-    let plain = FakeKernel::new();
-    let fin = cluster(1..=6);
-    fake_syncer(&plain)
-        .sync(&fin, &config(), true)
-        .expect("plain cold sync");
-
-    let fake = FakeKernel::new();
-    let mut syncer = fake_syncer(&fake);
-    // Prepared from two partial listings (one with a Service that goes away), then synced
-    // with the complete one.
-    syncer.prepare(&cluster(1..=2), &config());
-    syncer.prepare(&cluster([1, 2, 3, 7]), &config());
-    assert!(fake.transactions().is_empty(), "preparing touches no rule");
-    syncer.sync(&fin, &config(), true).expect("cold sync");
-    assert_eq!(
-        Family::ALL.map(|f| fake.render(f)),
-        Family::ALL.map(|f| plain.render(f))
-    );
-    // Once synced, preparing does nothing more.
-    syncer.prepare(&cluster(1..=2), &config());
-    assert_nothing_to_do(&mut syncer, &fin);
-
-    // A table left by an earlier run is not prepared ahead: the first sync adopts it.
-    let mut next = fake_syncer(&fake);
-    next.prepare(&cluster(1..=2), &config());
-    fake.clear_log();
-    let reports = next.sync(&fin, &config(), true).expect("second run");
-    assert!(reports.values().all(|r| r.ops == 0), "{reports:?}");
-}

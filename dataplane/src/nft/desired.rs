@@ -310,18 +310,6 @@ impl Desired {
         config: &BuildConfig,
         changed: impl IntoIterator<Item = &'a ObjectName>,
     ) -> Updated {
-        self.update_noting(cluster, config, changed, true)
-    }
-
-    /// [`Desired::update`]; with `note` false the elements' previous values are not recorded
-    /// (the returned scope's `elements` are empty), for a table nothing is planned from yet.
-    fn update_noting<'a>(
-        &mut self,
-        cluster: &Cluster,
-        config: &BuildConfig,
-        changed: impl IntoIterator<Item = &'a ObjectName>,
-        note: bool,
-    ) -> Updated {
         let family = self.family();
         if *config != self.config || NodeInputs::of(cluster, family) != self.inputs {
             return Updated::All(Before::Sets(self.rebuild(cluster, config)));
@@ -351,9 +339,7 @@ impl Desired {
             }
         }
         for old in &old_fragments {
-            if note {
-                scope.note(&self.table, old);
-            }
+            scope.note(&self.table, old);
             contested |= self.remove(old);
             scope.cover(old);
             released.extend(old.chains.keys().cloned());
@@ -369,9 +355,7 @@ impl Desired {
                     new,
                 );
                 scope.cover(&part);
-                if note {
-                    scope.note(&self.table, &part);
-                }
+                scope.note(&self.table, &part);
                 contested |= self.insert(&part);
                 for chain in part.chains.keys() {
                     released.remove(chain);
@@ -392,43 +376,12 @@ impl Desired {
         self.built_from = cluster.clone();
         // A set that outgrew its size (or shrank far below it) is recreated with a new one,
         // which rewrites the chains that use it: plan everything.
-        let fits = if note {
-            let touched = scope.elements.keys().chain(&scope.sets);
-            self.table.set_sizes_fit(touched.map(String::as_str))
-        } else {
-            // The elements touched are not known: every set is looked at.
-            self.table
-                .set_sizes_fit(self.table.sets.keys().map(String::as_str))
-        };
-        if !fits {
+        let touched = scope.elements.keys().chain(&scope.sets).map(String::as_str);
+        if !self.table.set_sizes_fit(touched) {
             self.table.fit_set_sizes(|_| None);
             return Updated::All(Before::Delta(scope.elements));
         }
         Updated::Scope(scope)
-    }
-
-    /// Brings the table up to date with `cluster` for whatever differs from the model it was
-    /// last built or updated from: [`Desired::update`] for the Services whose object or slices
-    /// changed since (found in O(differences), see [`Cluster::changed_services`]).
-    /// Where more than a third as many Services changed as there are, the table is rebuilt
-    /// instead: a build costs about a third as much per Service as an update (measured at
-    /// 30k Services).
-    pub fn catch_up(&mut self, cluster: &Cluster, config: &BuildConfig) -> Updated {
-        self.catch_up_noting(cluster, config, true)
-    }
-
-    /// [`Desired::catch_up`] for a table built ahead, from which nothing was planned yet:
-    /// what the elements were before is not recorded.
-    pub fn catch_up_ahead(&mut self, cluster: &Cluster, config: &BuildConfig) {
-        self.catch_up_noting(cluster, config, false);
-    }
-
-    fn catch_up_noting(&mut self, cluster: &Cluster, config: &BuildConfig, note: bool) -> Updated {
-        let changed = self.built_from.changed_services(cluster);
-        if changed.len() > cluster.services.len() / 3 {
-            return Updated::All(Before::Sets(self.rebuild(cluster, config)));
-        }
-        self.update_noting(cluster, config, &changed, note)
     }
 
     /// The Services whose parts an update for `changed` re-plans, with what each may not
