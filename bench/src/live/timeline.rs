@@ -10,6 +10,8 @@ use anyhow::{Context, Result};
 /// One cold start's timeline, seconds since exec.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Timeline {
+    /// The first of the two lists began (its log line says how long it took).
+    pub listing: f64,
     /// Both Services and EndpointSlices listed.
     pub listed: f64,
     /// The first family's commit logged.
@@ -24,17 +26,18 @@ impl Timeline {
     /// From the agent's timed log lines (`marks`) and its threads now.
     pub fn of(pid: u32, started: Instant, marks: &[(Instant, String)]) -> Result<Timeline> {
         let since = |t: &Instant| t.saturating_duration_since(started).as_secs_f64();
+        // When each list ended, and when it began (the line gives its duration in seconds).
         let listed_at = |kind: &str| {
             let (quoted, bare) = (format!("kind=\"{kind}\""), format!("kind={kind} "));
             marks
                 .iter()
                 .find(|(_, l)| l.contains(" listed ") && (l.contains(&quoted) || l.contains(&bare)))
-                .map(|(t, _)| since(t))
+                .map(|(t, l)| (since(t), since(t) - field(l, "seconds").unwrap_or(0.0)))
         };
-        let listed = listed_at("Service")
+        let ((s_end, s_start), (e_end, e_start)) = listed_at("Service")
             .zip(listed_at("EndpointSlice"))
-            .map(|(a, b)| a.max(b))
             .context("the agent did not log both lists")?;
+        let (listed, listing) = (s_end.max(e_end), s_start.min(e_start));
         let first_commit = marks
             .iter()
             .find(|(_, l)| l.contains("nftables sync committed"))
@@ -51,6 +54,7 @@ impl Timeline {
             into.1 += system;
         }
         Ok(Timeline {
+            listing,
             listed,
             first_commit,
             workers,
@@ -62,6 +66,7 @@ impl Timeline {
     pub fn median(all: &[Timeline]) -> Timeline {
         let m = |f: fn(&Timeline) -> f64| crate::median(all.iter().map(f).collect());
         Timeline {
+            listing: m(|t| t.listing),
             listed: m(|t| t.listed),
             first_commit: m(|t| t.first_commit),
             workers: (m(|t| t.workers.0), m(|t| t.workers.1)),
@@ -71,8 +76,9 @@ impl Timeline {
 
     pub fn describe(&self, floor: f64) -> String {
         format!(
-            "lists done {:.2} s ({:.2}× the floor), first commit +{:.2} s; CPU s user/system: \
+            "lists begun {:.2} s after exec, done {:.2} s ({:.2}× the floor), first commit +{:.2} s; CPU s user/system: \
              tokio workers {:.2}/{:.2}, sync and other threads {:.2}/{:.2}",
+            self.listing,
             self.listed,
             self.listed / floor,
             self.first_commit - self.listed,
@@ -82,6 +88,15 @@ impl Timeline {
             self.others.1
         )
     }
+}
+
+/// The number in `name=value` of a log line.
+fn field(line: &str, name: &str) -> Option<f64> {
+    let at = line.find(&format!("{name}="))? + name.len() + 1;
+    let value = line[at..]
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .next()?;
+    value.trim_matches('"').parse().ok()
 }
 
 /// Each thread of `pid`: its name and CPU seconds in user and system mode.
@@ -102,4 +117,17 @@ fn thread_cpu(pid: u32) -> Result<Vec<(String, f64, f64)>> {
         out.push((name, utime as f64 / tck, stime as f64 / tck));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::field;
+
+    #[test]
+    fn fields_are_read_from_log_lines() {
+        let line = "2026-12-04T17:00:00Z  INFO nftproxy::watch: listed kind=\"Service\" objects=30000 seconds=1.25";
+        assert_eq!(field(line, "seconds"), Some(1.25));
+        assert_eq!(field(line, "objects"), Some(30000.0));
+        assert_eq!(field(line, "absent"), None);
+    }
 }
