@@ -54,6 +54,11 @@ fn lines(text: &str, first_indent: usize) -> Read<Vec<Line<'_>>> {
         if out.is_empty() {
             indent += first_indent;
         }
+        // `---` or `...` at a line's start is a document marker wherever it stands; the split
+        // cuts documents there, so here it can only be a text handed over whole.
+        if indent == 0 && is_marker(line) {
+            return Err(Unsure);
+        }
         out.push(Line {
             indent,
             text: body.trim_end_matches(' '),
@@ -62,6 +67,13 @@ fn lines(text: &str, first_indent: usize) -> Read<Vec<Line<'_>>> {
         rest = next;
     }
     Ok(out)
+}
+
+fn is_marker(line: &str) -> bool {
+    ["---", "..."].iter().any(|m| {
+        line.strip_prefix(m)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
+    })
 }
 
 /// Non-ASCII characters libyaml refuses or treats specially (C1 controls, byte order marks,
