@@ -19,7 +19,6 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -337,17 +336,8 @@ fn of_two_services_with_one_cluster_ip_the_older_gets_the_traffic_iptables() {
 // The daemon: the gauge, the log, and partial syncs.
 
 /// Runs `f` on a thread that has joined the network namespace `ns`.
-fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).expect("open netns");
-        // SAFETY: setns on this (short-lived) thread only, with a namespace fd we hold open.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("thread in namespace")
+fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    nftproxy_tests::apiserver::in_netns(ns, f).expect("enter the namespace")
 }
 
 /// `/metrics` of the agent in the node's namespace.

@@ -11,9 +11,7 @@
 //!   class-set element at each power of two.
 
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -210,19 +208,7 @@ fn a_thousand_endpoints_share_the_connections_evenly() {
 
 /// Runs `f` on a thread inside network namespace `ns` (the agent's netlink sockets stay there).
 fn in_netns<T: Send>(ns: &Ns, f: impl FnOnce() -> T + Send) -> T {
-    let path = format!("/run/netns/{}", ns.name());
-    std::thread::scope(|scope| {
-        scope
-            .spawn(move || {
-                let file = File::open(&path).expect("open the namespace");
-                // SAFETY: setns on a valid namespace fd; it only affects this thread.
-                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-                f()
-            })
-            .join()
-            .expect("the namespace's thread")
-    })
+    nftproxy_tests::apiserver::in_netns(ns.name(), f).expect("enter the namespace")
 }
 
 #[test]

@@ -7,17 +7,8 @@ use super::*;
 
 /// Runs `f` on a thread that has joined the network namespace `ns` (sockets it opens belong to
 /// that namespace and keep working from any thread).
-pub(super) fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).expect("open netns");
-        // SAFETY: setns on this (short-lived) thread only, with a namespace fd we hold open.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("thread in namespace")
+pub(super) fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    nftproxy_tests::apiserver::in_netns(ns, f).expect("enter the namespace")
 }
 
 /// Raises this process's soft open-files limit to the hard limit (for 1,000 connections).
