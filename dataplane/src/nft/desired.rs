@@ -2,8 +2,10 @@
 //!
 //! A full [`build`](crate::nft::build::build) costs O(cluster). The agent instead keeps the desired
 //! table between syncs and, when a few Services change, removes what they contributed and adds
-//! what they contribute now: O(changed Services). It also returns the [`Scope`] of the change,
-//! the chains, sets and map elements that may differ, so that planning is O(change) as well.
+//! what they contribute now, or rather only what differs between the two
+//! ([`crate::nft::build::diff`]): O(changed Services), and for a large Service's endpoint change
+//! a few elements. It also returns the [`Scope`] of the change, the chains, sets and map
+//! elements that may differ, so that planning is O(change) as well.
 //!
 //! The result is always the table a full build would give, except for which endpoint-map region
 //! a Service chain uses, the sets' sizes and the order of large Services' endpoints: regions are
@@ -154,7 +156,7 @@ pub struct Desired {
     config: BuildConfig,
     inputs: NodeInputs,
     /// The model the table was built from. What a changed Service contributed before is
-    /// rebuilt from it, to be taken out of the table. The model is persistent, so this copy
+    /// rebuilt from it, to be compared with what it contributes now. The model is persistent, so this copy
     /// shares everything but what changed since (keeping each Service's keys instead cost
     /// about 500 bytes per Service).
     built_from: Cluster,

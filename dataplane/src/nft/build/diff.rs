@@ -1,7 +1,7 @@
 //! What changed between two parts of one Service, so that an update touches only that: an
 //! endpoint change on a Service of thousands of endpoints then adds, replaces and deletes a few
 //! elements instead of taking thousands out and putting them back (docs/performance.md, "Partial
-//! syncs of large Services").
+//! syncs of large Services: the agent's part").
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
