@@ -27,6 +27,8 @@ use proptest::prelude::*;
 
 #[path = "planner/kernel.rs"]
 mod kernel;
+#[path = "planner/large.rs"]
+mod large;
 #[path = "planner/strategies.rs"]
 mod strategies;
 #[path = "planner/world.rs"]

@@ -31,6 +31,7 @@
 //!   `services` (`ip daddr @cluster-ips`) instead of one rule per Service chain.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use data_encoding::BASE32;
@@ -54,9 +55,10 @@ pub use crate::settings::{
 
 mod base;
 mod big;
+pub mod diff;
 mod port;
 
-pub use big::{BIG_MAX_ENDPOINTS, DRAWS, class_of};
+pub use big::{BIG_MAX_ENDPOINTS, BigList, DRAWS, class_of};
 
 pub use base::base_table;
 
@@ -316,16 +318,37 @@ impl BuildEnv {
 }
 
 /// What one Service contributes to a family's table: its own chains and sets, and its elements
-/// of the shared maps (keyed by map name).
+/// of the shared maps (keyed by map name). The elements that grow with the Service's endpoints
+/// are kept compact (`lists`, `hairpin`) rather than one B-tree entry each: building and
+/// comparing a 5,000-endpoint Service's part that way cost milliseconds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Fragment {
     pub chains: BTreeMap<ChainName, Chain>,
     pub sets: BTreeMap<String, Set>,
+    /// Its elements of shared maps but for those below.
     pub elements: BTreeMap<(&'static str, Key), Option<Value>>,
+    /// Its flat-path endpoint lists (elements `DEST . i` of their map: see the `big` module).
+    pub lists: Vec<BigList>,
+    /// Its endpoints' [`HAIRPIN_ENDPOINTS`] elements (`Key::AddrPair`), sorted, once each.
+    pub hairpin: Vec<IpAddr>,
     pub no_local_endpoints: NoLocalEndpoints,
 }
 
 impl Fragment {
+    /// Every element of shared maps this part holds: (map, key, value).
+    pub fn all_elements(&self) -> impl Iterator<Item = (&'static str, Key, Option<Value>)> + '_ {
+        let elements = self
+            .elements
+            .iter()
+            .map(|((set, key), value)| (*set, *key, value.clone()));
+        let lists = self.lists.iter().flat_map(BigList::elements);
+        let hairpin = self
+            .hairpin
+            .iter()
+            .map(|ip| (HAIRPIN_ENDPOINTS, Key::AddrPair(*ip), None));
+        elements.chain(lists).chain(hairpin)
+    }
+
     /// Creates the endpoint maps this part has elements in and `table` lacks: an endpoint map
     /// (see [`crate::nft::ruleset::Action::DnatRegion`]) exists while it has elements.
     fn add_endpoint_maps(&self, table: &mut Table) {
@@ -353,9 +376,9 @@ impl Fragment {
     /// endpoint maps are created when their first element arrives.
     pub fn merge_into(&self, table: &mut Table) {
         self.merge_structure_into(table);
-        for ((set, key), value) in &self.elements {
-            if let Some(s) = table.sets.get_mut(*set) {
-                s.elements_mut().insert(*key, value.clone());
+        for (set, key, value) in self.all_elements() {
+            if let Some(s) = table.sets.get_mut(set) {
+                s.elements_mut().insert(key, value);
             }
         }
     }
@@ -380,6 +403,9 @@ pub fn service_fragment<'s>(
     for decision in service_decisions(svc, &slices, suppressed, &env.decision) {
         port::add(&mut part, &decision, &env.det, regions);
     }
+    // Ports may share endpoints.
+    part.hairpin.sort_unstable();
+    part.hairpin.dedup();
     part
 }
 

@@ -2,8 +2,10 @@
 //!
 //! A full [`build`](crate::nft::build::build) costs O(cluster). The agent instead keeps the desired
 //! table between syncs and, when a few Services change, removes what they contributed and adds
-//! what they contribute now: O(changed Services). It also returns the [`Scope`] of the change,
-//! the chains, sets and map elements that may differ, so that planning is O(change) as well.
+//! what they contribute now, or rather only what differs between the two
+//! ([`crate::nft::build::diff`]): O(changed Services), and for a large Service's endpoint change
+//! a few elements. It also returns the [`Scope`] of the change, the chains, sets and map
+//! elements that may differ, so that planning is O(change) as well.
 //!
 //! The result is always the table a full build would give, except for which endpoint-map region
 //! a Service chain uses, the sets' sizes and the order of large Services' endpoints: regions are
@@ -33,10 +35,12 @@ use ipnet::IpNet;
 use crate::conflicts::{Suppressed, claims_differ, neighbours, suppressed};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::nft::build::{
-    BuildConfig, BuildEnv, Fragment, NoLocalEndpoints, base_table, service_fragment,
+    BuildConfig, BuildEnv, Fragment, NoLocalEndpoints, base_table, diff, service_fragment,
 };
 use crate::nft::regions::{RegionSource, Regions};
-use crate::nft::ruleset::{ChainName, Family, Key, KeyType, Set, SetDecl, Table, Value};
+use crate::nft::ruleset::{
+    ChainName, ElementMap, Family, Key, KeyType, Set, SetDecl, Table, Value,
+};
 use crate::nft::state::TableState;
 
 /// What an element of a set was before a change: absent (`None`), or present with this value.
@@ -89,8 +93,8 @@ impl Scope {
                 }
             }
         };
-        for (set, key) in part.elements.keys() {
-            note(set, *key);
+        for (set, key, _) in part.all_elements() {
+            note(set, key);
         }
         // A Service's own sets are replaced whole.
         for (name, set) in &part.sets {
@@ -152,7 +156,7 @@ pub struct Desired {
     config: BuildConfig,
     inputs: NodeInputs,
     /// The model the table was built from. What a changed Service contributed before is
-    /// rebuilt from it, to be taken out of the table. The model is persistent, so this copy
+    /// rebuilt from it, to be compared with what it contributes now. The model is persistent, so this copy
     /// shares everything but what changed since (keeping each Service's keys instead cost
     /// about 500 bytes per Service).
     built_from: Cluster,
@@ -160,6 +164,9 @@ pub struct Desired {
     /// beyond the first. An element in the table and not here has exactly one claimant (almost
     /// all of them: counting every element would cost as much memory as the elements).
     shared: HashMap<(&'static str, Key), u32>,
+    /// Whether `shared` may hold an element with a value (two Services with one NodePort,
+    /// after a build): updates then check the elements a Service keeps as well.
+    shared_values: bool,
     /// The Service chains' endpoint-map regions.
     regions: Regions,
     rules: usize,
@@ -170,14 +177,7 @@ pub struct Desired {
 impl Desired {
     /// Builds the whole table (O(cluster)).
     pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Desired {
-        Desired::build_keeping(
-            cluster,
-            config,
-            family,
-            Regions::new(),
-            |_| None,
-            |_, _| None,
-        )
+        Desired::build_keeping(cluster, config, family, Regions::new(), |_| None, |_| None)
     }
 
     /// Builds the whole table, giving chains the endpoint-map regions they have in `kernel`
@@ -200,20 +200,20 @@ impl Desired {
             family,
             regions,
             |name| kernel.sets.get(name)?.decl.size,
-            |name, key| kernel.sets.get(name)?.elements.read()?.get(key)?.clone(),
+            |name| kernel.sets.get(name)?.elements.read(),
         )
     }
 
     /// Builds the whole table, keeping the regions `regions` gave chains that still exist, the
     /// set sizes `sizes` gives that still fit, and the order of the flat-path endpoint lists
-    /// `before` gives (the element a set held: see [`Fragment::keep_big_order`]).
-    fn build_keeping(
+    /// `before` gives (the elements a set held: see [`Fragment::keep_big_order`]).
+    fn build_keeping<'a>(
         cluster: &Cluster,
         config: &BuildConfig,
         family: Family,
         regions: Regions,
         sizes: impl Fn(&str) -> Option<u32>,
-        before: impl Fn(&str, &Key) -> Option<Value>,
+        before: impl Fn(&str) -> Option<&'a ElementMap>,
     ) -> Desired {
         let table = base_table(config, cluster, family);
         let mut desired = Desired {
@@ -224,6 +224,7 @@ impl Desired {
             inputs: NodeInputs::of(cluster, family),
             built_from: cluster.clone(),
             shared: HashMap::new(),
+            shared_values: false,
             regions,
             no_local_endpoints: NoLocalEndpoints::default(),
         };
@@ -242,13 +243,19 @@ impl Desired {
             );
             part.keep_big_order(&before);
             desired.insert_structure(&part);
-            for ((set, key), value) in part.elements {
+            for (set, key, value) in part.all_elements() {
                 gathered.entry(set).or_default().push((key, value));
             }
         }
         for (set, elements) in gathered {
             desired.insert_gathered(set, elements);
         }
+        let sets = &desired.table.sets;
+        desired.shared_values = desired.shared.keys().any(|(set, key)| {
+            sets.get(*set)
+                .and_then(|s| s.elements.get(key))
+                .is_some_and(Option::is_some)
+        });
         let chains = &desired.table.chains;
         desired.regions.retain(|chain| chains.contains_key(chain));
         desired.table.fit_set_sizes(sizes);
@@ -337,52 +344,69 @@ impl Desired {
         let env = BuildEnv::new(cluster, config, family);
         let changed: BTreeSet<&ObjectName> = changed.into_iter().collect();
         let affected = self.affected(cluster, &changed);
-        let (before, after) = (&self.built_from, cluster);
+        let after = cluster;
         let mut scope = Scope::default();
         let mut contested = false;
         // Every old part goes before any new part comes in: a frontend may move from one
         // Service to another.
         let mut released: BTreeSet<ChainName> = BTreeSet::new();
-        let mut old_fragments = Vec::new();
-        for (name, (old, _)) in &affected {
-            if let Some(svc) = before.services.get(name) {
-                let part = service_fragment(
+        // Each Service's old and new part, reduced to what differs (the new flat-path lists in
+        // the table's order): a large Service's endpoint change touches a few elements.
+        let mut changes = Vec::new();
+        for (name, (old, new)) in &affected {
+            let table = &self.table;
+            let before = |set: &str| table.sets.get(set).map(|s| &*s.elements);
+            let old = self.built_from.services.get(name).map(|svc| {
+                service_fragment(
                     svc,
-                    before.slices_of(name),
+                    self.built_from.slices_of(name),
                     &env,
                     &mut RegionSource::Lookup(&self.regions),
                     old,
-                );
-                old_fragments.push(part);
+                )
+            });
+            // An element the Service keeps is not taken out, so its claim is not checked
+            // there: with map elements claimed twice, check them all (as `remove` does).
+            if self.shared_values
+                && let Some(old) = &old
+            {
+                contested |= old.all_elements().any(|(set, key, value)| {
+                    value.is_some() && self.shared.contains_key(&(set, key))
+                });
             }
-        }
-        for old in &old_fragments {
-            scope.note(&self.table, old);
-            contested |= self.remove(old);
-            scope.cover(old);
-            released.extend(old.chains.keys().cloned());
-        }
-        drop(old_fragments);
-        for (name, (_, new)) in &affected {
-            if let Some(svc) = after.services.get(name) {
-                let mut part = service_fragment(
+            let new = after.services.get(name).map(|svc| {
+                service_fragment(
                     svc,
                     after.slices_of(name),
                     &env,
                     &mut RegionSource::Assign(&mut self.regions),
                     new,
-                );
-                // What the table held before this update: the old parts are out already.
-                part.keep_big_order(|set, key| match scope.elements.get(set)?.get(key) {
-                    Some(was) => was.clone().flatten(),
-                    None => self.table.sets.get(set)?.elements.get(key)?.clone(),
-                });
-                scope.cover(&part);
-                scope.note(&self.table, &part);
-                contested |= self.insert(&part);
-                for chain in part.chains.keys() {
-                    released.remove(chain);
+                )
+            });
+            changes.push(match (old, new) {
+                (Some(old), Some(new)) => {
+                    let (gone, came) = diff::changes(old, new, before);
+                    (Some(gone), Some(came))
                 }
+                (old, Some(mut new)) => {
+                    new.keep_big_order(before);
+                    (old, Some(new))
+                }
+                other => other,
+            });
+        }
+        for gone in changes.iter().filter_map(|(gone, _)| gone.as_ref()) {
+            scope.note(&self.table, gone);
+            contested |= self.remove(gone);
+            scope.cover(gone);
+            released.extend(gone.chains.keys().cloned());
+        }
+        for came in changes.iter().filter_map(|(_, came)| came.as_ref()) {
+            scope.cover(came);
+            scope.note(&self.table, came);
+            contested |= self.insert(came);
+            for chain in came.chains.keys() {
+                released.remove(chain);
             }
         }
         for chain in &released {
@@ -462,7 +486,7 @@ impl Desired {
             self.family(),
             regions,
             |name| old.get(name)?.decl.size,
-            |name, key| old.get(name)?.elements.get(key)?.clone(),
+            |name| old.get(name).map(|s| &*s.elements),
         );
         old
     }
@@ -478,21 +502,21 @@ impl Desired {
             elements,
             ..
         } = self;
-        for ((name, key), value) in &part.elements {
+        for (name, key, value) in part.all_elements() {
             // Elements of maps the table lacks are ignored, as by `merge_into`.
-            let Some(set) = table.sets.get_mut(*name) else {
+            let Some(set) = table.sets.get_mut(name) else {
                 continue;
             };
-            match set.elements_mut().entry(*key) {
+            match set.elements_mut().entry(key) {
                 Entry::Occupied(mut e) => {
-                    *shared.entry((*name, *key)).or_insert(0) += 1;
+                    *shared.entry((name, key)).or_insert(0) += 1;
                     // Plain-set elements (e.g. an endpoint shared by two Services) carry no
                     // value to disagree on; map elements do.
                     contested |= value.is_some();
-                    e.insert(value.clone());
+                    e.insert(value);
                 }
                 Entry::Vacant(e) => {
-                    e.insert(value.clone());
+                    e.insert(value);
                     *elements += 1;
                 }
             }
@@ -520,12 +544,13 @@ impl Desired {
                 self.elements -= s.elements.len();
             }
         }
-        for key in part.elements.keys() {
-            match self.shared.get_mut(key) {
+        for (set, key, _) in part.all_elements() {
+            let key = (set, key);
+            match self.shared.get_mut(&key) {
                 Some(others) => {
                     *others -= 1;
                     if *others == 0 {
-                        self.shared.remove(key);
+                        self.shared.remove(&key);
                     }
                     contested |= self
                         .table

@@ -19,10 +19,12 @@
 //! times as much.
 
 use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
 use std::sync::LazyLock;
 
 use super::{EndpointLists, Fragment, LIST_MAX_ENDPOINTS};
-use crate::nft::ruleset::{Key, Value};
+use crate::nft::ruleset::{ElementMap, Key, Value};
 use crate::topology::PortEndpoint;
 
 /// The smallest and largest classes: 2^(J-1) < N ≤ 2^J.
@@ -123,6 +125,29 @@ pub fn class_of(n: usize) -> u32 {
 
 const _: () = assert!(CLASSES == 9 && 1 << (BIG_CLASS_MIN - 1) == LIST_MAX_ENDPOINTS);
 
+/// One destination's flat-path list: entry i of `map` maps `dest . i` to `endpoints[i]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BigList {
+    pub map: &'static str,
+    /// `ADDR . PROTO . PORT`, or `PROTO . PORT` for a node port.
+    pub dest: Key,
+    pub endpoints: Vec<Value>,
+}
+
+impl BigList {
+    /// The list's elements: (map, `dest . i`, endpoint i).
+    pub fn elements(&self) -> impl Iterator<Item = (&'static str, Key, Option<Value>)> + '_ {
+        (0u16..)
+            .zip(&self.endpoints)
+            .map(|(i, ep)| (self.map, self.entry(i), Some(ep.clone())))
+    }
+
+    /// The key of entry `i`.
+    pub fn entry(&self, i: u16) -> Key {
+        self.dest.list_entry(i).expect("a destination key")
+    }
+}
+
 /// Adds the flat-path elements of destination `dest` (`ADDR . PROTO . PORT`, or `PROTO . PORT`
 /// for a node port) with `eps` (more than [`LIST_MAX_ENDPOINTS`], at most
 /// [`BIG_MAX_ENDPOINTS`]): its class-set element and entry i → endpoint i.
@@ -135,82 +160,95 @@ pub(super) fn add_elements(
     part.elements
         .insert((lists.big_class_set(class_of(eps.len())), dest), None);
     let map = lists.big_map();
-    for (i, ep) in (0u16..).zip(eps) {
-        let key = dest.list_entry(i).expect("a destination key");
-        part.elements
-            .insert((map, key), Some(Value::Endpoint(ep.addr, ep.port)));
+    // A Service may name one address twice (an external IP that is also its load-balancer
+    // IP): one list, as one element per key.
+    if part.lists.iter().any(|l| l.map == map && l.dest == dest) {
+        return;
     }
+    part.lists.push(BigList {
+        map,
+        dest,
+        endpoints: eps
+            .iter()
+            .map(|ep| Value::Endpoint(ep.addr, ep.port))
+            .collect(),
+    });
+}
+
+/// The values `elements` (a flat-path map's) holds for `dest . 0` … `dest . n-1`, by index.
+/// One range of the B-tree, rather than a lookup per entry.
+pub fn list_in(elements: &ElementMap, dest: Key, n: usize) -> Vec<Option<Value>> {
+    let mut out = vec![None; n];
+    let (Some(first), Some(last)) = (dest.list_entry(0), dest.list_entry(u16::MAX)) else {
+        return out;
+    };
+    for (key, value) in elements.range(first..=last) {
+        match key.list_destination() {
+            Some((_, i)) if usize::from(i) < n => out[usize::from(i)] = value.clone(),
+            _ => break,
+        }
+    }
+    out
 }
 
 impl Fragment {
-    /// Reorders this fragment's flat-path lists so that every endpoint that `before` (what the
-    /// table held: set name, key → value) has at an index below the new length keeps it, and
-    /// the others fill the free indices. An endpoint change then touches O(1) elements: a
-    /// removed endpoint's index gets the last endpoint, an added one the next index. The
-    /// builder lists endpoints in their sorted order, which would shift every index after a
-    /// removed endpoint.
-    pub fn keep_big_order(&mut self, before: impl Fn(&str, &Key) -> Option<Value>) {
-        // (map, destination) → its entries' keys, in index order.
-        let mut lists: Vec<(&'static str, Vec<Key>)> = Vec::new();
-        for (map, key) in self.elements.keys() {
-            if EndpointLists::of_big_map(map).is_none() {
-                continue;
-            }
-            let Some((dest, _)) = key.list_destination() else {
+    /// Reorders this fragment's flat-path lists so that every endpoint that `before` (the
+    /// elements a map held) has at an index below the new length keeps it, and the others fill
+    /// the free indices. An endpoint change then touches O(1) elements: a removed endpoint's
+    /// index gets the last endpoint, an added one the next index. The builder lists endpoints
+    /// in their sorted order, which would shift every index after a removed endpoint.
+    pub fn keep_big_order<'a>(&mut self, before: impl Fn(&str) -> Option<&'a ElementMap>) {
+        for list in &mut self.lists {
+            let Some(elements) = before(list.map) else {
                 continue;
             };
-            match lists.last_mut() {
-                Some((m, keys))
-                    if *m == *map && keys[0].list_destination().map(|d| d.0) == Some(dest) =>
-                {
-                    keys.push(*key)
-                }
-                _ => lists.push((map, vec![*key])),
-            }
-        }
-        for (map, keys) in lists {
-            let new: Vec<Option<Value>> = keys
-                .iter()
-                .map(|k| self.elements[&(map, *k)].clone())
-                .collect();
-            let old: Vec<Option<Option<Value>>> =
-                keys.iter().map(|k| before(map, k).map(Some)).collect();
-            for (key, value) in keys.iter().zip(keep_order(&old, new)) {
-                self.elements.insert((map, *key), value);
-            }
+            let old = list_in(elements, list.dest, list.endpoints.len());
+            let new = std::mem::take(&mut list.endpoints);
+            list.endpoints = keep_order(&old, new);
         }
     }
 }
 
 /// `new` permuted so that each value `old` has at index i (below `new`'s length) stays at i;
 /// the values `old` does not place fill the remaining indices in their order.
-fn keep_order<T: Clone + Eq + std::hash::Hash>(old: &[Option<T>], new: Vec<T>) -> Vec<T> {
-    let mut wanted: HashMap<&T, usize> = HashMap::new();
-    for v in &new {
-        *wanted.entry(v).or_insert(0) += 1;
+pub(super) fn keep_order<T: Eq + std::hash::Hash>(old: &[Option<T>], new: Vec<T>) -> Vec<T> {
+    if old.len() >= new.len() && new.iter().zip(old).all(|(n, o)| o.as_ref() == Some(n)) {
+        return new; // Nothing moved (another list of the Service changed).
     }
-    let mut slots: Vec<Option<T>> = vec![None; new.len()];
-    let mut kept: HashMap<T, usize> = HashMap::new();
+    const NONE: usize = usize::MAX;
+    // The lowest index of each value in `new`; equal values chained through `next_equal`.
+    let mut first: HashMap<&T, usize, RandomState> =
+        HashMap::with_capacity_and_hasher(new.len(), RandomState::default());
+    let mut next_equal = vec![NONE; new.len()];
+    for (i, v) in new.iter().enumerate().rev() {
+        if let Some(j) = first.insert(v, i) {
+            next_equal[i] = j;
+        }
+    }
+    let mut taken = vec![false; new.len()];
+    let mut slots: Vec<usize> = vec![NONE; new.len()];
     for (slot, was) in slots.iter_mut().zip(old) {
         if let Some(v) = was
-            && let Some(n) = wanted.get_mut(v)
-            && *n > 0
+            && let Some(i) = first.get_mut(v)
+            && *i != NONE
         {
-            *n -= 1;
-            *slot = Some(v.clone());
-            *kept.entry(v.clone()).or_insert(0) += 1;
+            *slot = *i;
+            taken[*i] = true;
+            *i = next_equal[*i];
         }
     }
-    let mut rest = new.iter().filter(|v| match kept.get_mut(*v) {
-        Some(n) if *n > 0 => {
-            *n -= 1;
-            false
-        }
-        _ => true,
-    });
-    slots
+    let mut rest = (0..new.len()).filter(|i| !taken[*i]);
+    let order: Vec<usize> = slots
         .into_iter()
-        .map(|slot| slot.unwrap_or_else(|| rest.next().expect("as many values as slots").clone()))
+        .map(|slot| match slot {
+            NONE => rest.next().expect("as many values as slots"),
+            i => i,
+        })
+        .collect();
+    let mut new: Vec<Option<T>> = new.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .map(|i| new[i].take().expect("each index once"))
         .collect()
 }
 

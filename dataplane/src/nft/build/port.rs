@@ -9,10 +9,10 @@ use ipnet::IpNet;
 
 use super::{
     BIG_MAX_ENDPOINTS, CLUSTER_IPS, Detector, EndpointLists, FIREWALL_IPS, Fragment,
-    HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES,
-    MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS,
-    NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, big, dnat_rule, empty_set,
-    endpoint_base, goto, jump, local_policy_rules, regular, service_port_base,
+    LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE,
+    MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
+    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, big, dnat_rule, empty_set, endpoint_base, goto,
+    jump, local_policy_rules, regular, service_port_base,
 };
 use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
 use crate::model::port_label;
@@ -172,9 +172,8 @@ pub(super) fn add(
     // Endpoints are DNATed to straight from the cascade; with session affinity each gets
     // an endpoint chain that also records the client.
     let affinity_chains = affinity_chains(part, d);
-    for ep in &d.endpoints.all_reachable {
-        insert_element(part, HAIRPIN_ENDPOINTS, Key::AddrPair(ep.addr), None);
-    }
+    part.hairpin
+        .extend(d.endpoints.all_reachable.iter().map(|ep| ep.addr));
     let dispatch = |part: &mut Fragment,
                     chain: &ChainName,
                     eps: &[PortEndpoint],
