@@ -64,26 +64,17 @@ pub enum Elements {
 impl Elements {
     /// The elements of `all` in runs of at most `per_op`.
     pub fn runs_of(all: &Arc<ElementMap>, per_op: usize) -> Vec<Elements> {
-        all.keys()
-            .step_by(per_op.max(1))
-            .map(|first| Elements::Shared {
+        let mut runs = Vec::new();
+        let mut keys = all.keys();
+        while let Some(first) = keys.next() {
+            let count = 1 + keys.by_ref().take(per_op.max(1) - 1).count();
+            runs.push(Elements::Shared {
                 all: all.clone(),
                 first: *first,
-                count: per_op.max(1),
-            })
-            .map(|e| e.clamped())
-            .collect()
-    }
-
-    /// A shared run cut to the elements that exist (the last run of a set is shorter).
-    fn clamped(self) -> Elements {
-        match self {
-            Elements::Shared { all, first, count } => {
-                let count = all.range(first..).take(count).count();
-                Elements::Shared { all, first, count }
-            }
-            listed => listed,
+                count,
+            });
         }
+        runs
     }
 
     pub fn len(&self) -> usize {

@@ -212,6 +212,7 @@ pub(super) fn decode_match(family: Family, ex: &[Ex]) -> Option<(Match, usize)> 
         return Some((m, n + 1));
     }
     match ex {
+        // `ct state new` / `ct status dnat`: a conntrack key, one bit of it, compared with 0.
         [
             Ex::Other { name, attrs },
             Ex::Bitwise {
@@ -229,42 +230,17 @@ pub(super) fn decode_match(family: Family, ex: &[Ex]) -> Option<(Match, usize)> 
             ..,
         ] if name == "ct"
             && only(attrs, &[NFTA_CT_DREG, NFTA_CT_KEY])
-            && get_u32(attrs, NFTA_CT_KEY) == Some(NFT_CT_STATE)
             && reg_of(attrs, NFTA_CT_DREG) == Some(*sreg)
             && sreg == dreg
             && dreg == cs
-            && u32_ne(mask) == Some(CT_STATE_NEW_BIT)
             && xor == &[0; 4]
             && data == &[0; 4] =>
         {
-            Some((Match::CtStateNew, 3))
-        }
-        [
-            Ex::Other { name, attrs },
-            Ex::Bitwise {
-                sreg,
-                dreg,
-                len: 4,
-                mask,
-                xor,
-            },
-            Ex::Cmp {
-                sreg: cs,
-                op: CMP_NEQ,
-                data,
-            },
-            ..,
-        ] if name == "ct"
-            && only(attrs, &[NFTA_CT_DREG, NFTA_CT_KEY])
-            && get_u32(attrs, NFTA_CT_KEY) == Some(NFT_CT_STATUS)
-            && reg_of(attrs, NFTA_CT_DREG) == Some(*sreg)
-            && sreg == dreg
-            && dreg == cs
-            && u32_ne(mask) == Some(CT_STATUS_DNAT_BIT)
-            && xor == &[0; 4]
-            && data == &[0; 4] =>
-        {
-            Some((Match::CtStatusDnat, 3))
+            match (get_u32(attrs, NFTA_CT_KEY), u32_ne(mask)) {
+                (Some(NFT_CT_STATE), Some(CT_STATE_NEW_BIT)) => Some((Match::CtStateNew, 3)),
+                (Some(NFT_CT_STATUS), Some(CT_STATUS_DNAT_BIT)) => Some((Match::CtStatusDnat, 3)),
+                _ => None,
+            }
         }
         [
             Ex::Payload {
