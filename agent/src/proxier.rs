@@ -8,6 +8,7 @@
 //! nf_tables over netlink, or the in-memory fake of the unit tests; the iptables proxier
 //! ([`ipt::IptablesProxier`]) runs iptables-restore.
 
+mod affinity;
 pub mod ipt;
 pub mod nft;
 #[cfg(test)]

@@ -209,6 +209,13 @@ impl Tracer<'_> {
             Match::L4Proto(p) => *p == self.pkt.proto,
             Match::AddrProtoPortInSet { set } => set_has(set, self.frontend(dst, false)),
             Match::ProtoPortInSet { set } => set_has(set, self.frontend(dst, true)),
+            // The destination the client asked for, before DNAT.
+            Match::CtOriginalAddrProtoPortInSet { set } => {
+                set_has(set, self.frontend(self.pkt.dst.ip(), false))
+            }
+            Match::CtOriginalProtoPortInSet { set } => {
+                set_has(set, self.frontend(self.pkt.dst.ip(), true))
+            }
             Match::Numgen { .. } => unreachable!("numgen is handled by forking"),
             Match::MarkUnset { mask } => state.mark & mask == 0,
             Match::IifName {
@@ -410,7 +417,11 @@ impl Tracer<'_> {
                 state.mark ^= bits;
                 continue_here(self, state)
             }
-            Action::UpdateSaddr { .. } => continue_here(self, state),
+            // Affinity entries are made at run time: a first connection has none, and
+            // recording one changes nothing for the packet.
+            Action::UpdateSaddr { .. }
+            | Action::DnatAffinity { .. }
+            | Action::UpdateAffinity { .. } => continue_here(self, state),
         }
     }
 

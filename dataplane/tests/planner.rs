@@ -11,7 +11,8 @@ use nftproxy_dataplane::model::{
     Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
 };
 use nftproxy_dataplane::nft::build::{
-    BIG_MAX_ENDPOINTS, BuildConfig, EndpointLists, LIST_MAX_ENDPOINTS, LocalDetector, build,
+    BIG_MAX_ENDPOINTS, BuildConfig, EndpointLists, LIST_MAX_ENDPOINTS, LocalDetector, affinity,
+    build,
 };
 use nftproxy_dataplane::nft::desired::{Before, Desired, Scope, Updated};
 use nftproxy_dataplane::nft::plan::{
@@ -122,6 +123,27 @@ proptest! {
     }
 }
 
+/// Whether an update that planned everything had to: a set needs another size, or a
+/// session-affinity timeout came or went (its record rules are rewritten).
+fn full_plan_called_for(state: &Kernel, table: &Table) -> bool {
+    let resized = table.sets.iter().any(|(name, s)| {
+        state
+            .thin()
+            .sets
+            .get(name)
+            .is_some_and(|k| k.decl.size != s.decl.size)
+    });
+    let timeouts = |names: Vec<&String>| -> Vec<String> {
+        names
+            .into_iter()
+            .filter(|n| affinity::is_timeout_set(n))
+            .cloned()
+            .collect()
+    };
+    let before = timeouts(state.thin().sets.keys().collect());
+    resized || before != timeouts(table.sets.keys().collect())
+}
+
 proptest! {
     #[test]
     fn incremental_update_equals_full_build(
@@ -154,10 +176,10 @@ proptest! {
                 step_scope(&mut state, desired.table(), &scope);
             }
             Updated::All(before) => {
-                let resized = desired.table().sets.iter().any(|(name, s)| {
-                    state.thin().sets.get(name).is_some_and(|k| k.decl.size != s.decl.size)
-                });
-                prop_assert!(resized, "a full plan without a resized set");
+                prop_assert!(
+                    full_plan_called_for(&state, desired.table()),
+                    "a full plan without a resized set or a new or last session-affinity timeout"
+                );
                 step_from(&mut state, desired.table(), &before);
             }
         }
@@ -198,10 +220,10 @@ proptest! {
                     step_scope(&mut state, desired.table(), &scope);
                 }
                 Updated::All(before) => {
-                    let resized = desired.table().sets.iter().any(|(name, s)| {
-                        state.thin().sets.get(name).is_some_and(|k| k.decl.size != s.decl.size)
-                    });
-                    prop_assert!(resized, "a full plan without a resized set");
+                    prop_assert!(
+                        full_plan_called_for(&state, desired.table()),
+                        "a full plan without a resized set or a new or last affinity timeout"
+                    );
                     step_from(&mut state, desired.table(), &before);
                 }
             }

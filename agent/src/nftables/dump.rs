@@ -27,6 +27,7 @@ use super::socket::{self, Notifications};
 use super::{NftError, Nftables, Reply};
 
 // Decoding, by object kind; this file reads (with retries while the table changes).
+mod affinity;
 mod decode;
 mod nla;
 mod rules;
@@ -34,11 +35,13 @@ mod sets;
 #[cfg(test)]
 mod tests;
 
+use self::affinity::*;
 pub use self::decode::decode_state;
 use self::decode::*;
 use self::nla::*;
 use self::rules::*;
 use self::sets::*;
+pub(super) use self::sets::{decode_addr, decode_proto_port, raw_affinity_element, walk_elements};
 
 /// Comment given to sets that cannot be decoded: no desired declaration carries it, so the
 /// planner recreates (or deletes) such a set.

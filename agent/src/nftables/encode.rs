@@ -60,6 +60,11 @@ pub(super) const NFT_CT_STATE: u32 = 0;
 /// `IP_CT_NEW` as a `ct state` bit (`NF_CT_STATE_BIT(IP_CT_NEW)`).
 pub(super) const CT_STATE_NEW_BIT: u32 = 1 << 3;
 pub(super) const NFT_CT_STATUS: u32 = 2;
+pub(super) const NFTA_CT_DIRECTION: u16 = 3;
+pub(super) const IP_CT_DIR_ORIGINAL: u8 = 0;
+pub(super) const NFT_CT_PROTO_DST: u32 = 12;
+pub(super) const NFT_CT_DST_IP: u32 = 20;
+pub(super) const NFT_CT_DST_IP6: u32 = 22;
 /// `IPS_DST_NAT` as a `ct status` bit.
 pub(super) const CT_STATUS_DNAT_BIT: u32 = 1 << 5;
 
@@ -147,7 +152,9 @@ const EXPR_NUMGEN: u32 = 23;
 const PROTO_DESC_TH: u32 = 11;
 const PROTO_DESC_IP: u32 = 12;
 const PROTO_DESC_IP6: u32 = 13;
+const IPHDR_SADDR: u32 = 11;
 const IPHDR_DADDR: u32 = 12;
+const IP6HDR_SADDR: u32 = 8;
 const IP6HDR_DADDR: u32 = 9;
 const THDR_DPORT: u32 = 2;
 /// nft's byte orders (`enum byteorder`): the byte order of address sets, and those nft records
@@ -220,7 +227,8 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
     // Maps to endpoints are what nft 1.0.6 creates for their `typeof` (an endpoint map also has
     // `flags interval`): maps to `ADDR . inet_service`.
     let endpoint_map = decl.key.holds_endpoints();
-    if endpoint_map && (decl.is_vmap || decl.timeout_secs.is_some()) {
+    let dynamic_ok = decl.key == KeyType::AffinityClients;
+    if endpoint_map && (decl.is_vmap || (decl.timeout_secs.is_some() && !dynamic_ok)) {
         return Err(format!(
             "endpoint map {name} cannot be a verdict map or have a timeout"
         ));
@@ -271,6 +279,7 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
         KeyType::Interval => interval_map_udata(family),
         KeyType::AddrProtoPortIndex => list_udata(family, false),
         KeyType::ProtoPortIndex => list_udata(family, true),
+        KeyType::AffinityClients => affinity_udata(family),
         _ => Vec::new(),
     };
     if let Some(c) = &decl.comment {
@@ -613,6 +622,72 @@ pub(super) fn encode_delete_named_table(family: Family, name: &str, begin_seq: u
         buf,
         begin_seq,
         op_of_message: vec![0],
+    }
+}
+
+/// A batch that deletes the elements with keys `keys` (raw key bytes) from `set`, in messages
+/// that stay below the attribute limit. The last command asks for an ACK.
+pub(super) fn encode_delete_elements(
+    family: Family,
+    set: &str,
+    keys: &[Vec<u8>],
+    begin_seq: u32,
+) -> Batch {
+    let batch_header =
+        || NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
+    let mut lists: Vec<Vec<u8>> = vec![Vec::new()];
+    for key in keys {
+        let list = lists.last_mut().expect("one list");
+        if list.len() > ELEMENT_LIST_TARGET_BYTES {
+            lists.push(Vec::new());
+        }
+        let list = lists.last_mut().expect("one list");
+        put_nested(list, NFTA_LIST_ELEM, |out| {
+            put_nested(out, NFTA_SET_ELEM_KEY, |out| {
+                put_attr(out, NFTA_DATA_VALUE, key)
+            })
+        });
+    }
+    let mut buf = Vec::new();
+    push_message(
+        &mut buf,
+        batch_header(),
+        ControlMessage::BatchBegin.into(),
+        0,
+        begin_seq,
+    );
+    let n = lists.len();
+    for (i, list) in lists.into_iter().enumerate() {
+        let msg = NfTablesMessage::DeleteSetElement(SetElementMessage {
+            attributes: vec![
+                SetElementList::Table(TABLE.to_string()),
+                SetElementList::Set(set.to_string()),
+                SetElementList::Other(DefaultNla::new(
+                    NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED,
+                    list,
+                )),
+            ],
+        });
+        let ack = if i + 1 == n { NLM_F_ACK } else { 0 };
+        push_message(
+            &mut buf,
+            NetfilterHeader::new(nfproto(family), 0, 0),
+            msg.into(),
+            ack,
+            begin_seq.wrapping_add(1 + i as u32),
+        );
+    }
+    push_message(
+        &mut buf,
+        batch_header(),
+        ControlMessage::BatchEnd.into(),
+        0,
+        begin_seq.wrapping_add(1 + n as u32),
+    );
+    Batch {
+        buf,
+        begin_seq,
+        op_of_message: vec![0; n],
     }
 }
 

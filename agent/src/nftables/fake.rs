@@ -241,7 +241,9 @@ fn rule_refs(rule: &Rule) -> (Vec<&str>, Option<&str>) {
             | Match::SaddrInSet { set }
             | Match::SaddrDaddrInSet { set }
             | Match::AddrProtoPortInSet { set }
-            | Match::ProtoPortInSet { set } => Some(set.as_str()),
+            | Match::ProtoPortInSet { set }
+            | Match::CtOriginalAddrProtoPortInSet { set }
+            | Match::CtOriginalProtoPortInSet { set } => Some(set.as_str()),
             _ => None,
         })
         .collect();
@@ -252,6 +254,7 @@ fn rule_refs(rule: &Rule) -> (Vec<&str>, Option<&str>) {
         Action::UpdateSaddr { set } => sets.push(set),
         Action::DnatRegion { map, .. } => sets.push(map),
         Action::DnatIndexed { map, .. } => sets.push(map),
+        Action::DnatAffinity { map } | Action::UpdateAffinity { map, .. } => sets.push(map),
         _ => {}
     }
     (sets, chain)

@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use dataplane::nft::build::affinity::Entry;
 use dataplane::nft::ruleset::Family;
 use dataplane::nft::state::TableState;
 use dataplane::nft::transaction::Transaction;
@@ -26,6 +27,21 @@ pub trait NftKernel: Send {
         txs: Vec<Transaction>,
         committed: &mut dyn FnMut(&Transaction),
     ) -> Result<ApplyStats, NftError>;
+
+    /// The entries of the session-affinity map of `family`'s table. A kernel that carries no
+    /// traffic (the fake) has none.
+    fn affinity_entries(&mut self, _family: Family) -> Result<Vec<Entry>, NftError> {
+        Ok(Vec::new())
+    }
+
+    /// Deletes those of `stale` that are still in the session-affinity map; returns how many.
+    fn delete_affinity_entries(
+        &mut self,
+        _family: Family,
+        _stale: &[Entry],
+    ) -> Result<usize, NftError> {
+        Ok(0)
+    }
 
     /// Runs `commit` with the drift monitor's notifications paused, when there is a monitor
     /// (see [`Quieter`]).
@@ -95,6 +111,18 @@ impl NftKernel for Netlink {
         committed: &mut dyn FnMut(&Transaction),
     ) -> Result<ApplyStats, NftError> {
         self.lock().nft.apply_all(txs, committed)
+    }
+
+    fn affinity_entries(&mut self, family: Family) -> Result<Vec<Entry>, NftError> {
+        self.lock().nft.affinity_entries(family)
+    }
+
+    fn delete_affinity_entries(
+        &mut self,
+        family: Family,
+        stale: &[Entry],
+    ) -> Result<usize, NftError> {
+        self.lock().nft.delete_affinity_entries(family, stale)
     }
 
     fn quietly<T>(&mut self, commit: impl FnOnce(&mut Self) -> T) -> T {

@@ -34,6 +34,7 @@
 //!   `nftproxy`, so a program committing to its own table every millisecond costs nothing.
 //!   See `dump::read_table`.
 
+mod affinity;
 mod dump;
 mod encode;
 pub mod fake;
@@ -370,6 +371,16 @@ impl Nftables {
             messages: batch.messages(),
             bytes: batch.buf.len(),
         })
+    }
+
+    /// Sends a batch that is not a transaction's (its replies are read by the caller).
+    fn send_raw_batch(&mut self, batch: &encode::Batch) -> Result<(), NftError> {
+        self.sock
+            .ensure_buffers(batch.buf.len(), batch.messages())
+            .map_err(NftError::io("socket buffer sizing"))?;
+        self.sock
+            .send(&batch.buf)
+            .map_err(NftError::io("sending the batch"))
     }
 
     /// Deletes table `nftproxy` of `family` if present; `Ok(false)` if it was absent.

@@ -16,6 +16,7 @@ use dataplane::nft::state::TableState;
 use dataplane::nft::transaction::Transaction;
 use metrics::ObjectCounts;
 
+use super::affinity::AffinityCleanup;
 use super::udp::UdpCleanup;
 use super::{ChangedServices, FamilyReport, Phase, Probe, Proxier, QUIET_MIN_OPS, SyncError};
 use crate::config::ProxyMode;
@@ -35,6 +36,7 @@ pub struct NftProxier<K> {
     /// a failure.
     desired: Option<Desired>,
     udp: UdpCleanup,
+    affinity: AffinityCleanup,
 }
 
 impl<K: NftKernel> NftProxier<K> {
@@ -45,6 +47,7 @@ impl<K: NftKernel> NftProxier<K> {
             committed: None,
             desired: None,
             udp,
+            affinity: AffinityCleanup::new(family),
         }
     }
 
@@ -115,6 +118,9 @@ impl<K: NftKernel> NftProxier<K> {
         } else {
             commit(&mut self.kernel)
         }?;
+        probe.enter(family, Phase::Cleanup);
+        self.affinity
+            .synced(&mut self.kernel, table, scope.as_ref());
         drop(scope);
         self.committed = Some(Some(state));
         let (chains, rules, sets, set_elements) = desired.object_counts();

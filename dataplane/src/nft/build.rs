@@ -53,6 +53,7 @@ pub use crate::settings::{
     BuildConfig, LocalDetector, NodePortAddresses, NodePortIps, node_port_ips,
 };
 
+pub mod affinity;
 mod base;
 mod big;
 pub mod diff;
@@ -349,6 +350,13 @@ impl Fragment {
         elements.chain(lists).chain(hairpin)
     }
 
+    /// The session-affinity timeouts this part's destinations use (see [`affinity`]).
+    pub fn affinity_timeouts(&self) -> impl Iterator<Item = u32> + '_ {
+        self.elements
+            .keys()
+            .filter_map(|(set, _)| affinity::timeout_of_set(set))
+    }
+
     /// Creates the endpoint maps this part has elements in and `table` lacks: an endpoint map
     /// (see [`crate::nft::ruleset::Action::DnatRegion`]) exists while it has elements.
     fn add_endpoint_maps(&self, table: &mut Table) {
@@ -426,6 +434,9 @@ pub fn build(cluster: &Cluster, config: &BuildConfig, family: Family) -> Built {
             &mut RegionSource::Assign(&mut regions),
             &sup,
         );
+        for secs in part.affinity_timeouts() {
+            affinity::add_timeout(&mut table, secs);
+        }
         part.merge_into(&mut table);
         counts.add(part.no_local_endpoints);
     }

@@ -35,7 +35,7 @@ use ipnet::IpNet;
 use crate::conflicts::{Suppressed, claims_differ, neighbours, suppressed};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::nft::build::{
-    BuildConfig, BuildEnv, Fragment, NoLocalEndpoints, base_table, diff, service_fragment,
+    BuildConfig, BuildEnv, Fragment, NoLocalEndpoints, affinity, base_table, diff, service_fragment,
 };
 use crate::nft::regions::{RegionSource, Regions};
 use crate::nft::ruleset::{
@@ -242,6 +242,9 @@ impl Desired {
                 &suppressed(&cluster.services, svc),
             );
             part.keep_big_order(&before);
+            for secs in part.affinity_timeouts() {
+                desired.rules += affinity::add_timeout(&mut desired.table, secs);
+            }
             desired.insert_structure(&part);
             for (set, key, value) in part.all_elements() {
                 gathered.entry(set).or_default().push((key, value));
@@ -395,6 +398,23 @@ impl Desired {
                 other => other,
             });
         }
+        // A session-affinity timeout no Service had before needs record rules of its own
+        // (see `affinity`): rare enough to rebuild for, as is the last Service of a timeout
+        // leaving (below).
+        let new_timeout = changes
+            .iter()
+            .filter_map(|(_, came)| came.as_ref())
+            .flat_map(Fragment::affinity_timeouts)
+            .any(|secs| !self.table.sets.contains_key(affinity::timeout_sets(secs).0));
+        if new_timeout {
+            return Updated::All(Before::Sets(self.rebuild(cluster, config)));
+        }
+        let old_timeouts: BTreeSet<u32> = changes
+            .iter()
+            .filter_map(|(gone, _)| gone.as_ref())
+            .flat_map(Fragment::affinity_timeouts)
+            .filter(|&secs| secs != affinity::DEFAULT_TIMEOUT_SECS)
+            .collect();
         for gone in changes.iter().filter_map(|(gone, _)| gone.as_ref()) {
             scope.note(&self.table, gone);
             contested |= self.remove(gone);
@@ -411,6 +431,19 @@ impl Desired {
         }
         for chain in &released {
             self.regions.release(chain);
+        }
+        let unused = |secs: u32| {
+            let (services, nodeports) = affinity::timeout_sets(secs);
+            [services, nodeports].iter().all(|set| {
+                self.table
+                    .sets
+                    .get(*set)
+                    .is_none_or(|s| s.elements.is_empty())
+            })
+        };
+        if !contested && old_timeouts.into_iter().any(unused) {
+            revert(&mut self.table.sets, &scope.elements);
+            return Updated::All(Before::Sets(self.rebuild(cluster, config)));
         }
         if contested {
             tracing::debug!(

@@ -23,7 +23,9 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
             | Match::SaddrInSet { set }
             | Match::SaddrDaddrInSet { set }
             | Match::AddrProtoPortInSet { set }
-            | Match::ProtoPortInSet { set } => sets.contains(set),
+            | Match::ProtoPortInSet { set }
+            | Match::CtOriginalAddrProtoPortInSet { set }
+            | Match::CtOriginalProtoPortInSet { set } => sets.contains(set),
             _ => false,
         });
         let in_action = match &r.action {
@@ -31,6 +33,9 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
             Action::UpdateSaddr { set } => sets.contains(set),
             Action::DnatRegion { map, .. } => sets.contains(*map),
             Action::DnatIndexed { map, .. } => sets.contains(map),
+            Action::DnatAffinity { map } | Action::UpdateAffinity { map, .. } => {
+                sets.contains(*map)
+            }
             _ => false,
         };
         in_matches || in_action

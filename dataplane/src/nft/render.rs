@@ -51,6 +51,12 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
                 format!("{fam} daddr . meta l4proto . th dport @{set}")
             }
             Match::ProtoPortInSet { set } => format!("meta l4proto . th dport @{set}"),
+            Match::CtOriginalAddrProtoPortInSet { set } => {
+                format!("ct original {fam} daddr . meta l4proto . ct original proto-dst @{set}")
+            }
+            Match::CtOriginalProtoPortInSet { set } => {
+                format!("meta l4proto . ct original proto-dst @{set}")
+            }
             Match::Numgen { modulus, value } => format!("numgen random mod {modulus} {value}"),
             Match::MarkUnset { mask } => format!("meta mark & 0x{mask:08x} == 0x00000000"),
             Match::IifName {
@@ -79,6 +85,13 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
         Action::MarkOr(bits) => format!("meta mark set meta mark | 0x{bits:08x}"),
         Action::MarkXor(bits) => format!("meta mark set meta mark ^ 0x{bits:08x}"),
         Action::UpdateSaddr { set } => format!("update @{set} {{ {fam} saddr }}"),
+        Action::DnatAffinity { map } => format!(
+            "dnat {fam} to {fam} saddr . {fam} daddr . meta l4proto . th dport map @{map}"
+        ),
+        Action::UpdateAffinity { map, timeout_secs } => format!(
+            "update @{map} {{ {fam} saddr . ct original {fam} daddr . meta l4proto . ct original \
+             proto-dst timeout {timeout_secs}s : {fam} daddr . th dport }}"
+        ),
         Action::DnatRegion { map, offset } => {
             let offset = if *offset == 0 {
                 String::new()
@@ -150,6 +163,12 @@ pub fn key_type_text(family: Family, key: KeyType) -> &'static str {
         }
         (Family::V6, KeyType::ProtoPortIndex) => {
             "meta l4proto . th dport . numgen random mod 2 : ip6 daddr . th dport"
+        }
+        (Family::V4, KeyType::AffinityClients) => {
+            "ip saddr . ip daddr . meta l4proto . th dport : ip daddr . th dport"
+        }
+        (Family::V6, KeyType::AffinityClients) => {
+            "ip6 saddr . ip6 daddr . meta l4proto . th dport : ip6 daddr . th dport"
         }
     }
 }

@@ -112,6 +112,13 @@ pub enum Match {
     AddrProtoPortInSet { set: String },
     /// `meta l4proto . th dport @SET` (a set of [`Key::ProtoPort`])
     ProtoPortInSet { set: String },
+    /// `ct original ip daddr . meta l4proto . ct original proto-dst @SET` (a set of
+    /// [`Key::AddrProtoPort`]): the connection's destination before DNAT. nft needs the rule to
+    /// match `meta l4proto` first.
+    CtOriginalAddrProtoPortInSet { set: String },
+    /// `meta l4proto . ct original proto-dst @SET` (a set of [`Key::ProtoPort`]); nft needs the
+    /// rule to match `meta l4proto` first.
+    CtOriginalProtoPortInSet { set: String },
     /// `numgen random mod MODULUS VALUE`: true with probability 1/MODULUS for VALUE < MODULUS.
     Numgen { modulus: u32, value: u32 },
     /// `meta mark & MASK == 0`
@@ -152,6 +159,20 @@ pub enum Action {
     /// `update @SET { ip saddr }`: records the client for session affinity.
     UpdateSaddr {
         set: String,
+    },
+    /// `dnat ip to ip saddr . ip daddr . meta l4proto . th dport map @MAP` (a map of
+    /// [`KeyType::AffinityClients`]): sends the client to the endpoint it was given last time it
+    /// reached this destination. A miss leaves the packet alone.
+    DnatAffinity {
+        map: &'static str,
+    },
+    /// `update @MAP { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst
+    /// timeout Ts : ip daddr . th dport }` after DNAT: records (or refreshes) the endpoint the
+    /// client was given for the destination it asked for. nft needs the rule to match `meta
+    /// l4proto` first.
+    UpdateAffinity {
+        map: &'static str,
+        timeout_secs: u32,
     },
     /// `dnat ip to numgen random mod REGION_MODULUS offset OFFSET map @MAP`: picks one of the
     /// endpoints whose intervals tile the region starting at `offset` of endpoint map `map` (see
@@ -214,6 +235,10 @@ pub enum KeyType {
     /// A NodePort endpoint-list map: `typeof meta l4proto . th dport . numgen random mod 2 :
     /// ip daddr . th dport` (elements are [`Key::ProtoPortIndex`]).
     ProtoPortIndex,
+    /// The session-affinity map, `typeof ip saddr . ip daddr . meta l4proto . th dport : ip
+    /// daddr . th dport`, `flags dynamic,timeout`: the kernel fills it (see
+    /// [`Action::UpdateAffinity`]); the desired table never holds its elements.
+    AffinityClients,
 }
 
 impl KeyType {
@@ -221,7 +246,10 @@ impl KeyType {
     pub fn holds_endpoints(self) -> bool {
         matches!(
             self,
-            KeyType::Interval | KeyType::AddrProtoPortIndex | KeyType::ProtoPortIndex
+            KeyType::Interval
+                | KeyType::AddrProtoPortIndex
+                | KeyType::ProtoPortIndex
+                | KeyType::AffinityClients
         )
     }
 }
@@ -427,6 +455,11 @@ impl SetDecl {
     pub fn hashed(&self) -> bool {
         self.timeout_secs.is_none() && self.key != KeyType::Interval
     }
+
+    /// Whether the kernel fills the set (`flags dynamic,timeout`): the agent adds no element.
+    pub fn dynamic(&self) -> bool {
+        self.timeout_secs.is_some()
+    }
 }
 
 /// The smallest `size` a hashed set is given.
@@ -501,7 +534,10 @@ impl Table {
     pub fn fit_set_sizes(&mut self, kept: impl Fn(&str) -> Option<u32>) {
         for (name, set) in &mut self.sets {
             if !set.decl.hashed() {
-                set.decl.size = None;
+                // A set the kernel fills keeps the limit it was declared with.
+                if !set.decl.dynamic() {
+                    set.decl.size = None;
+                }
                 continue;
             }
             let n = set.elements.len();
@@ -515,9 +551,12 @@ impl Table {
     /// Whether every hashed set named in `names` still fits its size.
     pub fn set_sizes_fit<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> bool {
         names.into_iter().all(|name| {
-            self.sets.get(name).is_none_or(|s| match s.decl.size {
-                Some(size) => set_size_fits(size, s.elements.len()),
-                None => !s.decl.hashed(),
+            self.sets.get(name).is_none_or(|s| {
+                s.decl.dynamic()
+                    || match s.decl.size {
+                        Some(size) => set_size_fits(size, s.elements.len()),
+                        None => !s.decl.hashed(),
+                    }
             })
         })
     }

@@ -52,7 +52,11 @@ pub fn cluster(specs: &[SvcSpec]) -> Cluster {
                 external_policy_local: false,
                 internal_policy_local: false,
                 health_check_node_port: None,
-                affinity_timeout: s.affinity.then_some(60),
+                // Timeouts of their own and the default one: a timeout's first Service and
+                // its last add and remove record rules.
+                affinity_timeout: s
+                    .affinity
+                    .then_some([60, 10_800, 300][usize::from(s.id) % 3]),
                 ports: vec![ServicePort {
                     name: "p".into(),
                     protocol,

@@ -211,6 +211,9 @@ pub(super) fn decode_match(family: Family, ex: &[Ex]) -> Option<(Match, usize)> 
         };
         return Some((m, n + 1));
     }
+    if let Some((m, n)) = ct_original_match(family, ex) {
+        return Some((m, n));
+    }
     match ex {
         // `ct state new` / `ct status dnat`: a conntrack key, one bit of it, compared with 0.
         [
@@ -457,6 +460,9 @@ pub(super) fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
     if let Some(action) = frontend_action(family, ex) {
         return Some(action);
     }
+    if let Some(action) = affinity_action(family, ex) {
+        return Some(action);
+    }
     let reject_code = match family {
         Family::V4 => ICMP_PORT_UNREACH,
         Family::V6 => ICMPV6_PORT_UNREACH,
@@ -658,6 +664,11 @@ pub(super) fn random_numgen(attrs: &BTreeMap<u16, Vec<u8>>) -> Option<(Word, u32
 /// `[ip daddr .] meta l4proto . th dport` loaded into consecutive words from word 0: the
 /// number of expressions and the word after the last (2 without the address).
 pub(super) fn frontend_load(family: Family, ex: &[Ex]) -> Option<(usize, Word)> {
+    frontend_load_at(family, ex, 0)
+}
+
+/// [`frontend_load`] from word `at` on.
+pub(super) fn frontend_load_at(family: Family, ex: &[Ex], at: Word) -> Option<(usize, Word)> {
     let (_, daddr_off, alen) = addr_layout(family);
     let (skip, first, word) = match ex.first()? {
         Ex::Payload {
@@ -666,7 +677,7 @@ pub(super) fn frontend_load(family: Family, ex: &[Ex]) -> Option<(usize, Word)> 
             offset,
             len,
         } if *offset == daddr_off && *len == alen => (1, *dreg, *dreg + alen / 4),
-        _ => (0, 0, 0),
+        _ => (0, at, at),
     };
     match ex.get(skip..skip + 2)? {
         [
@@ -677,7 +688,7 @@ pub(super) fn frontend_load(family: Family, ex: &[Ex]) -> Option<(usize, Word)> 
                 offset: 2,
                 len: 2,
             },
-        ] if *key == META_L4PROTO && *p == word && *d == word + 1 && first == 0 => {
+        ] if *key == META_L4PROTO && *p == word && *d == word + 1 && first == at => {
             Some((skip + 2, word + 2))
         }
         _ => None,

@@ -73,6 +73,9 @@ impl RawSet {
         if self.flags == SetFlags::Map && self.data_type == Some(endpoint_data_layout(family).0) {
             return self.endpoint_decl(family);
         }
+        if self.flags == known && self.data_type == Some(endpoint_data_layout(family).0) {
+            return self.affinity_decl(family);
+        }
         let is_vmap = self.flags.contains(SetFlags::Map);
         if is_vmap != (self.data_type == Some(NFT_DATA_VERDICT)) {
             return None;
@@ -117,6 +120,23 @@ impl RawSet {
         })
     }
 
+    /// The session-affinity map: client and destination to endpoint, filled by the kernel.
+    fn affinity_decl(&self, family: Family) -> Option<SetDecl> {
+        let data_len = endpoint_data_layout(family).1;
+        let ms = self.timeout_ms?;
+        let ok = self.data_len == Some(data_len)
+            && ms % 1000 == 0
+            && self
+                .key_among(family, &[KeyType::AffinityClients])
+                .is_some();
+        ok.then_some(SetDecl {
+            comment: self.comment.clone().ok()?,
+            timeout_secs: Some(u32::try_from(ms / 1000).ok()?),
+            size: self.size,
+            ..SetDecl::new(KeyType::AffinityClients)
+        })
+    }
+
     /// A map of endpoints (to the family's `ADDR . inet_service`): an endpoint-list map, a
     /// plain map from `[ADDR .] inet_proto . inet_service . integer`, or an endpoint map, an
     /// interval map (nothing else) from 4-byte values. An endpoint map's key type id is not
@@ -144,7 +164,7 @@ impl RawSet {
     }
 }
 
-pub(super) fn decode_addr(b: &[u8]) -> Option<IpAddr> {
+pub(in crate::nftables) fn decode_addr(b: &[u8]) -> Option<IpAddr> {
     match b.len() {
         4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(b).ok()?))),
         16 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(b).ok()?))),
@@ -152,7 +172,7 @@ pub(super) fn decode_addr(b: &[u8]) -> Option<IpAddr> {
     }
 }
 
-pub(super) fn decode_proto_port(b: &[u8]) -> Option<(Proto, u16)> {
+pub(in crate::nftables) fn decode_proto_port(b: &[u8]) -> Option<(Proto, u16)> {
     if b.len() != 8 || b[1..4] != [0, 0, 0] || b[6..8] != [0, 0] {
         return None;
     }
@@ -226,7 +246,10 @@ pub(super) fn decode_elements(
 }
 
 /// Calls `f` on every element of the dump `msgs`; false if one is malformed or `f` says so.
-pub(super) fn walk_elements(msgs: &[Vec<u8>], mut f: impl FnMut(&[u8]) -> bool) -> bool {
+pub(in crate::nftables) fn walk_elements(
+    msgs: &[Vec<u8>],
+    mut f: impl FnMut(&[u8]) -> bool,
+) -> bool {
     for m in msgs {
         let Some(attrs) = message_nlas(m) else {
             return false;
@@ -297,6 +320,17 @@ pub(super) fn raw_element(
         }
     }
     Some((key?, value, end))
+}
+
+/// An element of the session-affinity map: its key's bytes and its endpoint.
+pub(in crate::nftables) fn raw_affinity_element(
+    family: Family,
+    element: &[u8],
+) -> Option<(Vec<u8>, (IpAddr, u16))> {
+    match raw_element(family, true, element)? {
+        (key, Some(Value::Endpoint(addr, port)), false) => Some((key, (addr, port))),
+        _ => None,
+    }
 }
 
 /// An endpoint as map data: the address, then the port padded to 4 bytes.

@@ -182,6 +182,15 @@ pub(super) fn match_exprs(family: Family, m: &Match, out: &mut Vec<Expr>) -> Res
             proto_port_load(0, out);
             out.push(lookup(set, Register::Reg1, None));
         }
+        Match::CtOriginalAddrProtoPortInSet { set } => {
+            ct_original_dest(family, 0, out);
+            out.push(lookup(set, Register::Reg1, None));
+        }
+        Match::CtOriginalProtoPortInSet { set } => {
+            out.push(meta_load(MetaKey::L4Proto, nft_reg(0)));
+            out.push(ct_original(NFT_CT_PROTO_DST, nft_reg(1)));
+            out.push(lookup(set, Register::Reg1, None));
+        }
         Match::L4Proto(p) => {
             out.push(meta_load(MetaKey::L4Proto, Register::Reg1));
             out.push(cmp(Operator::Equal, vec![p.number()]));
@@ -219,6 +228,29 @@ pub(super) fn match_exprs(family: Family, m: &Match, out: &mut Vec<Expr>) -> Res
         }
     }
     Ok(())
+}
+
+/// `ct original KEY` into `dreg`.
+pub(super) fn ct_original(key: u32, dreg: Register) -> Expr {
+    other(
+        "ct",
+        vec![
+            u32_attr(NFTA_CT_DREG, dreg.into()),
+            u32_attr(NFTA_CT_KEY, key),
+            DefaultNla::new(NFTA_CT_DIRECTION, vec![IP_CT_DIR_ORIGINAL]),
+        ],
+    )
+}
+
+/// Loads `ct original ip daddr . meta l4proto . ct original proto-dst` from word `word` on.
+pub(super) fn ct_original_dest(family: Family, word: u32, out: &mut Vec<Expr>) {
+    let (key, alen) = match family {
+        Family::V4 => (NFT_CT_DST_IP, 4),
+        Family::V6 => (NFT_CT_DST_IP6, 16),
+    };
+    out.push(ct_original(key, nft_reg(word)));
+    out.push(meta_load(MetaKey::L4Proto, nft_reg(word + alen / 4)));
+    out.push(ct_original(NFT_CT_PROTO_DST, nft_reg(word + alen / 4 + 1)));
 }
 
 /// `numgen random mod modulus [offset offset]` into `dreg`.
@@ -273,15 +305,20 @@ pub(super) fn proto_port_load(word: u32, out: &mut Vec<Expr>) {
 
 /// Loads `ip daddr . meta l4proto . th dport` from word 0 on; returns the next free word.
 pub(super) fn addr_proto_port(family: Family, out: &mut Vec<Expr>) -> u32 {
+    addr_proto_port_at(family, 0, out)
+}
+
+/// Loads `ip daddr . meta l4proto . th dport` from word `word` on; returns the next free word.
+pub(super) fn addr_proto_port_at(family: Family, word: u32, out: &mut Vec<Expr>) -> u32 {
     let (_, daddr_off, alen) = addr_layout(family);
     out.push(payload(
         NFT_PAYLOAD_NETWORK_HEADER,
         daddr_off,
         alen,
-        Register::Reg1,
+        nft_reg(word),
     ));
-    proto_port_load(alen / 4, out);
-    alen / 4 + 2
+    proto_port_load(word + alen / 4, out);
+    word + alen / 4 + 2
 }
 
 pub(super) fn action_exprs(
@@ -410,6 +447,55 @@ pub(super) fn action_exprs(
                 ])
                 .into(),
             );
+        }
+        Action::DnatAffinity { map } => {
+            // ip saddr . ip daddr . meta l4proto . th dport, then the endpoint from word 0 on.
+            let words = alen / 4;
+            out.push(payload(
+                NFT_PAYLOAD_NETWORK_HEADER,
+                saddr_off,
+                alen,
+                nft_reg(0),
+            ));
+            addr_proto_port_at(family, words, out);
+            out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
+            out.push(dnat(family, nft_reg(words), None));
+        }
+        Action::UpdateAffinity { map, timeout_secs } => {
+            // Key: ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst;
+            // data: ip daddr . th dport, in the words after the key (as nft places them).
+            let words = alen / 4;
+            out.push(payload(
+                NFT_PAYLOAD_NETWORK_HEADER,
+                saddr_off,
+                alen,
+                nft_reg(0),
+            ));
+            ct_original_dest(family, words, out);
+            let data = 2 * words + 2;
+            out.push(payload(
+                NFT_PAYLOAD_NETWORK_HEADER,
+                daddr_off,
+                alen,
+                nft_reg(data),
+            ));
+            out.push(payload(
+                NFT_PAYLOAD_TRANSPORT_HEADER,
+                2,
+                2,
+                nft_reg(data + words),
+            ));
+            let timeout_ms = u64::from(*timeout_secs) * 1000;
+            out.push(other(
+                "dynset",
+                vec![
+                    str_attr(NFTA_DYNSET_SET_NAME, map),
+                    u32_attr(NFTA_DYNSET_OP, NFT_DYNSET_OP_UPDATE),
+                    u32_attr(NFTA_DYNSET_SREG_KEY, Register::Reg1.into()),
+                    u32_attr(NFTA_DYNSET_SREG_DATA, nft_reg(data).into()),
+                    DefaultNla::new(NFTA_DYNSET_TIMEOUT, timeout_ms.to_be_bytes().to_vec()),
+                ],
+            ));
         }
         Action::UpdateSaddr { set } => {
             out.push(payload(

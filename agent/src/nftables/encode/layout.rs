@@ -69,6 +69,10 @@ pub(in crate::nftables) fn key_layout(family: Family, key: KeyType) -> (u32, u32
             concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_INTEGER]),
             12,
         ),
+        KeyType::AffinityClients => (
+            concat(&[addr_type, addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE]),
+            2 * addr_len + 8,
+        ),
     }
 }
 
@@ -129,6 +133,19 @@ pub(super) fn typeof_daddr(family: Family) -> Vec<u8> {
     }
 }
 
+pub(super) fn typeof_saddr(family: Family) -> Vec<u8> {
+    match family {
+        Family::V4 => typeof_payload(PROTO_DESC_IP, IPHDR_SADDR),
+        Family::V6 => typeof_payload(PROTO_DESC_IP6, IP6HDR_SADDR),
+    }
+}
+
+fn typeof_l4proto() -> Vec<u8> {
+    let mut l4proto = Vec::new();
+    tlv_u32(&mut l4proto, 0, MetaKey::L4Proto.into()); // NFTNL_UDATA_META_KEY
+    typeof_expr(EXPR_META, &l4proto)
+}
+
 /// A concatenation; its members are TLVs numbered from 0.
 pub(super) fn typeof_concat(members: &[Vec<u8>]) -> Vec<u8> {
     let mut data = Vec::new();
@@ -153,9 +170,7 @@ pub(super) fn list_udata(family: Family, nodeport: bool) -> Vec<u8> {
     if !nodeport {
         key.push(typeof_daddr(family));
     }
-    let mut l4proto = Vec::new();
-    tlv_u32(&mut l4proto, 0, MetaKey::L4Proto.into()); // NFTNL_UDATA_META_KEY
-    key.push(typeof_expr(EXPR_META, &l4proto));
+    key.push(typeof_l4proto());
     key.push(typeof_payload(PROTO_DESC_TH, THDR_DPORT));
     key.push(typeof_numgen(2));
     let mut out = Vec::new();
@@ -164,6 +179,23 @@ pub(super) fn list_udata(family: Family, nodeport: bool) -> Vec<u8> {
     tlv(&mut out, UDATA_SET_KEY_TYPEOF, &typeof_concat(&key));
     tlv(&mut out, UDATA_SET_DATA_TYPEOF, &typeof_endpoint(family));
     tlv_u32(&mut out, UDATA_SET_DATA_INTERVAL, 0);
+    out
+}
+
+/// The set user data of the session-affinity map, `typeof ip saddr . ip daddr . meta l4proto .
+/// th dport : ip daddr . th dport`.
+pub(super) fn affinity_udata(family: Family) -> Vec<u8> {
+    let key = [
+        typeof_saddr(family),
+        typeof_daddr(family),
+        typeof_l4proto(),
+        typeof_payload(PROTO_DESC_TH, THDR_DPORT),
+    ];
+    let mut out = Vec::new();
+    tlv_u32(&mut out, UDATA_SET_KEYBYTEORDER, BYTEORDER_INVALID);
+    tlv_u32(&mut out, UDATA_SET_DATABYTEORDER, BYTEORDER_INVALID);
+    tlv(&mut out, UDATA_SET_KEY_TYPEOF, &typeof_concat(&key));
+    tlv(&mut out, UDATA_SET_DATA_TYPEOF, &typeof_endpoint(family));
     out
 }
 
@@ -242,6 +274,18 @@ pub(in crate::nftables) fn key_bytes(family: Family, key: &Key) -> Result<Vec<u8
         }
     }
     Ok(out)
+}
+
+/// The key of a session-affinity entry: client, destination, protocol and port.
+pub(in crate::nftables) fn affinity_key_bytes(
+    e: &dataplane::nft::build::affinity::Entry,
+) -> Vec<u8> {
+    let mut out = addr_bytes(&e.client);
+    out.extend(addr_bytes(&e.dest));
+    out.extend_from_slice(&[e.proto.number(), 0, 0, 0]);
+    out.extend_from_slice(&e.port.to_be_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out
 }
 
 pub(in crate::nftables) fn verdict_attrs(v: &Verdict) -> Vec<VerdictAttribute> {

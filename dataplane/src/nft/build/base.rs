@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::affinity;
 use super::{
     BuildConfig, CLUSTER_IPS, CLUSTER_IPS_CHECK, Detector, EndpointLists, FIREWALL_CHECK,
     FIREWALL_IPS, HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS,
@@ -74,6 +75,9 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     push(c, "nat-prerouting", Rule::new(vec![], jump(SERVICES)));
     push(c, "nat-output", Rule::new(vec![], jump(SERVICES)));
     push(c, "nat-postrouting", Rule::new(vec![], jump(MASQUERADING)));
+    for chain in ["filter-input", "filter-forward", "filter-output"] {
+        push(c, chain, affinity::record_jump());
+    }
 
     c.insert(
         MARK_FOR_MASQUERADE.into(),
@@ -234,9 +238,8 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
                 },
             )
         };
-        let mut rules: Vec<Rule> = (1..=LIST_MAX_ENDPOINTS)
-            .map(|k| dnat(lists.map(k), k as u32))
-            .collect();
+        let mut rules = vec![affinity::lookup_rule(lists)];
+        rules.extend((1..=LIST_MAX_ENDPOINTS).map(|k| dnat(lists.map(k), k as u32)));
         // The flat path for larger lists (see `big`): a fixed rule per class, then fixed
         // chains that draw until an index below the list's length comes up.
         for j in big::classes() {
@@ -357,6 +360,7 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     ] {
         t.sets.insert(name.into(), set(key, false, comment));
     }
+    affinity::add_base(&mut t);
     for lists in EndpointLists::ALL {
         for k in 1..=LIST_MAX_ENDPOINTS {
             t.sets

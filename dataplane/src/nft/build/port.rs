@@ -11,8 +11,8 @@ use super::{
     BIG_MAX_ENDPOINTS, CLUSTER_IPS, Detector, EndpointLists, FIREWALL_IPS, Fragment,
     LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE,
     MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
-    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, big, dnat_rule, empty_set, endpoint_base, goto,
-    jump, local_policy_rules, regular, service_port_base,
+    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, affinity, big, dnat_rule, empty_set,
+    endpoint_base, goto, jump, local_policy_rules, regular, service_port_base,
 };
 use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
 use crate::model::port_label;
@@ -87,7 +87,22 @@ fn list_elements(
     }
 }
 
-/// With session affinity, each endpoint gets a chain that records the client in its affinity
+/// Gives `frontend` session affinity with timeout `secs`: its clients are sent back to their
+/// endpoint and recorded (see [`affinity`]).
+fn affinity_elements(part: &mut Fragment, frontend: Frontend, proto: Proto, secs: u32) {
+    let (services, nodeports) = affinity::timeout_sets(secs);
+    let all = pick(
+        frontend,
+        affinity::AFFINITY_SERVICES,
+        affinity::AFFINITY_NODEPORTS,
+    );
+    let timeout = pick(frontend, services, nodeports);
+    for set in [all, timeout] {
+        insert_element(part, set, key(frontend, proto), None);
+    }
+}
+
+/// With session affinity (and more endpoints than the flat path takes), each endpoint gets a chain that records the client in its affinity
 /// set and DNATs: (endpoint) → (chain, affinity set).
 fn affinity_chains(
     part: &mut Fragment,
@@ -169,9 +184,20 @@ pub(super) fn add(
     }
     part.no_local_endpoints.add(d.no_local_endpoints);
 
-    // Endpoints are DNATed to straight from the cascade; with session affinity each gets
-    // an endpoint chain that also records the client.
-    let affinity_chains = affinity_chains(part, d);
+    let cluster_eps = d.cluster_endpoints();
+    let local_eps = d.local_endpoints();
+    // With at most `BIG_MAX_ENDPOINTS` endpoints, the Service port needs no chain: its
+    // frontends' endpoint lists are map elements that the shared `…-endpoints` chains DNAT to
+    // (through the flat path's chains above 16 endpoints), and session affinity is elements of
+    // the sets that say which destinations have it (see `affinity`).
+    let direct = cluster_eps.len() <= BIG_MAX_ENDPOINTS && local_eps.len() <= BIG_MAX_ENDPOINTS;
+    // A chain's endpoints are DNATed to straight from the cascade; with session affinity each
+    // gets an endpoint chain that also records the client.
+    let affinity_chains = if direct {
+        BTreeMap::new()
+    } else {
+        affinity_chains(part, d)
+    };
     part.hairpin
         .extend(d.endpoints.all_reachable.iter().map(|ep| ep.addr));
     let dispatch = |part: &mut Fragment,
@@ -226,14 +252,6 @@ pub(super) fn add(
         rules
     };
 
-    let cluster_eps = d.cluster_endpoints();
-    let local_eps = d.local_endpoints();
-    // Without session affinity and with at most `BIG_MAX_ENDPOINTS` endpoints, the Service
-    // port needs no chain: its frontends' endpoint lists are map elements that the shared
-    // `…-endpoints` chains DNAT to (through the flat path's chains above 16 endpoints).
-    let direct = affinity_chains.is_empty()
-        && cluster_eps.len() <= BIG_MAX_ENDPOINTS
-        && local_eps.len() <= BIG_MAX_ENDPOINTS;
     if !direct && !cluster_eps.is_empty() {
         let mut chain = regular(dispatch(part, &names.cluster, cluster_eps, regions));
         chain.comment = Some(comment().into());
@@ -248,6 +266,9 @@ pub(super) fn add(
         let eps = if local { local_eps } else { cluster_eps };
         if !eps.is_empty() {
             list_elements(part, frontend, proto, local, eps);
+        }
+        if let Some(secs) = d.affinity_timeout {
+            affinity_elements(part, frontend, proto, secs);
         }
     };
 
