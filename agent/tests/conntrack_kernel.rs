@@ -322,3 +322,89 @@ fn thousands_of_entries_are_listed_and_deleted_in_batches() {
     assert_eq!(ct.list_udp(Family::V4).unwrap().len(), 0);
     eprintln!("{N} UDP entries: listed in {listed_in:?}, deleted in {deleted_in:?}");
 }
+
+/// Cluster `ns/dns` (ClusterIP 172.30.0.10, UDP 53) with the serving endpoints `eps`.
+fn dns_cluster(eps: &[&str]) -> dataplane::model::Cluster {
+    let endpoints: String = eps
+        .iter()
+        .map(|a| format!("  - {{addresses: [\"{a}\"]}}\n"))
+        .collect();
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {{name: dns, namespace: ns}}
+  spec:
+    clusterIP: 172.30.0.10
+    clusterIPs: [172.30.0.10]
+    ipFamilies: [IPv4]
+    ports:
+    - {{name: dns, port: 53, protocol: UDP}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {{name: dns-a, namespace: ns, labels: {{kubernetes.io/service-name: dns}}}}
+  addressType: IPv4
+  ports:
+  - {{name: dns, port: 5353, protocol: UDP}}
+  endpoints:
+{endpoints}"#
+    );
+    let (cluster, skipped) = nftproxy::source::load_text(&yaml, "node-a", "").unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    cluster
+}
+
+/// The agent's bookkeeping: a sync that only adds serving endpoints to a UDP frontend that had
+/// some lists nothing; one that removes an endpoint, and the first after a failed sync, clean.
+/// An entry to an endpoint that never served (which the rules would never make) shows whether
+/// a cleanup ran: any would delete it.
+#[test]
+fn udp_cleanup_is_skipped_after_pure_endpoint_additions() {
+    nftproxy_tests::require_root!();
+    use dataplane::conntrack::Frontends;
+    use dataplane::model::ObjectName;
+    use nftproxy::proxier::ChangedServices;
+    use nftproxy::proxier::udp::UdpCleanup;
+
+    let ns = Netns::new("ct");
+    let mut udp = UdpCleanup::new(Family::V4, Some(ns.open()));
+    let dns = BTreeSet::from([ObjectName::new("ns", "dns")]);
+    let changed = ChangedServices::Services(&dns);
+    let serving = (
+        UDP,
+        ("10.0.5.5", 40000, "172.30.0.10", 53),
+        ("10.0.0.1", 5353),
+    );
+    let marker = (
+        UDP,
+        ("10.0.5.5", 40001, "172.30.0.10", 53),
+        ("10.0.0.9", 5353),
+    );
+    let insert = |(proto, orig, reply)| ns.insert(proto, orig, reply, 0);
+
+    udp.synced(
+        &dns_cluster(&["10.0.0.1"]),
+        ChangedServices::All,
+        Some(Frontends::default()),
+    );
+    insert(serving);
+    let kept = ns.listed();
+    insert(marker);
+    let both = ns.listed();
+    assert_eq!(both.len(), 2, "{both:?}");
+
+    udp.synced(&dns_cluster(&["10.0.0.1", "10.0.0.2"]), changed, None);
+    assert_eq!(ns.listed(), both, "endpoint added: no cleanup");
+
+    // A failed sync may have committed part of its rules: the next cleans, additions or not.
+    udp.forget_index();
+    let three = ["10.0.0.1", "10.0.0.2", "10.0.0.3"];
+    udp.synced(&dns_cluster(&three), ChangedServices::All, None);
+    assert_eq!(ns.listed(), kept, "first sync after a failed one");
+
+    insert(marker);
+    udp.synced(&dns_cluster(&three[..2]), changed, None);
+    assert_eq!(ns.listed(), kept, "endpoint removed");
+}

@@ -3,9 +3,11 @@
 //!
 //! UDP has no connection end, so a conntrack entry created while a client talked to an endpoint
 //! keeps the client's flow DNATed to that endpoint for as long as the client keeps sending, even
-//! after the endpoint is gone. After every sync that changed a UDP Service, the agent lists the
-//! UDP entries of the family and deletes those [`is_stale`] picks, so that the next packet is
-//! load-balanced afresh (or rejected, when no endpoint is left).
+//! after the endpoint is gone. After a sync that changed a UDP Service's frontends or serving
+//! endpoints (other than by only adding endpoints to frontends that had some, see
+//! [`cleanup_needed`]), the agent lists the UDP entries of the family and deletes those
+//! [`is_stale`] picks, so that the next packet is load-balanced afresh (or rejected, when no
+//! endpoint is left).
 //!
 //! The decision works on [`Frontends`]: for every UDP Service port, each address it is reached on
 //! (ClusterIP, external IPs, LoadBalancer IPs of the family) with its port, and its NodePort, map
@@ -318,16 +320,40 @@ pub fn is_stale(orig: &Tuple, reply: &Tuple, current: &Frontends, previous: &Fro
     was_frontend && endpoint != orig.dst
 }
 
-/// Whether a sync that moved from `previous` to `current` calls for a cleanup: when any UDP
-/// frontend or its serving endpoints changed. When the previous endpoints are unknown
-/// (`previous_exact` false: the first sync of the process, `previous` read back from the kernel),
-/// whenever there is a UDP frontend, before or now.
+/// Whether a sync that moved from `previous` to `current` calls for a cleanup.
+///
+/// When `previous_exact` (`previous` holds the frontends as of the last cleanup, or of the last
+/// sync that needed none, and no flow can have been DNATed to an endpoint it lacks since): when
+/// a frontend appeared or disappeared, lost a serving endpoint or got its first one.
+/// A sync that only added serving endpoints to frontends that had some needs none: since then,
+/// every UDP entry of such a frontend leads to one of its previous serving endpoints (the rules
+/// DNAT to serving endpoints only, and the last cleanup deleted the rest), which all still
+/// serve, and [`is_stale`] judges an entry by its frontend's current endpoints alone. A
+/// frontend without endpoints may have entries that were never translated, so its first
+/// endpoint calls for a cleanup.
+///
+/// When the previous endpoints are unknown or not a bound (`previous_exact` false: the first
+/// sync of the process, `previous` read back from the kernel; a sync or a cleanup failed since
+/// `previous` was recorded), whenever there is a UDP frontend, before or now.
 pub fn cleanup_needed(previous: &Frontends, previous_exact: bool, current: &Frontends) -> bool {
     if previous_exact {
-        previous != current
+        !only_added(&previous.addrs, &current.addrs)
+            || !only_added(&previous.node_ports, &current.node_ports)
     } else {
         !previous.is_empty() || !current.is_empty()
     }
+}
+
+/// Whether `previous` and `current` hold the same frontends, each with the same serving
+/// endpoints or with more than the ones it had (at least one).
+fn only_added<K: Ord>(
+    previous: &BTreeMap<K, BTreeSet<IpAddr>>,
+    current: &BTreeMap<K, BTreeSet<IpAddr>>,
+) -> bool {
+    previous.len() == current.len()
+        && previous.iter().zip(current).all(|((k, was), (l, now))| {
+            k == l && (was == now || (!was.is_empty() && was.is_subset(now)))
+        })
 }
 
 #[cfg(test)]

@@ -22,6 +22,11 @@ pub struct UdpCleanup {
     index: Option<FrontendIndex>,
     /// Frontends whose conntrack cleanup failed, compared again at the next sync.
     pending: Option<FrontendKeys>,
+    /// A sync or a cleanup failed since `frontends` were recorded: flows may have been DNATed
+    /// to endpoints they lack (a partial commit, rules whose cleanup did not happen), so that
+    /// endpoints added since do not show that nothing is stale. The next cleanup runs whenever
+    /// UDP frontends are in its scope, as when the previous endpoints are unknown.
+    unsure: bool,
 }
 
 impl UdpCleanup {
@@ -32,6 +37,7 @@ impl UdpCleanup {
             frontends: None,
             index: None,
             pending: None,
+            unsure: false,
         }
     }
 
@@ -48,15 +54,18 @@ impl UdpCleanup {
         self.frontends.is_none()
     }
 
-    /// After a failed sync: the frontends the cluster gives are rebuilt at the next one.
+    /// After a failed sync: the frontends the cluster gives are rebuilt at the next one, whose
+    /// cleanup runs (the failed sync may have committed part of its rules).
     pub fn forget_index(&mut self) {
         self.index = None;
+        self.unsure = true;
     }
 
     /// After a cleanup of the rules: every frontend is new again.
     pub fn forget(&mut self) {
         self.frontends = None;
         self.pending = None;
+        self.unsure = false;
     }
 
     /// After a commit: brings the frontends up to date with `cluster` and cleans up.
@@ -77,7 +86,8 @@ impl UdpCleanup {
         self.clean(touched, read_back);
     }
 
-    /// After a commit that changed a UDP Service's frontends or serving endpoints, deletes the
+    /// After a commit that changed a UDP Service's frontends or serving endpoints (other than
+    /// by only adding endpoints to frontends that had some: see [`cleanup_needed`]), deletes the
     /// UDP conntrack entries that still lead to endpoints no longer serving (or to frontends
     /// that are gone), so that their next packet is load-balanced afresh. A failure is logged
     /// and retried at the next sync; it never fails the sync.
@@ -115,11 +125,13 @@ impl UdpCleanup {
         let Some(ct) = self.conntrack.as_mut() else {
             cleaned(&mut previous);
             self.frontends = Some(previous);
+            self.unsure = false;
             return;
         };
-        if !cleanup_needed(&was, exact, &now) {
+        if !cleanup_needed(&was, exact && !self.unsure, &now) {
             cleaned(&mut previous);
             self.frontends = Some(previous);
+            self.unsure = false;
             return;
         }
         let start = Instant::now();
@@ -137,6 +149,7 @@ impl UdpCleanup {
                 drop(was);
                 cleaned(&mut previous);
                 self.frontends = Some(previous);
+                self.unsure = false;
             }
             Err(e) => {
                 // kube-proxy observes the duration of failed reconciles too.
@@ -151,6 +164,7 @@ impl UdpCleanup {
                 if exact {
                     self.frontends = Some(previous);
                     self.pending = scope;
+                    self.unsure = true;
                 }
             }
         }

@@ -1,5 +1,7 @@
 use std::collections::BTreeMap;
 
+use proptest::prelude::*;
+
 use super::*;
 use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
@@ -364,6 +366,7 @@ fn cleanup_needed_on_changes_only() {
     let a = Frontends::of(&udp_cluster(true), Family::V4);
     let b = Frontends::of(&udp_cluster(false), Family::V4);
     assert!(!cleanup_needed(&a, true, &a.clone()));
+    // 10.0.0.2 stopped serving.
     assert!(cleanup_needed(&a, true, &b));
     assert!(cleanup_needed(&Frontends::default(), true, &a));
     assert!(cleanup_needed(&a, true, &Frontends::default()));
@@ -374,6 +377,7 @@ fn cleanup_needed_on_changes_only() {
     ));
     // Unknown endpoints: a cleanup whenever UDP is around, before or now.
     assert!(cleanup_needed(&a, false, &a.clone()));
+    assert!(cleanup_needed(&b, false, &a));
     assert!(cleanup_needed(&Frontends::default(), false, &a));
     assert!(cleanup_needed(&a, false, &Frontends::default()));
     assert!(!cleanup_needed(
@@ -381,6 +385,181 @@ fn cleanup_needed_on_changes_only() {
         false,
         &Frontends::default()
     ));
+}
+
+/// One address frontend and one NodePort, with the endpoints given.
+fn frontends(addr_eps: &[&str], node_port_eps: &[&str]) -> Frontends {
+    Frontends {
+        addrs: [((ip("172.30.0.10"), 53), set(addr_eps))].into(),
+        node_ports: [(30053, set(node_port_eps))].into(),
+    }
+}
+
+#[test]
+fn an_endpoint_added_to_a_frontend_that_had_one_needs_no_cleanup() {
+    // 10.0.0.2 became serving: the Service's address and NodePort frontends both gained it.
+    let b = Frontends::of(&udp_cluster(false), Family::V4);
+    let a = Frontends::of(&udp_cluster(true), Family::V4);
+    assert!(!cleanup_needed(&b, true, &a));
+
+    let one = frontends(&["10.0.0.1"], &["10.0.0.1"]);
+    let more = frontends(&["10.0.0.1", "10.0.0.2", "10.0.0.3"], &["10.0.0.1"]);
+    assert!(!cleanup_needed(&one, true, &more));
+    let np_only = frontends(&["10.0.0.1"], &["10.0.0.1", "10.0.0.2"]);
+    assert!(!cleanup_needed(&one, true, &np_only));
+    // Entries of the previous endpoints are not stale: nothing a dump could find.
+    for (f, dst) in [
+        (("172.30.0.10", 53), ("10.0.0.1", 5353)),
+        (("192.168.0.2", 30053), ("10.0.0.1", 5353)),
+    ] {
+        let e = entry(UDP, "10.0.5.5", f, dst);
+        assert!(!stale(&e, &more, &one));
+        assert!(!stale(&e, &np_only, &one));
+    }
+    // Unknown previous endpoints: as before, a cleanup.
+    assert!(cleanup_needed(&one, false, &more));
+}
+
+#[test]
+fn a_first_endpoint_needs_a_cleanup() {
+    // Entries made while the frontend had none were not translated (or were rejected).
+    let none = frontends(&[], &["10.0.0.1"]);
+    let first = frontends(&["10.0.0.1"], &["10.0.0.1"]);
+    assert!(cleanup_needed(&none, true, &first));
+    let untranslated = entry(UDP, "10.0.5.5", ("172.30.0.10", 53), ("172.30.0.10", 53));
+    assert!(stale(&untranslated, &first, &none));
+    let np_none = frontends(&["10.0.0.1"], &[]);
+    assert!(cleanup_needed(&np_none, true, &first));
+    // Still none: nothing changed.
+    assert!(!cleanup_needed(&none, true, &none.clone()));
+}
+
+#[test]
+fn an_endpoint_removed_or_replaced_needs_a_cleanup() {
+    let two = frontends(&["10.0.0.1", "10.0.0.2"], &["10.0.0.1", "10.0.0.2"]);
+    let removed = frontends(&["10.0.0.1"], &["10.0.0.1", "10.0.0.2"]);
+    assert!(cleanup_needed(&two, true, &removed));
+    let np_removed = frontends(&["10.0.0.1", "10.0.0.2"], &["10.0.0.2"]);
+    assert!(cleanup_needed(&two, true, &np_removed));
+    let replaced = frontends(&["10.0.0.1", "10.0.0.3"], &["10.0.0.1", "10.0.0.2"]);
+    assert!(cleanup_needed(&two, true, &replaced));
+    // One frontend gains, another loses: the loss decides.
+    let mixed = frontends(&["10.0.0.1", "10.0.0.2", "10.0.0.3"], &["10.0.0.2"]);
+    assert!(cleanup_needed(&two, true, &mixed));
+}
+
+#[test]
+fn a_frontend_added_or_removed_needs_a_cleanup() {
+    let one = frontends(&["10.0.0.1"], &["10.0.0.1"]);
+    let mut added = one.clone();
+    added
+        .addrs
+        .insert((ip("192.0.2.10"), 53), set(&["10.0.0.1"]));
+    assert!(cleanup_needed(&one, true, &added));
+    assert!(cleanup_needed(&added, true, &one));
+    let mut port_added = one.clone();
+    port_added.node_ports.insert(30054, set(&["10.0.0.1"]));
+    assert!(cleanup_needed(&one, true, &port_added));
+    assert!(cleanup_needed(&port_added, true, &one));
+    // A frontend replaced by another (same count) with more endpoints.
+    let mut moved = Frontends::default();
+    moved
+        .addrs
+        .insert((ip("172.30.0.10"), 54), set(&["10.0.0.1", "10.0.0.2"]));
+    moved.node_ports = one.node_ports.clone();
+    assert!(cleanup_needed(&one, true, &moved));
+}
+
+/// Frontends over a small universe of addresses, ports and endpoints.
+fn arb_frontends() -> impl Strategy<Value = Frontends> {
+    let eps = || proptest::collection::btree_set(0u8..4, 0..4);
+    let addr_key = (0usize..3, 0usize..2);
+    (
+        proptest::collection::btree_map(addr_key, eps(), 0..4),
+        proptest::collection::btree_map(0usize..2, eps(), 0..3),
+    )
+        .prop_map(|(addrs, node_ports)| {
+            let ep = |e: BTreeSet<u8>| -> BTreeSet<IpAddr> {
+                e.into_iter()
+                    .map(|i| IpAddr::from([10, 0, 0, i + 1]))
+                    .collect()
+            };
+            Frontends {
+                addrs: addrs
+                    .into_iter()
+                    .map(|((a, p), e)| ((ip(FRONT_ADDRS[a]), FRONT_PORTS[p]), ep(e)))
+                    .collect(),
+                node_ports: node_ports
+                    .into_iter()
+                    .map(|(p, e)| (FRONT_PORTS[2 + p], ep(e)))
+                    .collect(),
+            }
+        })
+}
+
+const FRONT_ADDRS: [&str; 3] = ["172.30.0.10", "192.0.2.10", "192.168.0.2"];
+const FRONT_PORTS: [u16; 4] = [53, 54, 30053, 30054];
+
+/// `previous` and frontends after a sync: mostly endpoints added to it, sometimes some removed
+/// too, sometimes unrelated frontends.
+fn arb_sync() -> impl Strategy<Value = (Frontends, Frontends)> {
+    arb_frontends().prop_flat_map(|previous| {
+        let changes = proptest::collection::vec(
+            (
+                proptest::collection::btree_set(0u8..4, 0..3),
+                proptest::option::weighted(0.2, 0u8..4),
+            ),
+            previous.addrs.len() + previous.node_ports.len(),
+        );
+        let derived = changes.prop_map({
+            let previous = previous.clone();
+            move |changes| {
+                let mut current = previous.clone();
+                let sets = current
+                    .addrs
+                    .values_mut()
+                    .chain(current.node_ports.values_mut());
+                for (eps, (added, removed)) in sets.zip(changes) {
+                    eps.extend(added.into_iter().map(|i| IpAddr::from([10, 0, 0, i + 1])));
+                    if let Some(i) = removed {
+                        eps.remove(&IpAddr::from([10, 0, 0, i + 1]));
+                    }
+                }
+                current
+            }
+        });
+        let current = prop_oneof![4 => derived, 1 => arb_frontends()];
+        (Just(previous), current)
+    })
+}
+
+proptest! {
+    /// When `cleanup_needed` says no, a dump would find nothing stale among the entries that
+    /// can exist after the cleanup at `previous`: to a frontend, only entries to its endpoints
+    /// (none while it has none: its packets are rejected); to other addresses, anything.
+    #[test]
+    fn no_cleanup_means_nothing_stale((previous, current) in arb_sync()) {
+        prop_assume!(!cleanup_needed(&previous, true, &current));
+        for dst in FRONT_ADDRS {
+            for port in FRONT_PORTS {
+                let frontend = previous
+                    .addrs
+                    .get(&(ip(dst), port))
+                    .or_else(|| previous.node_ports.get(&port));
+                let endpoints: Vec<IpAddr> = match frontend {
+                    Some(eps) => eps.iter().copied().collect(),
+                    None => (1..=5)
+                        .map(|i| IpAddr::from([10, 0, 0, i]))
+                        .chain([ip(dst)])
+                        .collect(),
+                };
+                for ep in endpoints {
+                    let e = entry(UDP, "10.0.5.5", (dst, port), (&ep.to_string(), 5353));
+                    prop_assert!(!stale(&e, &current, &previous), "{e:?}");
+                }
+            }
+        }
+    }
 }
 
 #[test]
