@@ -1,5 +1,5 @@
-//! Traffic through the flat path for large Services (17 to 8,192 endpoints without session
-//! affinity: endpoints drawn from a shared map by rejection sampling). Needs root: a lab of
+//! Traffic through the flat path (Services of up to 8,192 endpoints as map elements, endpoints
+//! drawn from shared maps; session affinity as entries of one shared map). Needs root: a lab of
 //! network namespaces (a node, a client pod and one pod holding every endpoint address, whose
 //! echo server answers on all of them), deleted at the end, also on failure.
 //!
@@ -9,6 +9,9 @@
 //!   agent's syncer (the proxier the daemon's sync loop drives), never loses a UDP probe sent
 //!   meanwhile: the lists move from map to map up to 16, then one key per change plus the
 //!   class-set element at each power of two.
+//! - A 100-endpoint Service with ClientIP affinity keeps each client on one endpoint, and a
+//!   client whose endpoint is removed moves to another one and stays there, while the others
+//!   keep theirs; the table has no chain for the Service.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -75,6 +78,11 @@ fn site(n: usize) -> Site {
 
 /// This node and Service `ns/dns` (UDP 53 → 5353) with the endpoints `eps`, as API objects.
 fn items(eps: &[usize]) -> Vec<serde_json::Value> {
+    items_with(eps, false)
+}
+
+/// [`items`], with ClientIP session affinity if `affinity`.
+fn items_with(eps: &[usize], affinity: bool) -> Vec<serde_json::Value> {
     let endpoints: Vec<serde_json::Value> = eps
         .iter()
         .map(|i| json!({"addresses": [endpoint(*i).to_string()], "conditions": {"ready": true}}))
@@ -88,6 +96,7 @@ fn items(eps: &[usize]) -> Vec<serde_json::Value> {
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "dns", "namespace": "ns"},
             "spec": {"type": "ClusterIP", "clusterIP": VIP, "clusterIPs": [VIP],
+                     "sessionAffinity": if affinity { "ClientIP" } else { "None" },
                      "ports": [{"name": "dns", "port": PORT, "protocol": "UDP",
                                 "targetPort": TARGET_PORT}]},
         }),
@@ -102,8 +111,8 @@ fn items(eps: &[usize]) -> Vec<serde_json::Value> {
     ]
 }
 
-fn objects(eps: &[usize]) -> Objects {
-    let [node, svc, slice]: [serde_json::Value; 3] = items(eps).try_into().unwrap();
+fn objects(eps: &[usize], affinity: bool) -> Objects {
+    let [node, svc, slice]: [serde_json::Value; 3] = items_with(eps, affinity).try_into().unwrap();
     let mut o = Objects::default();
     o.nodes.push(serde_json::from_value(node).unwrap());
     o.services.push(serde_json::from_value(svc).unwrap());
@@ -112,7 +121,11 @@ fn objects(eps: &[usize]) -> Objects {
 }
 
 fn cluster(eps: &[usize]) -> Cluster {
-    let (cluster, skipped) = convert::cluster(&objects(eps), NODE, "");
+    cluster_with(eps, false)
+}
+
+fn cluster_with(eps: &[usize], affinity: bool) -> Cluster {
+    let (cluster, skipped) = convert::cluster(&objects(eps, affinity), NODE, "");
     assert!(skipped.is_empty(), "{skipped:?}");
     cluster
 }
@@ -288,4 +301,111 @@ fn a_service_growing_to_200_endpoints_and_back_never_loses_a_probe() {
     assert!(probes.other_errors.is_empty(), "{probes}");
     // The probes saw the Service at many sizes: far more than the 16 of the lists.
     assert!(probes.answered.len() > 100, "{probes}");
+}
+
+/// The one endpoint that answered every probe of `r`, if all were answered by one.
+fn one_endpoint(r: &ProbeResult) -> Option<SocketAddr> {
+    let all_answered = r.refused + r.timeouts == 0 && r.other_errors.is_empty();
+    match (all_answered, r.answered.len()) {
+        (true, 1) => r.answered.keys().next().copied(),
+        _ => None,
+    }
+}
+
+#[test]
+fn client_ip_affinity_keeps_each_client_on_one_of_100_endpoints() {
+    nftproxy_tests::require_root!();
+    const N: usize = 100;
+    const CLIENTS: usize = 30;
+    let s = site(N);
+    let changed: BTreeSet<ObjectName> = [ObjectName::new("ns", "dns")].into();
+    let families = [(Family::V4, false)].into();
+    let mut syncer = in_netns(&s.node, || Syncer::new().expect("a syncer"));
+    let all: Vec<usize> = (0..N).collect();
+    in_netns(&s.node, || {
+        syncer
+            .sync(&cluster_with(&all, true), &config(), true)
+            .expect("the first sync")
+    });
+    let chains = s.node.exec(&["nft", "list", "chains", "ip"]).unwrap();
+    // Service and endpoint chains are named after the Service port (`…-ns/dns/udp/dns…`).
+    assert!(
+        !chains.contains("ns/dns/"),
+        "a chain for the Service or its endpoints: {chains}"
+    );
+    // Each client: a first connection alone (it makes the client's entry), then more, each
+    // new to conntrack (a fresh source port), in parallel.
+    let sources = client_sources();
+    let round = |clients: &[IpAddr]| -> Vec<(IpAddr, ProbeResult)> {
+        clients
+            .iter()
+            .map(|src| {
+                let mut r = s
+                    .lab
+                    .run_probe(&s.client, &Probe::new(Proto::Udp, vip(), 1).src(*src))
+                    .unwrap();
+                let more = Probe::new(Proto::Udp, vip(), 19).src(*src).parallel(4);
+                r.absorb(s.lab.run_probe(&s.client, &more).unwrap());
+                (*src, r)
+            })
+            .collect()
+    };
+    let first = round(&sources[..CLIENTS]);
+    let mut chosen = std::collections::BTreeMap::new();
+    for (src, r) in &first {
+        let ep = one_endpoint(r).unwrap_or_else(|| panic!("{src} spread over endpoints: {r}"));
+        chosen.insert(*src, ep);
+    }
+    let distinct: BTreeSet<&SocketAddr> = chosen.values().collect();
+    eprintln!("{CLIENTS} clients stayed on {} endpoints", distinct.len());
+    // 30 clients choosing among 100 endpoints: fewer than 10 distinct is next to impossible.
+    assert!(distinct.len() >= 10, "{chosen:?}");
+    let entries = s
+        .node
+        .exec(&["nft", "list", "map", "ip", "nftproxy", "affinity-clients"])
+        .unwrap();
+    assert!(
+        entries.contains("10.180.1.1 . 172.30.0.10 . udp . 53"),
+        "{entries}"
+    );
+
+    // The endpoints of the first five clients go; the others stay.
+    let moved: Vec<IpAddr> = sources[..5].to_vec();
+    let removed: BTreeSet<IpAddr> = moved.iter().map(|c| chosen[c].ip()).collect();
+    let remaining: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|i| !removed.contains(&endpoint(*i)))
+        .collect();
+    in_netns(&s.node, || {
+        syncer
+            .sync_families(
+                &cluster_with(&remaining, true),
+                &config(),
+                &families,
+                ChangedServices::Services(&changed),
+            )
+            .remove(&Family::V4)
+            .expect("IPv4")
+            .expect("the partial sync commits")
+    });
+    let entries = s
+        .node
+        .exec(&["nft", "list", "map", "ip", "nftproxy", "affinity-clients"])
+        .unwrap();
+    for ip in &removed {
+        assert!(
+            !entries.contains(&format!(": {ip} . ")),
+            "an entry still leads to removed endpoint {ip}: {entries}"
+        );
+    }
+    let second = round(&sources[..CLIENTS]);
+    for (src, r) in &second {
+        let ep = one_endpoint(r).unwrap_or_else(|| panic!("{src} spread over endpoints: {r}"));
+        if moved.contains(src) {
+            assert!(!removed.contains(&ep.ip()), "{src} still reached {ep}");
+        } else if !removed.contains(&chosen[src].ip()) {
+            assert_eq!(ep, chosen[src], "{src} moved although its endpoint stayed");
+        }
+    }
 }

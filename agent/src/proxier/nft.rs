@@ -118,10 +118,6 @@ impl<K: NftKernel> NftProxier<K> {
         } else {
             commit(&mut self.kernel)
         }?;
-        probe.enter(family, Phase::Cleanup);
-        self.affinity
-            .synced(&mut self.kernel, table, scope.as_ref());
-        drop(scope);
         self.committed = Some(Some(state));
         let (chains, rules, sets, set_elements) = desired.object_counts();
         let report = FamilyReport {
@@ -148,7 +144,12 @@ impl<K: NftKernel> NftProxier<K> {
             bytes = report.bytes,
             "nftables sync committed"
         );
+        // What the kernel keeps of connections and clients: UDP conntrack entries and
+        // session-affinity entries whose endpoints are gone.
         probe.enter(family, Phase::Conntrack);
+        self.affinity
+            .synced(&mut self.kernel, table, scope.as_ref());
+        drop(scope);
         self.udp.synced(cluster, changed, read_back);
         Ok(report)
     }

@@ -94,23 +94,29 @@ pub(super) fn session_affinity(mode: Mode) {
         p.count = count;
         w.attempts(&w.pod, &p)
     };
-    // One round: each client's first connection alone (it creates the affinity entry; racing
-    // first connections could each pick an endpoint), then more to every address of the port.
-    let round = |per_vip: usize| -> BTreeMap<IpAddr, Result<SocketAddr, String>> {
+    // One round: for each client and each address of the port, the first connection alone
+    // (it creates the affinity entry; racing first connections could each pick an endpoint),
+    // then more. nftproxy remembers a client per destination (docs/architecture.md, "Session
+    // affinity"): the ClusterIP, the external IP and the NodePort each keep it on one endpoint.
+    type Round = BTreeMap<(IpAddr, SocketAddr), Result<SocketAddr, String>>;
+    let round = |per_vip: usize| -> Round {
         std::thread::scope(|s| {
             let handles: Vec<_> = clients
                 .iter()
                 .map(|&c| {
                     s.spawn(move || {
-                        let mut attempts = probe(c, cip, 1, 1);
-                        for vip in vips {
+                        vips.map(|vip| {
+                            let mut attempts = probe(c, vip, 1, 1);
                             attempts.extend(probe(c, vip, per_vip, 8));
-                        }
-                        (c, one_endpoint(&attempts))
+                            ((c, vip), one_endpoint(&attempts))
+                        })
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
         })
     };
     // 50 connections from one client all reach one endpoint.
@@ -138,22 +144,22 @@ pub(super) fn session_affinity(mode: Mode) {
     let after = round(4);
     let mut changed = 0;
     let mut chosen = BTreeSet::new();
-    for c in &clients {
-        match (&before[c], &after[c]) {
+    for (key @ (c, vip), was) in &before {
+        match (was, &after[key]) {
             (Ok(a), Ok(b)) => {
                 changed += usize::from(a != b);
                 chosen.insert(*a);
                 chosen.insert(*b);
                 if !all.contains(a) || !all.contains(b) {
-                    w.fail(format!("{c} reached {a} / {b}, not an endpoint"));
+                    w.fail(format!("{c} to {vip} reached {a} / {b}, not an endpoint"));
                 }
             }
             (a, b) => w.fail(format!(
-                "{c}: the ClusterIP, external IP and NodePort did not all reach one endpoint: {a:?} / {b:?}"
+                "{c}: {vip} did not keep the client on one endpoint: {a:?} / {b:?}"
             )),
         }
     }
-    // 12 clients, 2 rounds: all choices equal or no change has a chance of about 1e-6.
+    // 12 clients × 3 addresses, 2 rounds: all choices equal or no change is next to impossible.
     if chosen.len() < 2 {
         w.fail(format!("all clients chose {chosen:?}"));
     }

@@ -1,4 +1,5 @@
 use super::*;
+use dataplane::nft::build::affinity::AFFINITY_CLIENTS;
 use dataplane::nft::ruleset::{Proto, region_offset};
 use netlink_packet_core::Emitable;
 use netlink_packet_netfilter::nftables::MetaKey;
@@ -108,6 +109,12 @@ fn rules_round_trip_through_the_encoder() {
             Match::ProtoPortInSet {
                 set: "nodeports".into(),
             },
+            Match::CtOriginalAddrProtoPortInSet {
+                set: "affinity-frontends".into(),
+            },
+            Match::CtOriginalProtoPortInSet {
+                set: "affinity-nodeports".into(),
+            },
             Match::FibSaddrLocal,
             Match::FibDaddrLocal,
             Match::L4Proto(Proto::Sctp),
@@ -158,6 +165,13 @@ fn rules_round_trip_through_the_encoder() {
                 map: "local-nodeport-endpoints-1".into(),
                 nodeport: true,
                 modulus: 1,
+            },
+            Action::DnatAffinity {
+                map: AFFINITY_CLIENTS,
+            },
+            Action::UpdateAffinity {
+                map: AFFINITY_CLIENTS,
+                timeout_secs: 10_800,
             },
         ];
         for action in actions {

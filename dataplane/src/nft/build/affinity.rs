@@ -306,39 +306,4 @@ fn destination_endpoints(table: &Table, dest: Key) -> HashSet<(IpAddr, u16)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timeout_sets_are_named_once() {
-        let (a, b) = timeout_sets(30);
-        assert_eq!(
-            (a, b),
-            (
-                "session-affinity-services-30",
-                "session-affinity-nodeports-30"
-            )
-        );
-        assert!(std::ptr::eq(a, timeout_sets(30).0));
-        assert!(is_timeout_set(a) && is_timeout_set(b));
-        assert!(
-            !is_timeout_set(AFFINITY_SERVICES) && !is_timeout_set("session-affinity-services-x")
-        );
-    }
-
-    #[test]
-    fn record_rules_put_node_ports_first() {
-        let rules = record_rules(&BTreeSet::from([60, DEFAULT_TIMEOUT_SECS]));
-        assert_eq!(rules.len(), 12);
-        assert!(
-            rules[..6]
-                .iter()
-                .all(|r| matches!(r.matches[1], Match::CtOriginalProtoPortInSet { .. }))
-        );
-        assert!(
-            rules[6..]
-                .iter()
-                .all(|r| matches!(r.matches[1], Match::CtOriginalAddrProtoPortInSet { .. }))
-        );
-    }
-}
+mod tests;
