@@ -88,10 +88,19 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
         Action::DnatAffinity { map } => format!(
             "dnat {fam} to {fam} saddr . {fam} daddr . meta l4proto . th dport map @{map}"
         ),
-        Action::UpdateAffinity { map, timeout_secs } => format!(
-            "update @{map} {{ {fam} saddr . ct original {fam} daddr . meta l4proto . ct original \
-             proto-dst timeout {timeout_secs}s : {fam} daddr . th dport }}"
-        ),
+        Action::UpdateAffinity { map, timeout_secs } => {
+            // nft names the port by the protocol the rule matched.
+            let proto = rule.matches.iter().find_map(|m| match m {
+                Match::L4Proto(p) => Some(p.to_string()),
+                _ => None,
+            });
+            let port = proto.unwrap_or_else(|| "th".to_string());
+            format!(
+                "update @{map} {{ {fam} saddr . ct original {fam} daddr . meta l4proto . ct \
+                 original proto-dst timeout {} : {fam} daddr . {port} dport }}",
+                duration_text(*timeout_secs)
+            )
+        }
         Action::DnatRegion { map, offset } => {
             let offset = if *offset == 0 {
                 String::new()
@@ -119,6 +128,22 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
         parts.push(format!("comment {}", quote(c)));
     }
     parts.join(" ")
+}
+
+/// A duration as nft prints it: `3h`, `10m`, `1d2h3m4s`.
+pub fn duration_text(secs: u32) -> String {
+    if secs == 0 {
+        return "0s".to_string();
+    }
+    let mut out = String::new();
+    let mut rest = secs;
+    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)] {
+        if rest >= len {
+            let _ = write!(out, "{}{unit}", rest / len);
+            rest %= len;
+        }
+    }
+    out
 }
 
 /// A rule's text for fingerprinting; the family keyword is irrelevant there.
@@ -230,7 +255,7 @@ fn set_decl_lines(family: Family, decl: &SetDecl, out: &mut String, indent: &str
     }
     if let Some(t) = decl.timeout_secs {
         let _ = writeln!(out, "{indent}flags dynamic,timeout");
-        let _ = writeln!(out, "{indent}timeout {t}s");
+        let _ = writeln!(out, "{indent}timeout {}", duration_text(t));
     }
     if let Some(size) = decl.size {
         let _ = writeln!(out, "{indent}size {size}");
@@ -345,4 +370,18 @@ pub fn transaction_text(tx: &Transaction) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration_text;
+
+    #[test]
+    fn durations_read_as_nft_prints_them() {
+        assert_eq!(duration_text(10_800), "3h");
+        assert_eq!(duration_text(600), "10m");
+        assert_eq!(duration_text(86_400), "1d");
+        assert_eq!(duration_text(93_784), "1d2h3m4s");
+        assert_eq!(duration_text(1), "1s");
+    }
 }
