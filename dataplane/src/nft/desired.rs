@@ -413,7 +413,6 @@ impl Desired {
             .iter()
             .filter_map(|(gone, _)| gone.as_ref())
             .flat_map(Fragment::affinity_timeouts)
-            .filter(|&secs| secs != affinity::DEFAULT_TIMEOUT_SECS)
             .collect();
         for gone in changes.iter().filter_map(|(gone, _)| gone.as_ref()) {
             scope.note(&self.table, gone);

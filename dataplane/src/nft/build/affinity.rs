@@ -32,8 +32,8 @@ pub const AFFINITY_SERVICES: &str = "session-affinity-services";
 pub const AFFINITY_NODEPORTS: &str = "session-affinity-nodeports";
 pub const SESSION_AFFINITY: &str = "session-affinity";
 
-/// kube-proxy's default `timeoutSeconds`: its record rules are always in the table, so the
-/// first Service with affinity adds elements only.
+/// kube-proxy's default `timeoutSeconds`, the map's own timeout (each record rule gives its
+/// own).
 pub const DEFAULT_TIMEOUT_SECS: u32 = 10_800;
 
 /// Most clients the map remembers (over all Services and destinations of the family); when it
@@ -65,15 +65,20 @@ pub fn is_timeout_set(set: &str) -> bool {
     timeout_of_set(set).is_some()
 }
 
-/// The timeouts `table` has record rules for: the default and those of its per-timeout sets.
+/// The timeouts `table` has record rules for: those of its per-timeout sets.
 fn timeouts(table: &Table) -> BTreeSet<u32> {
-    let mut out = BTreeSet::from([DEFAULT_TIMEOUT_SECS]);
-    out.extend(table.sets.keys().filter_map(|s| timeout_of_set(s)));
-    out
+    table
+        .sets
+        .keys()
+        .filter_map(|s| timeout_of_set(s))
+        .collect()
 }
 
 /// Adds the sets and record rules of `secs` to `table` unless it has them: a Service's part
-/// brings the timeouts it uses. Returns the number of rules added.
+/// brings the timeouts it uses, and a table without Services with affinity has no record
+/// rule. (nft 1.0.6 lists a record rule without the `meta l4proto` match it needs to read it
+/// back, so such a listing does not load again with `nft -f`.) Returns the number of rules
+/// added.
 pub fn add_timeout(table: &mut Table, secs: u32) -> usize {
     let (services, nodeports) = timeout_sets(secs);
     if table.sets.contains_key(services) {
@@ -128,8 +133,8 @@ fn timeout_set_decls(secs: u32) -> [(&'static str, Set); 2] {
     set_decls(Some(secs))
 }
 
-/// What every table has: the map, the lookup sets, and the default timeout's sets and rules
-/// (the `session-affinity` chain).
+/// What every table has: the map, the lookup sets, and the `session-affinity` chain (empty
+/// until a Service with affinity brings its timeout's rules).
 pub fn add_base(table: &mut Table) {
     table
         .sets
@@ -137,7 +142,9 @@ pub fn add_base(table: &mut Table) {
     for (set, decl) in set_decls(None) {
         table.sets.insert(set.to_string(), decl);
     }
-    add_timeout(table, DEFAULT_TIMEOUT_SECS);
+    table
+        .chains
+        .insert(SESSION_AFFINITY.into(), super::regular(Vec::new()));
 }
 
 /// The first rule of an endpoint-list chain: clients of a destination with affinity go back to
