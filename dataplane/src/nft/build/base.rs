@@ -11,9 +11,9 @@ use super::{
     FIREWALL_IPS, HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS,
     LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES,
     MASQUERADING, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, NODEPORT_ENDPOINTS_CHECK,
-    NODEPORT_IPS, NODEPORTS, NodePortIps, REJECT_CHAIN, SERVICE_ENDPOINTS_CHECK, SERVICE_IPS,
-    SERVICE_NODEPORTS, SERVICES, big, empty_set, endpoint_map, goto, jump, local_policy_rules,
-    node_port_ips, regular,
+    NODEPORT_IPS, NODEPORTS, NodePortIps, REJECT_NODEPORTS, REJECT_SERVICES,
+    SERVICE_ENDPOINTS_CHECK, SERVICE_IPS, SERVICE_NODEPORTS, SERVICES, big, empty_set,
+    endpoint_map, goto, jump, local_policy_rules, node_port_ips, regular,
 };
 use crate::decision::{DecisionEnv, InternalMasquerade};
 use crate::model::Cluster;
@@ -104,14 +104,6 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         ]),
     );
     c.insert(
-        REJECT_CHAIN.into(),
-        Chain {
-            base: None,
-            comment: Some("helper for @no-endpoint-services / @no-endpoint-nodeports".into()),
-            rules: Arc::new(vec![Rule::new(vec![], Action::Reject)]),
-        },
-    );
-    c.insert(
         FIREWALL_CHECK.into(),
         regular(vec![Rule::new(
             vec![],
@@ -120,14 +112,25 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
             },
         )]),
     );
+    // Destinations without endpoints are rejected through a set rather than kube-proxy's
+    // `goto reject-chain` elements: adding a `goto` element makes the kernel validate every
+    // chain and every such element again (1.5 ms at 100k Services).
     c.insert(
         SERVICE_ENDPOINTS_CHECK.into(),
-        regular(vec![Rule::new(
-            vec![],
-            Action::VmapAddrProtoPort {
-                map: NO_ENDPOINT_SERVICES.into(),
-            },
-        )]),
+        regular(vec![
+            Rule::new(
+                vec![Match::AddrProtoPortInSet {
+                    set: REJECT_SERVICES.into(),
+                }],
+                Action::Reject,
+            ),
+            Rule::new(
+                vec![],
+                Action::VmapAddrProtoPort {
+                    map: NO_ENDPOINT_SERVICES.into(),
+                },
+            ),
+        ]),
     );
 
     let loopback = Match::Daddr {
@@ -267,14 +270,21 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         );
         c.insert(lists.chain().into(), regular(rules));
     }
+    let mut reject_nodeports = nodeport_check_match.clone();
+    reject_nodeports.push(Match::ProtoPortInSet {
+        set: REJECT_NODEPORTS.into(),
+    });
     c.insert(
         NODEPORT_ENDPOINTS_CHECK.into(),
-        regular(vec![Rule::new(
-            nodeport_check_match,
-            Action::VmapProtoPort {
-                map: NO_ENDPOINT_NODEPORTS.into(),
-            },
-        )]),
+        regular(vec![
+            Rule::new(reject_nodeports, Action::Reject),
+            Rule::new(
+                nodeport_check_match,
+                Action::VmapProtoPort {
+                    map: NO_ENDPOINT_NODEPORTS.into(),
+                },
+            ),
+        ]),
     );
     let mut cluster_ips_check = vec![
         Rule::new(
@@ -321,12 +331,12 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         (
             NO_ENDPOINT_SERVICES,
             KeyType::AddrProtoPort,
-            "vmap to drop or reject packets to services with no endpoints",
+            "vmap to drop packets to services with no (local) endpoints",
         ),
         (
             NO_ENDPOINT_NODEPORTS,
             KeyType::ProtoPort,
-            "vmap to drop or reject packets to service nodeports with no endpoints",
+            "vmap to drop packets to service nodeports with no (local) endpoints",
         ),
         (
             FIREWALL_IPS,
@@ -337,6 +347,16 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         t.sets.insert(name.into(), set(key, true, comment));
     }
     for (name, key, comment) in [
+        (
+            REJECT_SERVICES,
+            KeyType::AddrProtoPort,
+            "destinations of Services with no endpoints, rejected",
+        ),
+        (
+            REJECT_NODEPORTS,
+            KeyType::ProtoPort,
+            "NodePorts of Services with no endpoints, rejected",
+        ),
         (
             MASQUERADE_SERVICES,
             KeyType::AddrProtoPort,

@@ -11,8 +11,8 @@ use super::{
     BIG_MAX_ENDPOINTS, CLUSTER_IPS, Detector, EndpointLists, FIREWALL_IPS, Fragment,
     LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE,
     MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
-    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, affinity, big, dnat_rule, empty_set,
-    endpoint_base, goto, jump, local_policy_rules, regular, service_port_base,
+    REJECT_NODEPORTS, REJECT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS, affinity, big, dnat_rule,
+    empty_set, endpoint_base, goto, jump, local_policy_rules, regular, service_port_base,
 };
 use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
 use crate::model::port_label;
@@ -161,7 +161,6 @@ pub(super) fn add(
     // The names cost a SHA-256, and most Service ports have no chain.
     let names = LazyCell::new(|| ChainNames::of(svc, d.port));
     let comment = || port_label(svc, d.port);
-    let reject = Some(Verdict::Goto(REJECT_CHAIN.into()));
     let cluster_ip = d.cluster_ip();
     if !d.has_frontends() {
         return;
@@ -174,11 +173,11 @@ pub(super) fn add(
 
     if !d.has_endpoints() {
         if let Some(key) = cip_key {
-            insert_element(part, NO_ENDPOINT_SERVICES, key, reject.clone());
+            insert_element(part, REJECT_SERVICES, key, None);
         }
         for frontend in &frontends {
-            let map = pick(*frontend, NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS);
-            insert_element(part, map, key(*frontend, proto), reject.clone());
+            let set = pick(*frontend, REJECT_SERVICES, REJECT_NODEPORTS);
+            insert_element(part, set, key(*frontend, proto), None);
         }
         return;
     }
