@@ -246,7 +246,23 @@ fn api_outage_and_compacted_history() {
         &endpoints(&["10.180.2.1:80"]),
         Duration::from_secs(3),
     );
-    let before = t.node.exec(&["nft", "list", "ruleset"]).unwrap();
+    // The rules as the agent left them once its start-up syncs are over: the same listing
+    // twice, a second apart (a sync still under way would change it).
+    let listing = || t.node.exec(&["nft", "list", "ruleset"]).unwrap();
+    let settled = Instant::now();
+    let mut before = listing();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let again = listing();
+        if again == before {
+            break;
+        }
+        assert!(
+            settled.elapsed() < Duration::from_secs(15),
+            "the rules keep changing with no change in the cluster"
+        );
+        before = again;
+    }
     let log_start = agent.stderr().len();
 
     t.api.set_refuse(true);
@@ -263,7 +279,7 @@ fn api_outage_and_compacted_history() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert_eq!(t.node.exec(&["nft", "list", "ruleset"]).unwrap(), before);
+    assert_eq!(listing(), before);
     // Meanwhile: one Service deleted, one endpoint moved; then history is compacted.
     t.api.delete("Service", "ns", "gone").unwrap();
     t.api.delete("EndpointSlice", "ns", "gone-abc").unwrap();
