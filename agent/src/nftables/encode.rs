@@ -591,38 +591,10 @@ pub(super) struct EncodeError {
 /// A batch that deletes table `name` of `family`: someone else's table, such as kube-proxy's
 /// (`nftproxy cleanup --kube-proxy`). The one command asks for an ACK.
 pub(super) fn encode_delete_named_table(family: Family, name: &str, begin_seq: u32) -> Batch {
-    let batch_header =
-        || NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
-    let mut buf = Vec::new();
-    push_message(
-        &mut buf,
-        batch_header(),
-        ControlMessage::BatchBegin.into(),
-        0,
-        begin_seq,
-    );
-    push_message(
-        &mut buf,
-        NetfilterHeader::new(nfproto(family), 0, 0),
-        NfTablesMessage::DeleteTable(TableMessage {
-            attributes: vec![TableAttribute::Name(name.to_string())],
-        })
-        .into(),
-        NLM_F_ACK,
-        begin_seq.wrapping_add(1),
-    );
-    push_message(
-        &mut buf,
-        batch_header(),
-        ControlMessage::BatchEnd.into(),
-        0,
-        begin_seq.wrapping_add(2),
-    );
-    Batch {
-        buf,
-        begin_seq,
-        op_of_message: vec![0],
-    }
+    let delete = NfTablesMessage::DeleteTable(TableMessage {
+        attributes: vec![TableAttribute::Name(name.to_string())],
+    });
+    batch_of(family, vec![delete], begin_seq)
 }
 
 /// A batch that deletes the elements with keys `keys` (raw key bytes) from `set`, in messages
@@ -633,12 +605,12 @@ pub(super) fn encode_delete_elements(
     keys: &[Vec<u8>],
     begin_seq: u32,
 ) -> Batch {
-    let batch_header =
-        || NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
     let mut lists: Vec<Vec<u8>> = vec![Vec::new()];
     for key in keys {
-        let list = lists.last_mut().expect("one list");
-        if list.len() > ELEMENT_LIST_TARGET_BYTES {
+        if lists
+            .last()
+            .is_some_and(|l| l.len() > ELEMENT_LIST_TARGET_BYTES)
+        {
             lists.push(Vec::new());
         }
         let list = lists.last_mut().expect("one list");
@@ -648,6 +620,29 @@ pub(super) fn encode_delete_elements(
             })
         });
     }
+    let messages = lists
+        .into_iter()
+        .map(|list| {
+            NfTablesMessage::DeleteSetElement(SetElementMessage {
+                attributes: vec![
+                    SetElementList::Table(TABLE.to_string()),
+                    SetElementList::Set(set.to_string()),
+                    SetElementList::Other(DefaultNla::new(
+                        NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED,
+                        list,
+                    )),
+                ],
+            })
+        })
+        .collect();
+    batch_of(family, messages, begin_seq)
+}
+
+/// A batch of `messages` (at least one) outside any transaction of the planner: only the last
+/// asks for an ACK.
+fn batch_of(family: Family, messages: Vec<NfTablesMessage>, begin_seq: u32) -> Batch {
+    let batch_header =
+        || NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
     let mut buf = Vec::new();
     push_message(
         &mut buf,
@@ -656,18 +651,8 @@ pub(super) fn encode_delete_elements(
         0,
         begin_seq,
     );
-    let n = lists.len();
-    for (i, list) in lists.into_iter().enumerate() {
-        let msg = NfTablesMessage::DeleteSetElement(SetElementMessage {
-            attributes: vec![
-                SetElementList::Table(TABLE.to_string()),
-                SetElementList::Set(set.to_string()),
-                SetElementList::Other(DefaultNla::new(
-                    NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED,
-                    list,
-                )),
-            ],
-        });
+    let n = messages.len();
+    for (i, msg) in messages.into_iter().enumerate() {
         let ack = if i + 1 == n { NLM_F_ACK } else { 0 };
         push_message(
             &mut buf,

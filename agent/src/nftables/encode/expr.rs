@@ -230,6 +230,12 @@ pub(super) fn match_exprs(family: Family, m: &Match, out: &mut Vec<Expr>) -> Res
     Ok(())
 }
 
+/// `ip saddr` into the words from 0 on.
+pub(super) fn saddr_load(family: Family) -> Expr {
+    let (saddr_off, _, alen) = addr_layout(family);
+    payload(NFT_PAYLOAD_NETWORK_HEADER, saddr_off, alen, Register::Reg1)
+}
+
 /// `ct original KEY` into `dreg`.
 pub(super) fn ct_original(key: u32, dreg: Register) -> Expr {
     other(
@@ -451,12 +457,7 @@ pub(super) fn action_exprs(
         Action::DnatAffinity { map } => {
             // ip saddr . ip daddr . meta l4proto . th dport, then the endpoint from word 0 on.
             let words = alen / 4;
-            out.push(payload(
-                NFT_PAYLOAD_NETWORK_HEADER,
-                saddr_off,
-                alen,
-                nft_reg(0),
-            ));
+            out.push(saddr_load(family));
             addr_proto_port_at(family, words, out);
             out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
             out.push(dnat(family, nft_reg(words), None));
@@ -465,12 +466,7 @@ pub(super) fn action_exprs(
             // Key: ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst;
             // data: ip daddr . th dport, in the words after the key (as nft places them).
             let words = alen / 4;
-            out.push(payload(
-                NFT_PAYLOAD_NETWORK_HEADER,
-                saddr_off,
-                alen,
-                nft_reg(0),
-            ));
+            out.push(saddr_load(family));
             ct_original_dest(family, words, out);
             let data = 2 * words + 2;
             out.push(payload(
