@@ -313,16 +313,7 @@ fn element_messages<'e>(
     let mut out = Vec::new();
     let flush = |list: Vec<u8>, out: &mut Vec<Command>| {
         out.push(Command {
-            msg: make(SetElementMessage {
-                attributes: vec![
-                    SetElementList::Table(TABLE.to_string()),
-                    SetElementList::Set(set.to_string()),
-                    SetElementList::Other(DefaultNla::new(
-                        NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED,
-                        list,
-                    )),
-                ],
-            }),
+            msg: make(element_list(set, list)),
             flags,
         });
     };
@@ -339,6 +330,20 @@ fn element_messages<'e>(
         flush(list, &mut out);
     }
     Ok(out)
+}
+
+/// The elements `list` (serialised `NFTA_LIST_ELEM` attributes) of `set` in our table.
+fn element_list(set: &str, list: Vec<u8>) -> SetElementMessage {
+    SetElementMessage {
+        attributes: vec![
+            SetElementList::Table(TABLE.to_string()),
+            SetElementList::Set(set.to_string()),
+            SetElementList::Other(DefaultNla::new(
+                NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED,
+                list,
+            )),
+        ],
+    }
 }
 
 pub(super) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
@@ -622,18 +627,7 @@ pub(super) fn encode_delete_elements(
     }
     let messages = lists
         .into_iter()
-        .map(|list| {
-            NfTablesMessage::DeleteSetElement(SetElementMessage {
-                attributes: vec![
-                    SetElementList::Table(TABLE.to_string()),
-                    SetElementList::Set(set.to_string()),
-                    SetElementList::Other(DefaultNla::new(
-                        NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED,
-                        list,
-                    )),
-                ],
-            })
-        })
+        .map(|list| NfTablesMessage::DeleteSetElement(element_list(set, list)))
         .collect();
     batch_of(family, messages, begin_seq)
 }
