@@ -604,3 +604,44 @@ fn cleanup_removes_both_tables() {
     let tables = t.node.exec(&["nft", "list", "tables"]).unwrap();
     assert!(!tables.contains("nftproxy"), "{tables}");
 }
+
+/// ClientIP affinity in both families: the client's connections all reach the endpoint its
+/// first one reached, and the affinity map lists the client (the IPv6 rules use registers that
+/// nft 1.0.6 cannot write itself).
+#[test]
+fn client_ip_affinity_in_both_families() {
+    nftproxy_tests::require_root!();
+    let t = topology();
+    run_once(&t.node, "affinity.yaml");
+    for (family, client, dst, endpoints) in [
+        ("ip", "10.180.0.2", "172.30.0.43:80", ["10.180.0.1:80", "10.180.2.1:80"]),
+        (
+            "ip6",
+            "fd00:10:180::2",
+            "[fd00:172:30::43]:80",
+            ["[fd00:10:180::1]:80", "[fd00:10:180::2:1]:80"],
+        ),
+    ] {
+        let probe = |count: usize| {
+            let p = Probe::new(Proto::Tcp, sa(dst), count)
+                .parallel(4)
+                .timeout(Duration::from_millis(700));
+            t.lab.run_probe(&t.client, &p).unwrap()
+        };
+        let first = probe(1);
+        let rest = probe(30);
+        let reached: BTreeSet<_> = first.answered.keys().chain(rest.answered.keys()).collect();
+        assert_eq!(reached.len(), 1, "{dst}: {first} / {rest}");
+        assert_eq!(rest.answered_total(), 30, "{dst}: {rest}");
+        let endpoint = **reached.first().unwrap();
+        assert!(endpoints.map(sa).contains(&endpoint), "{dst}: {endpoint}");
+        let map = t
+            .node
+            .exec(&["nft", "list", "map", family, "nftproxy", "affinity-clients"])
+            .unwrap();
+        let (ip, port) = (dst.rsplit_once(':').unwrap().0, 80);
+        let ip = ip.trim_matches(['[', ']']);
+        let entry = format!("{client} . {ip} . tcp . {port} ");
+        assert!(map.contains(&entry), "{dst}: no `{entry}` in\n{map}");
+    }
+}
