@@ -614,7 +614,12 @@ fn client_ip_affinity_in_both_families() {
     let t = topology();
     run_once(&t.node, "affinity.yaml");
     for (family, client, dst, endpoints) in [
-        ("ip", "10.180.0.2", "172.30.0.43:80", ["10.180.0.1:80", "10.180.2.1:80"]),
+        (
+            "ip",
+            "10.180.0.2",
+            "172.30.0.43:80",
+            ["10.180.0.1:80", "10.180.2.1:80"],
+        ),
         (
             "ip6",
             "fd00:10:180::2",

@@ -28,10 +28,9 @@ impl AffinityCleanup {
     pub fn synced<K: NftKernel>(&mut self, kernel: &mut K, table: &Table, scope: Option<&Scope>) {
         let needed = self.pending
             || scope.is_none_or(|s| {
-                let touched = s
-                    .elements
-                    .iter()
-                    .flat_map(|(set, keys)| keys.keys().map(move |k| (set.as_str(), k)));
+                let touched = s.elements.iter().flat_map(|(set, keys)| {
+                    keys.iter().map(move |(k, was)| (set.as_str(), k, was))
+                });
                 cleanup_needed(table, touched)
             });
         if !needed {

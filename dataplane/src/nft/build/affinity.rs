@@ -216,20 +216,43 @@ pub fn clients_decl() -> SetDecl {
     }
 }
 
-/// Whether a sync that touched the elements `touched` (set, key) may have left entries of
-/// `table`'s map stale: it changed which destinations have affinity, or the endpoint lists of
-/// a destination that has it.
+/// Whether a sync that touched the elements `touched` (set, key, and what the element was
+/// before: absent, or present with this value) may have left entries of `table`'s map stale:
+/// a destination got affinity (entries from an earlier time may lead anywhere), or an endpoint
+/// left the endpoint lists of a destination that has it. Adding endpoints makes nothing stale,
+/// and listing the map costs O(clients), so a scale-up lists nothing.
 pub fn cleanup_needed<'a>(
     table: &Table,
-    touched: impl IntoIterator<Item = (&'a str, &'a Key)>,
+    touched: impl IntoIterator<Item = (&'a str, &'a Key, &'a Option<Option<Value>>)>,
 ) -> bool {
-    touched.into_iter().any(|(set, key)| {
-        set == AFFINITY_SERVICES
-            || set == AFFINITY_NODEPORTS
-            || key
-                .list_destination()
-                .is_some_and(|(dest, _)| has_affinity(table, &dest))
-    })
+    let now = |set: &str, key: &Key| table.sets.get(set)?.elements.get(key).cloned();
+    // Per destination with affinity: the endpoints its touched entries held, and hold now.
+    type Endpoints = HashSet<(IpAddr, u16)>;
+    let mut lists: HashMap<Key, (Endpoints, Endpoints)> = HashMap::new();
+    for (set, key, was) in touched {
+        if set == AFFINITY_SERVICES || set == AFFINITY_NODEPORTS {
+            if was.is_none() && now(set, key).is_some() {
+                return true;
+            }
+            continue;
+        }
+        let Some((dest, _)) = key.list_destination() else {
+            continue;
+        };
+        if !has_affinity(table, &dest) {
+            continue;
+        }
+        let endpoint = |v: Option<Option<Value>>| match v {
+            Some(Some(Value::Endpoint(addr, port))) => Some((addr, port)),
+            _ => None,
+        };
+        let (before, after) = lists.entry(dest).or_default();
+        before.extend(endpoint(was.clone()));
+        after.extend(endpoint(now(set, key)));
+    }
+    lists
+        .values()
+        .any(|(before, after)| !before.is_subset(after))
 }
 
 /// Whether destination `dest` (an address key, or a node port's) has session affinity.

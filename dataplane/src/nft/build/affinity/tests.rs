@@ -119,21 +119,52 @@ fn entries_stay_while_their_endpoint_serves_their_destination() {
 }
 
 #[test]
-fn a_cleanup_follows_changes_of_destinations_with_affinity() {
+fn a_cleanup_follows_endpoints_leaving_destinations_with_affinity() {
+    // Three endpoints, 10.0.0.2 … 10.0.0.4, in `cluster-endpoints-3`.
     let t = table(3, Some(600));
     let cip = Key::AddrProtoPort(ip("172.30.0.10"), Proto::Tcp, 80);
     let other = Key::AddrProtoPort(ip("172.30.0.11"), Proto::Tcp, 80);
-    let list = |dest: Key| dest.list_entry(2).unwrap();
-    assert!(cleanup_needed(&t, [("cluster-endpoints-3", &list(cip))]));
-    assert!(cleanup_needed(&t, [(AFFINITY_SERVICES, &other)]));
-    assert!(!cleanup_needed(&t, [("cluster-endpoints-3", &list(other))]));
+    let entry = |dest: Key, i: u16| dest.list_entry(i).unwrap();
+    let ep = |s: &str| Some(Some(Value::Endpoint(ip(s), 8080)));
+    let absent: Option<Option<Value>> = None;
+    let list = "cluster-endpoints-3";
+    // An endpoint that left (index 2 held 10.0.0.9).
+    assert!(cleanup_needed(
+        &t,
+        [(list, &entry(cip, 2), &ep("10.0.0.9"))]
+    ));
+    // The list grew from two (in `cluster-endpoints-2`) to three: nothing left.
+    let grew = [
+        ("cluster-endpoints-2", entry(cip, 0), ep("10.0.0.2")),
+        ("cluster-endpoints-2", entry(cip, 1), ep("10.0.0.3")),
+        (list, entry(cip, 0), absent.clone()),
+        (list, entry(cip, 1), absent.clone()),
+        (list, entry(cip, 2), absent.clone()),
+    ];
+    assert!(!cleanup_needed(&t, grew.iter().map(|(s, k, w)| (*s, k, w))));
+    // The same endpoints moved between indices: nothing left.
+    let moved = [
+        (list, entry(cip, 0), ep("10.0.0.3")),
+        (list, entry(cip, 1), ep("10.0.0.2")),
+    ];
     assert!(!cleanup_needed(
         &t,
-        [("cluster-ips", &Key::Addr(ip("172.30.0.11")))]
+        moved.iter().map(|(s, k, w)| (*s, k, w))
+    ));
+    // A destination that gets affinity, not one that loses it.
+    assert!(cleanup_needed(&t, [(AFFINITY_SERVICES, &cip, &absent)]));
+    assert!(!cleanup_needed(
+        &t,
+        [(AFFINITY_SERVICES, &other, &Some(None))]
+    ));
+    // Destinations without affinity never call for one.
+    assert!(!cleanup_needed(
+        &t,
+        [(list, &entry(other, 2), &ep("10.0.0.9"))]
     ));
     assert!(!cleanup_needed(
         &table(3, None),
-        [("cluster-endpoints-3", &list(cip))]
+        [(list, &entry(cip, 2), &ep("10.0.0.9"))]
     ));
 }
 
