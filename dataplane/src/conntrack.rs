@@ -128,6 +128,18 @@ impl Frontends {
         }
     }
 
+    /// Adds the frontends of `from` this lacks, with their endpoints: after a failed cleanup,
+    /// so that a frontend that appeared in that sync is still known as one should it go away
+    /// before a cleanup succeeds (its translated entries are stale then).
+    pub fn add_missing(&mut self, from: &Frontends) {
+        for (k, v) in &from.addrs {
+            self.addrs.entry(*k).or_insert_with(|| v.clone());
+        }
+        for (k, v) in &from.node_ports {
+            self.node_ports.entry(*k).or_insert_with(|| v.clone());
+        }
+    }
+
     fn keys(&self) -> impl Iterator<Item = FrontendKey> + '_ {
         self.addrs
             .keys()

@@ -162,6 +162,10 @@ impl UdpCleanup {
                 );
                 drop(was);
                 if exact {
+                    match &scope {
+                        Some(keys) => previous.add_missing(&current.restricted(keys)),
+                        None => previous.add_missing(current),
+                    }
                     self.frontends = Some(previous);
                     self.pending = scope;
                     self.unsure = true;

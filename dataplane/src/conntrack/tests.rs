@@ -470,6 +470,30 @@ fn a_frontend_added_or_removed_needs_a_cleanup() {
     assert!(cleanup_needed(&one, true, &moved));
 }
 
+#[test]
+fn a_frontend_whose_cleanup_failed_is_still_known_when_it_goes() {
+    // A sync added frontend 192.0.2.10:53 and its cleanup failed: what is recorded as cleaned
+    // still lacks it, and is told of it.
+    let before = frontends(&["10.0.0.1"], &["10.0.0.1"]);
+    let mut with = before.clone();
+    with.addrs
+        .insert((ip("192.0.2.10"), 53), set(&["10.0.0.2"]));
+    let mut recorded = before.clone();
+    recorded.add_missing(&with);
+    assert_eq!(recorded, with);
+    // Gone again before a cleanup succeeded: its translated entries are stale.
+    let e = entry(UDP, "10.0.5.5", ("192.0.2.10", 53), ("10.0.0.2", 53));
+    assert!(stale(&e, &before, &recorded));
+    assert!(!stale(&e, &before, &before), "unknown without the record");
+    // What is recorded already stays as it was.
+    let mut other = with.clone();
+    other
+        .addrs
+        .insert((ip("192.0.2.10"), 53), set(&["10.0.0.9"]));
+    recorded.add_missing(&other);
+    assert_eq!(recorded, with);
+}
+
 /// Frontends over a small universe of addresses, ports and endpoints.
 fn arb_frontends() -> impl Strategy<Value = Frontends> {
     let eps = || proptest::collection::btree_set(0u8..4, 0..4);
