@@ -136,7 +136,7 @@ fn full_plan_called_for(state: &Kernel, table: &Table) -> bool {
     let timeouts = |names: Vec<&String>| -> Vec<String> {
         names
             .into_iter()
-            .filter(|n| affinity::is_timeout_set(n))
+            .filter(|n| affinity::timeout_of_set(n).is_some())
             .cloned()
             .collect()
     };

@@ -1,6 +1,7 @@
 //! The session-affinity map's entries (see `dataplane::nft::build::affinity`): listed, and the
 //! stale ones deleted after a sync.
 
+use std::collections::HashSet;
 use std::io;
 
 use dataplane::nft::build::affinity::{AFFINITY_CLIENTS, Entry};
@@ -54,42 +55,35 @@ impl Nftables {
         Ok(entries)
     }
 
-    /// Deletes `stale` entries of `affinity-clients` that are still there; returns how many.
+    /// Deletes `stale` entries of `affinity-clients` (just listed by the caller); returns how
+    /// many. An entry that expired meanwhile fails the whole batch: then the map is listed again
+    /// and the rest of `stale` deleted.
     pub fn delete_affinity_entries(
         &mut self,
         family: Family,
         stale: &[Entry],
     ) -> Result<usize, NftError> {
         let mut wanted: Vec<Entry> = stale.to_vec();
-        wanted.sort_unstable();
-        let mut last = None;
-        for _ in 0..DELETE_ATTEMPTS {
-            let present = self.affinity_entries(family)?;
-            let gone: Vec<&Entry> = present
-                .iter()
-                .filter(|e| wanted.binary_search(e).is_ok())
-                .collect();
-            if gone.is_empty() {
-                return Ok(0);
-            }
-            let keys: Vec<Vec<u8>> = gone.iter().map(|e| affinity_key_bytes(e)).collect();
+        let mut attempt = 1;
+        while !wanted.is_empty() {
+            let keys: Vec<Vec<u8>> = wanted.iter().map(affinity_key_bytes).collect();
             let batch = encode::encode_delete_elements(family, AFFINITY_CLIENTS, &keys, self.seq);
             self.seq = batch.end_seq().wrapping_add(1);
             self.send_raw_batch(&batch)?;
-            match self.batch_replies(&batch)?.first() {
-                None => return Ok(gone.len()),
-                Some(&(_, errno)) => {
-                    last = Some(NftError::Batch {
-                        errno,
-                        source: io::Error::from_raw_os_error(errno),
-                    });
-                    if errno != libc::ENOENT {
-                        break;
-                    }
-                }
+            let Some(&(_, errno)) = self.batch_replies(&batch)?.first() else {
+                return Ok(wanted.len());
+            };
+            if errno != libc::ENOENT || attempt == DELETE_ATTEMPTS {
+                return Err(NftError::Batch {
+                    errno,
+                    source: io::Error::from_raw_os_error(errno),
+                });
             }
+            attempt += 1;
+            let present: HashSet<Entry> = self.affinity_entries(family)?.into_iter().collect();
+            wanted.retain(|e| present.contains(e));
         }
-        Err(last.expect("a failed attempt"))
+        Ok(0)
     }
 }
 

@@ -440,15 +440,13 @@ impl Desired {
                     .is_none_or(|s| s.elements.is_empty())
             })
         };
-        if !contested && old_timeouts.into_iter().any(unused) {
-            revert(&mut self.table.sets, &scope.elements);
-            return Updated::All(Before::Sets(self.rebuild(cluster, config)));
-        }
-        if contested {
-            tracing::debug!(
-                family = family.k8s_name(),
-                "two Services claim one map element (a NodePort?): rebuilding the desired table"
-            );
+        if contested || old_timeouts.into_iter().any(unused) {
+            if contested {
+                tracing::debug!(
+                    family = family.k8s_name(),
+                    "two Services claim one map element (a NodePort?): rebuilding the desired table"
+                );
+            }
             revert(&mut self.table.sets, &scope.elements);
             return Updated::All(Before::Sets(self.rebuild(cluster, config)));
         }

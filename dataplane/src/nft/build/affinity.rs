@@ -60,11 +60,6 @@ pub fn timeout_of_set(set: &str) -> Option<u32> {
         .find_map(|p| set.strip_prefix(p)?.strip_prefix('-')?.parse::<u32>().ok())
 }
 
-/// Whether `set` is one of the per-timeout sets.
-pub fn is_timeout_set(set: &str) -> bool {
-    timeout_of_set(set).is_some()
-}
-
 /// The timeouts `table` has record rules for: those of its per-timeout sets.
 fn timeouts(table: &Table) -> BTreeSet<u32> {
     table
@@ -80,14 +75,12 @@ fn timeouts(table: &Table) -> BTreeSet<u32> {
 /// back, so such a listing does not load again with `nft -f`.) Returns the number of rules
 /// added.
 pub fn add_timeout(table: &mut Table, secs: u32) -> usize {
-    let (services, nodeports) = timeout_sets(secs);
-    if table.sets.contains_key(services) {
+    if table.sets.contains_key(timeout_sets(secs).0) {
         return 0;
     }
-    for (set, set_decl) in timeout_set_decls(secs) {
-        table.sets.insert(set.to_string(), set_decl);
+    for (set, decl) in set_decls(Some(secs)) {
+        table.sets.insert(set.to_string(), decl);
     }
-    debug_assert!(table.sets.contains_key(nodeports));
     let rules = record_rules(&timeouts(table));
     let added = rules.len()
         - table
@@ -127,10 +120,6 @@ fn set_decls(secs: Option<u32>) -> [(&'static str, Set); 2] {
             decl(KeyType::ProtoPort, format!("NodePorts {what}")),
         ),
     ]
-}
-
-fn timeout_set_decls(secs: u32) -> [(&'static str, Set); 2] {
-    set_decls(Some(secs))
 }
 
 /// What every table has: the map, the lookup sets, and the `session-affinity` chain (empty
