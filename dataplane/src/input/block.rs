@@ -45,7 +45,7 @@ fn lines(text: &str, first_indent: usize) -> Read<Vec<Line<'_>>> {
     let mut out = Vec::with_capacity(text.len() / 24 + 1);
     let mut rest = text;
     while !rest.is_empty() {
-        let (line, broken, next) = match rest.find('\n') {
+        let (line, broken, next) = match memchr::memchr(b'\n', rest.as_bytes()) {
             Some(i) => (&rest[..i], true, &rest[i + 1..]),
             None => (rest, false, ""),
         };
