@@ -207,7 +207,7 @@ impl<'a> Parser<'a> {
             };
             self.i += 1;
             let value = self.value_after_key(rest, indent)?;
-            if map.insert(key, value).is_some() {
+            if map.insert(key.to_string(), value).is_some() {
                 return Err(Unsure);
             }
         }
@@ -351,14 +351,14 @@ fn is_entry(text: &str) -> bool {
 
 /// `key: rest` (or `key:`): the key and what follows the `: `, or `None` if the line is no
 /// mapping entry. Keys are plain words or quoted strings without escapes.
-fn split_key(text: &str) -> Read<Option<(String, &str)>> {
+fn split_key(text: &str) -> Read<Option<(&str, &str)>> {
     if text.starts_with(['[', '{']) {
         // A flow collection (as a key, it is left to serde_yaml_ng by `inline`).
         return Ok(None);
     }
     let (key, after) = if let Some(q) = text.strip_prefix(['"', '\'']) {
         let quote = text.as_bytes()[0] as char;
-        let Some(end) = q.find(quote) else {
+        let Some(end) = memchr::memchr(quote as u8, q.as_bytes()) else {
             return Err(Unsure);
         };
         let key = &q[..end];
@@ -371,13 +371,13 @@ fn split_key(text: &str) -> Read<Option<(String, &str)>> {
         }
         (key, &after[1..])
     } else {
-        let Some(colon) = text.find(':') else {
+        let Some(colon) = memchr::memchr(b':', text.as_bytes()) else {
             return Ok(None);
         };
         let after = &text[colon + 1..];
         if !(after.is_empty() || after.starts_with(' ')) {
             // `http://x`: a scalar; a later `: ` would make it a key, which is left alone.
-            return if text.contains(": ") || text.ends_with(':') {
+            return if has_colon_space(text) || text.ends_with(':') {
                 Err(Unsure)
             } else {
                 Ok(None)
@@ -395,7 +395,22 @@ fn split_key(text: &str) -> Read<Option<(String, &str)>> {
         }
         (key, after)
     };
-    Ok(Some((key.to_string(), after.trim_start_matches(' '))))
+    Ok(Some((key, after.trim_start_matches(' '))))
+}
+
+/// Whether `text` holds `: ` (`str::contains` sets up a substring search on every call; this
+/// runs on most lines of a file).
+fn has_colon_space(text: &str) -> bool {
+    let b = text.as_bytes();
+    memchr::memchr_iter(b':', b).any(|i| b.get(i + 1) == Some(&b' '))
+}
+
+/// Where the first ` #` of `text` is (the space's index).
+fn comment_start(text: &str) -> Option<usize> {
+    let b = text.as_bytes();
+    memchr::memchr_iter(b'#', b)
+        .find(|&i| i > 0 && b[i - 1] == b' ')
+        .map(|i| i - 1)
 }
 
 /// A value that ends on its line: a flow collection, a quoted or a plain scalar, perhaps
@@ -410,7 +425,7 @@ fn inline(text: &str) -> Read<Value> {
     let value = if text.starts_with(['[', '{', '"', '\'']) {
         p.value()?
     } else {
-        let end = text.find(" #").unwrap_or(text.len());
+        let end = comment_start(text).unwrap_or(text.len());
         p.i = end;
         plain(text[..end].trim_end_matches(' '), false)?
     };
@@ -454,7 +469,10 @@ fn plain(s: &str, flow: bool) -> Read<Value> {
     {
         return Err(Unsure);
     }
-    if s.contains(": ") || s.ends_with(':') || (flow && s.contains(':')) {
+    if has_colon_space(s)
+        || s.ends_with(':')
+        || (flow && memchr::memchr(b':', s.as_bytes()).is_some())
+    {
         return Err(Unsure);
     }
     match s {
@@ -658,6 +676,21 @@ impl Flow<'_> {
                 continue;
             }
             self.i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn searches_agree_with_str_searches() {
+        for text in [
+            "", "#", " #", "a #b", "a#b #c", "a: b", "a:b", "a:", ":", ": ", "x:y: z", "é: #",
+        ] {
+            assert_eq!(comment_start(text), text.find(" #"), "{text:?}");
+            assert_eq!(has_colon_space(text), text.contains(": "), "{text:?}");
         }
     }
 }

@@ -8,9 +8,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// Units per chunk a worker takes at once.
-const CHUNK: usize = 64;
-/// How many chunks workers may run ahead of the one being handed over.
-const WINDOW: usize = 32;
+const CHUNK: usize = 16;
+/// How many chunks workers may run ahead of the one being handed over. Small: when the
+/// calling thread is the slower side (it applies every object), the results workers hold at
+/// the end are handed over with no worker left to run beside it, once per piece of a file.
+const WINDOW: usize = 16;
 
 /// Runs `work` on every unit and hands the results to `deliver` in unit order, on the calling
 /// thread; stops early (soon, not at once) when `deliver` returns false.

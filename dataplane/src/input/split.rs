@@ -48,6 +48,11 @@ pub(crate) fn units(text: &str) -> Option<Vec<Unit<'_>>> {
     let mut doc: (&str, usize) = ("", 0);
     let mut offset = 0;
     for line in lines(text) {
+        // Most lines start with neither `%`, `.` nor `-`.
+        if !line.starts_with(['%', '.', '-']) {
+            offset += line.len();
+            continue;
+        }
         let body = line.trim_end_matches('\n');
         if body.starts_with('%') || body == "..." || body.starts_with("... ") {
             return None;
@@ -136,7 +141,12 @@ fn list_items<'a>(text: &'a str, marker: &str) -> Option<Vec<Unit<'a>>> {
     let mut offset = block_start;
     let mut end = text.len();
     for line in lines(rest) {
-        if is_content(line) {
+        // Most lines are indented beyond the entries: nothing to see.
+        let deeper = line
+            .as_bytes()
+            .get(..=column)
+            .is_some_and(|head| head.iter().all(|b| *b == b' '));
+        if !deeper && is_content(line) {
             let i = indent(line);
             if i < column || (i == column && !is_entry(line)) {
                 end = offset;
