@@ -10,9 +10,14 @@
 //!   a document has started.
 //! - JSON (text starting with `{` or `[`): after a top-level value, when nothing but
 //!   whitespace came between the values so far. Anything else stops the cutting, and the rest
-//!   is read in one piece, as the whole file would be.
+//!   is read in one piece, as the whole file would be. So does a top-level value still open
+//!   after [`LARGE_VALUE`] bytes (a `kind: List`): it is held whole anyway, and scanning the
+//!   rest of it (100+ MB, before the parse can start) would only find its end.
 //!
 //! A single document (a `kind: List`) is one piece. Text with a byte order mark is never cut.
+
+/// Bytes of an open top-level JSON value after which cutting stops.
+const LARGE_VALUE: usize = 16 << 20;
 
 /// How a file is cut, decided from its first bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,8 +38,10 @@ pub struct Cutter {
     last: Option<usize>,
     /// YAML: a directive line since the last document start.
     directive: bool,
-    /// JSON: nesting depth, inside a string, after a backslash in one, cutting given up.
+    /// JSON: nesting depth, start of the open top-level value, inside a string, after a
+    /// backslash in one, cutting given up.
     depth: usize,
+    value_start: usize,
     in_string: bool,
     escaped: bool,
     stopped: bool,
@@ -58,6 +65,7 @@ impl Cutter {
             last: None,
             directive: false,
             depth: 0,
+            value_start: 0,
             in_string: false,
             escaped: false,
             stopped: false,
@@ -80,6 +88,7 @@ impl Cutter {
     /// the new text.
     pub fn cut(&mut self, n: usize) {
         self.scanned -= n;
+        self.value_start = self.value_start.saturating_sub(n);
         self.last = None;
     }
 
@@ -106,6 +115,9 @@ impl Cutter {
     /// pretty-printed `kind: List` is one piece of 100+ MB that only this scan reads before
     /// the parse starts.
     fn scan_json(&mut self, text: &[u8]) {
+        if self.depth > 0 && text.len() - self.value_start > LARGE_VALUE {
+            self.stopped = true;
+        }
         if self.stopped {
             return;
         }
@@ -142,7 +154,12 @@ impl Cutter {
             }
             match text[i] {
                 b'"' if self.depth > 0 => self.in_string = true,
-                b'{' | b'[' => self.depth += 1,
+                b'{' | b'[' => {
+                    if self.depth == 0 {
+                        self.value_start = i;
+                    }
+                    self.depth += 1;
+                }
                 b'}' | b']' if self.depth > 0 => {
                     self.depth -= 1;
                     if self.depth == 0 {
@@ -217,6 +234,21 @@ mod tests {
         assert_eq!(cut("\u{feff}a: 1\n---\nb: 2\n---\n"), None);
         assert_eq!(Cutter::new(b"  \n [1]").cutting, Cutting::JsonValues);
         assert_eq!(Cutter::new(b"kind: List\n").cutting, Cutting::YamlDocuments);
+    }
+
+    #[test]
+    fn json_cutting_stops_in_a_large_value() {
+        let large = format!("{{\"items\": [\"{}\"]}}\n", "x".repeat(LARGE_VALUE));
+        let text = format!("[1]\n{large}[2]\n");
+        let mut cutter = Cutter::new(text.as_bytes());
+        let mut cuts = Vec::new();
+        for end in (1 << 20..text.len()).step_by(1 << 20).chain([text.len()]) {
+            cuts.extend(cutter.last_cut(&text.as_bytes()[..end]));
+        }
+        // After `[1]`, and never again: the rest is one piece.
+        assert!(cuts.iter().all(|c| *c == 3), "{cuts:?}");
+        // Whole, the value is not open after a block: it is cut after as usual.
+        assert_eq!(cut(&text), Some(text.len() - 1));
     }
 
     #[test]
