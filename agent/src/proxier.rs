@@ -277,7 +277,10 @@ impl Syncer {
 
     /// Syncs each family of `families` (with whether to sync it in full) after the Services in
     /// `changed` changed. Each family is synced by its own proxier: one failing does not stop
-    /// or delay the other.
+    /// or delay the other. In nftables mode, syncs that consider every Service (a cold start,
+    /// a full sync) run both families at once: one family builds its table while the kernel
+    /// commits the other's, which the shared netlink connection serialises. Small syncs stay
+    /// on the calling thread, where a thread's start would cost more than it saves.
     pub fn sync_families(
         &mut self,
         cluster: &Cluster,
@@ -285,13 +288,32 @@ impl Syncer {
         families: &BTreeMap<Family, bool>,
         changed: ChangedServices<'_>,
     ) -> BTreeMap<Family, Result<FamilyReport, SyncError>> {
-        let mut results = BTreeMap::new();
-        for (&family, &full) in families {
-            if let Some(p) = self.proxiers.get_mut(&family) {
-                results.insert(family, p.sync(cluster, config, full, changed, &mut ()));
-            }
+        let large = matches!(changed, ChangedServices::All) || families.values().any(|&f| f);
+        let at_once = large && self.mode() == ProxyMode::Nftables;
+        let mut work: Vec<(Family, bool, &mut Box<dyn Proxier>)> = self
+            .proxiers
+            .iter_mut()
+            .filter_map(|(family, p)| families.get(family).map(|&full| (*family, full, p)))
+            .collect();
+        let sync = |(family, full, p): (Family, bool, &mut Box<dyn Proxier>)| {
+            (family, p.sync(cluster, config, full, changed, &mut ()))
+        };
+        if !at_once || work.len() < 2 {
+            return work.into_iter().map(sync).collect();
         }
-        results
+        let first = work.remove(0);
+        std::thread::scope(|s| {
+            let others: Vec<_> = work.into_iter().map(|w| s.spawn(move || sync(w))).collect();
+            let mut results = BTreeMap::from([sync(first)]);
+            for handle in others {
+                // A panic in a proxier is a bug either way: let it surface as on one thread.
+                let (family, result) = handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                results.insert(family, result);
+            }
+            results
+        })
     }
 
     /// nftables mode: leaves the drift monitor's notifications out of transactions of

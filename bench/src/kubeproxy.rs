@@ -189,7 +189,7 @@ fn service_text(
             svc.external_policy_local,
             accessible,
         );
-        let cat = categorize(&eps, usage, &topo);
+        let cat = categorize(eps, usage, &topo);
         let _ = writeln!(out, "add element {T} cluster-ips {{ {cluster_ip} }}");
         if !cat.has_any {
             let _ = writeln!(
@@ -272,7 +272,7 @@ fn service_text(
                 ));
             }
         }
-        for ep in &cat.all_reachable {
+        for ep in cat.all_reachable() {
             let chain = endpoint_chain(svc, port, ep);
             chains.push(chain.clone());
             rules.push(format!(

@@ -185,7 +185,14 @@ pub fn port_endpoints(
     // Hashed: a B-tree of a 5,000-endpoint Service's endpoints cost more than all the rest of
     // its decisions.
     let n = slices.iter().map(|s| s.endpoints.len()).sum();
-    let mut seen: HashSet<(IpAddr, u16), foldhash::fast::RandomState> =
+    // Keyed by plain numbers, which hash in two steps where an `IpAddr` takes four.
+    let key = |addr: IpAddr, port: u16| -> (u128, u16) {
+        match addr {
+            IpAddr::V4(a) => (a.to_bits().into(), port),
+            IpAddr::V6(a) => (a.to_bits(), port),
+        }
+    };
+    let mut seen: HashSet<(u128, u16), foldhash::fast::RandomState> =
         HashSet::with_capacity_and_hasher(n, Default::default());
     let mut out = Vec::with_capacity(n);
     for slice in slices.iter().filter(|s| s.family == family) {
@@ -197,7 +204,7 @@ pub fn port_endpoints(
             continue;
         };
         for e in &slice.endpoints {
-            if !seen.insert((e.addr, sp.port)) {
+            if !seen.insert(key(e.addr, sp.port)) {
                 continue;
             }
             out.push(PortEndpoint {
@@ -413,7 +420,7 @@ impl<'a> PortDecision<'a> {
 pub fn decide<'a>(
     svc: &'a Service,
     port: &'a ServicePort,
-    endpoints: &[PortEndpoint],
+    endpoints: Vec<PortEndpoint>,
     suppressed: &Suppressed,
     env: &DecisionEnv,
 ) -> PortDecision<'a> {
@@ -513,7 +520,7 @@ pub fn service_decisions<'a>(
         .iter()
         .map(|port| {
             let endpoints = port_endpoints(slices, port, env.family, &env.node_name);
-            decide(svc, port, &endpoints, suppressed, env)
+            decide(svc, port, endpoints, suppressed, env)
         })
         .collect()
 }

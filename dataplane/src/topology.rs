@@ -54,10 +54,31 @@ pub struct Categorized {
     pub cluster: Vec<PortEndpoint>,
     /// Endpoints for Local-policy traffic.
     pub local: Vec<PortEndpoint>,
-    /// Every endpoint any rule may send traffic to (cluster ∪ local), in a stable order.
-    pub all_reachable: Vec<PortEndpoint>,
+    reachable: Reachable,
     /// Some endpoint anywhere is usable (ready, or serving while terminating).
     pub has_any: bool,
+}
+
+/// Which list holds every endpoint any rule may send traffic to. Mostly one of the two does:
+/// a copy would cost a large Service's every sync a pass over its endpoints.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+enum Reachable {
+    #[default]
+    Cluster,
+    Local,
+    /// Neither: cluster ∪ local.
+    Both(Vec<PortEndpoint>),
+}
+
+impl Categorized {
+    /// Every endpoint any rule may send traffic to (cluster ∪ local), in a stable order.
+    pub fn all_reachable(&self) -> &[PortEndpoint] {
+        match &self.reachable {
+            Reachable::Cluster => &self.cluster,
+            Reachable::Local => &self.local,
+            Reachable::Both(all) => all,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,20 +89,18 @@ enum TopologyMode {
 }
 
 fn topology_mode(endpoints: &[PortEndpoint], topo: &NodeTopology<'_>) -> TopologyMode {
-    let ready: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.ready).collect();
-    if ready.is_empty() {
+    let ready = || endpoints.iter().filter(|e| e.ready);
+    if ready().next().is_none() {
         return TopologyMode::None;
     }
-    if ready.iter().all(|e| !e.node_hints.is_empty())
-        && ready
-            .iter()
-            .any(|e| e.node_hints.iter().any(|n| n == topo.node_name))
+    if ready().all(|e| !e.node_hints.is_empty())
+        && ready().any(|e| e.node_hints.iter().any(|n| n == topo.node_name))
     {
         return TopologyMode::SameNode;
     }
     if let Some(zone) = topo.zone
-        && ready.iter().all(|e| !e.zone_hints.is_empty())
-        && ready.iter().any(|e| e.zone_hints.iter().any(|z| z == zone))
+        && ready().all(|e| !e.zone_hints.is_empty())
+        && ready().any(|e| e.zone_hints.iter().any(|z| z == zone))
     {
         return TopologyMode::SameZone;
     }
@@ -98,9 +117,10 @@ fn available(e: &PortEndpoint, mode: TopologyMode, topo: &NodeTopology<'_>) -> b
     }
 }
 
-/// kube-proxy's `CategorizeEndpoints`.
+/// kube-proxy's `CategorizeEndpoints`. Takes the endpoints by value: when every one of them
+/// serves Cluster-policy traffic (the usual case), they become that list without a copy.
 pub fn categorize(
-    endpoints: &[PortEndpoint],
+    endpoints: Vec<PortEndpoint>,
     usage: Usage,
     topo: &NodeTopology<'_>,
 ) -> Categorized {
@@ -108,69 +128,72 @@ pub fn categorize(
     if endpoints.is_empty() {
         return out;
     }
-    let mut mode = TopologyMode::None;
-    if usage.uses_cluster {
-        mode = topology_mode(endpoints, topo);
-        out.cluster = endpoints
-            .iter()
-            .filter(|e| e.ready && available(e, mode, topo))
-            .cloned()
-            .collect();
-        if out.cluster.is_empty() {
-            out.cluster = endpoints
+    let mut use_serving_terminating = false;
+    if usage.uses_local {
+        let mut has_local_ready = false;
+        let mut has_local_serving_terminating = false;
+        for e in &endpoints {
+            if e.ready {
+                out.has_any = true;
+                has_local_ready |= e.local;
+            } else if e.serving_terminating() {
+                out.has_any = true;
+                has_local_serving_terminating |= e.local;
+            }
+        }
+        if has_local_ready {
+            out.local = endpoints
                 .iter()
-                .filter(|e| e.serving_terminating())
+                .filter(|e| e.local && e.ready)
                 .cloned()
                 .collect();
-        }
-        out.has_any = !out.cluster.is_empty();
-    }
-    if !usage.uses_local {
-        out.all_reachable = out.cluster.clone();
-        return out;
-    }
-    let mut has_local_ready = false;
-    let mut has_local_serving_terminating = false;
-    for e in endpoints {
-        if e.ready {
-            out.has_any = true;
-            has_local_ready |= e.local;
-        } else if e.serving_terminating() {
-            out.has_any = true;
-            has_local_serving_terminating |= e.local;
+        } else if has_local_serving_terminating {
+            out.local = endpoints
+                .iter()
+                .filter(|e| e.local && e.serving_terminating())
+                .cloned()
+                .collect();
+            use_serving_terminating = true;
         }
     }
-    let mut use_serving_terminating = false;
-    if has_local_ready {
-        out.local = endpoints
-            .iter()
-            .filter(|e| e.local && e.ready)
-            .cloned()
-            .collect();
-    } else if has_local_serving_terminating {
-        out.local = endpoints
-            .iter()
-            .filter(|e| e.local && e.serving_terminating())
-            .cloned()
-            .collect();
-        use_serving_terminating = true;
+    let mut mode = TopologyMode::None;
+    if usage.uses_cluster {
+        mode = topology_mode(&endpoints, topo);
+        let usable = |e: &PortEndpoint| e.ready && available(e, mode, topo);
+        out.cluster = if endpoints.iter().all(usable) {
+            endpoints
+        } else {
+            let ready: Vec<PortEndpoint> =
+                endpoints.iter().filter(|e| usable(e)).cloned().collect();
+            match ready.is_empty() {
+                false => ready,
+                true => endpoints
+                    .into_iter()
+                    .filter(PortEndpoint::serving_terminating)
+                    .collect(),
+            }
+        };
+        // With the local list, `has_any` counts every node's endpoints already.
+        out.has_any |= !out.cluster.is_empty();
     }
-    if !usage.uses_cluster {
-        out.all_reachable = out.local.clone();
-        return out;
-    }
-    if mode == TopologyMode::None && !use_serving_terminating {
-        out.all_reachable = out.cluster.clone();
+    out.reachable = if !usage.uses_local {
+        Reachable::Cluster
+    } else if !usage.uses_cluster {
+        Reachable::Local
+    } else if mode == TopologyMode::None && !use_serving_terminating {
+        // The local list is then the cluster list's local part.
+        Reachable::Cluster
     } else {
         let mut seen = BTreeSet::new();
-        out.all_reachable = out
-            .cluster
-            .iter()
-            .chain(out.local.iter())
-            .filter(|e| seen.insert((e.addr, e.port)))
-            .cloned()
-            .collect();
-    }
+        Reachable::Both(
+            out.cluster
+                .iter()
+                .chain(out.local.iter())
+                .filter(|e| seen.insert((e.addr, e.port)))
+                .cloned()
+                .collect(),
+        )
+    };
     out
 }
 
@@ -215,7 +238,7 @@ mod tests {
             ep(4, false, false, true, true),
             ep(5, true, true, false, false),
         ];
-        let c = categorize(&eps, Usage::new(false, true, true), &TOPO);
+        let c = categorize(eps.clone(), Usage::new(false, true, true), &TOPO);
         assert_eq!(addrs(&c.cluster), vec![1, 2, 5]);
         assert_eq!(addrs(&c.local), vec![1, 2]);
         assert!(c.has_any);
@@ -226,13 +249,13 @@ mod tests {
             ep(4, false, false, true, true),
             ep(5, true, true, false, false),
         ];
-        let c = categorize(&eps, Usage::new(false, true, true), &TOPO);
+        let c = categorize(eps.clone(), Usage::new(false, true, true), &TOPO);
         assert_eq!(addrs(&c.cluster), vec![5]);
         assert_eq!(addrs(&c.local), vec![2, 3]);
-        assert_eq!(addrs(&c.all_reachable), vec![5, 2, 3]);
+        assert_eq!(addrs(c.all_reachable()), vec![5, 2, 3]);
         // "terminating endpoints on remote node"
         let eps = vec![ep(5, false, true, true, false)];
-        let c = categorize(&eps, Usage::new(false, true, true), &TOPO);
+        let c = categorize(eps.clone(), Usage::new(false, true, true), &TOPO);
         assert_eq!(addrs(&c.cluster), vec![5]);
         assert!(c.local.is_empty());
         // "no usable endpoints"
@@ -240,7 +263,7 @@ mod tests {
             ep(5, false, false, true, true),
             ep(6, false, false, true, false),
         ];
-        let c = categorize(&eps, Usage::new(false, true, true), &TOPO);
+        let c = categorize(eps.clone(), Usage::new(false, true, true), &TOPO);
         assert!(!c.has_any);
     }
 
@@ -251,13 +274,13 @@ mod tests {
         let mut b = ep(2, true, true, false, false);
         b.zone_hints = vec!["zone-b".into()];
         let c = categorize(
-            &[a.clone(), b.clone()],
+            vec![a.clone(), b.clone()],
             Usage::new(false, false, false),
             &TOPO,
         );
         assert_eq!(addrs(&c.cluster), vec![1]);
         let unhinted = ep(3, true, true, false, false);
-        let c = categorize(&[a, b, unhinted], Usage::new(false, false, false), &TOPO);
+        let c = categorize(vec![a, b, unhinted], Usage::new(false, false, false), &TOPO);
         assert_eq!(addrs(&c.cluster), vec![1, 2, 3]);
     }
 
@@ -267,12 +290,12 @@ mod tests {
             ep(1, true, true, false, true),
             ep(2, true, true, false, false),
         ];
-        let c = categorize(&eps, Usage::new(true, false, false), &TOPO);
+        let c = categorize(eps.clone(), Usage::new(true, false, false), &TOPO);
         assert!(c.cluster.is_empty());
         assert_eq!(addrs(&c.local), vec![1]);
-        assert_eq!(addrs(&c.all_reachable), vec![1]);
+        assert_eq!(addrs(c.all_reachable()), vec![1]);
         let eps = vec![ep(2, true, true, false, false)];
-        let c = categorize(&eps, Usage::new(true, false, false), &TOPO);
+        let c = categorize(eps.clone(), Usage::new(true, false, false), &TOPO);
         assert!(c.has_any && c.local.is_empty());
     }
 }

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dataplane::nft::ruleset::TABLE;
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
@@ -61,6 +61,7 @@ impl Monitor {
         Quieter {
             sock: self.sock.clone(),
             missed: Box::new(missed),
+            pause: Mutex::default(),
         }
     }
 
@@ -91,13 +92,26 @@ impl Monitor {
 pub struct Quieter {
     sock: Arc<Socket>,
     missed: Box<dyn Fn() + Send + Sync>,
+    /// Both families may commit at once (see `Syncer::sync_families`): the notifications stay
+    /// off until the last of them resumes.
+    pause: Mutex<Pause>,
 }
 
-/// What [`Quieter::pause`] saw before stepping out.
-pub(crate) struct Paused {
+#[derive(Default)]
+struct Pause {
+    /// Syncs paused now.
+    syncs: usize,
+    /// What the first of them saw before stepping out.
+    since: Option<Since>,
+}
+
+struct Since {
     generation: u32,
     commits: u64,
 }
+
+/// One sync's part in a pause, handed back to [`Quieter::resume`].
+pub(crate) struct Paused(());
 
 impl Quieter {
     /// Runs `commit` (which commits through `nft`) with the notifications paused, then
@@ -114,28 +128,48 @@ impl Quieter {
 
     /// Stops the notifications; `None` (and nothing changed) if the generation cannot be read.
     pub(crate) fn pause(&self, nft: &mut Nftables) -> Option<Paused> {
-        // Read first: a commit after this either still reaches the monitor or is counted.
-        let generation = nft.generation().ok()?;
-        self.sock.drop_membership(NFNLGRP_NFTABLES).ok()?;
-        Some(Paused {
-            generation,
-            commits: nft.commits(),
-        })
+        let mut pause = self.lock();
+        if pause.syncs == 0 {
+            // Read first: a commit after this either still reaches the monitor or is counted.
+            let generation = nft.generation().ok()?;
+            self.sock.drop_membership(NFNLGRP_NFTABLES).ok()?;
+            pause.since = Some(Since {
+                generation,
+                commits: nft.commits(),
+            });
+        }
+        pause.syncs += 1;
+        Some(Paused(()))
     }
 
-    /// Restarts the notifications and reports a commit by anyone else since `paused`.
-    pub(crate) fn resume(&self, nft: &mut Nftables, paused: Paused) {
+    /// Ends a sync's part in the pause; the last one restarts the notifications and reports a
+    /// commit by anyone else since the pause began (`nft`'s commit count is all of ours: the
+    /// families share the connection).
+    pub(crate) fn resume(&self, nft: &mut Nftables, _: Paused) {
+        let mut pause = self.lock();
+        pause.syncs -= 1;
+        if pause.syncs > 0 {
+            return;
+        }
+        let Some(since) = pause.since.take() else {
+            return;
+        };
         if let Err(e) = self.sock.add_membership(NFNLGRP_NFTABLES) {
             tracing::warn!(error = %e, "cannot rejoin nftables change notifications");
             (self.missed)();
             return;
         }
         // Joined first: a commit after the read below reaches the monitor.
-        let ours = nft.commits() - paused.commits;
+        let ours = nft.commits() - since.commits;
         match nft.generation() {
-            Ok(now) if u64::from(now.wrapping_sub(paused.generation)) == ours => {}
+            Ok(now) if u64::from(now.wrapping_sub(since.generation)) == ours => {}
             _ => (self.missed)(),
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Pause> {
+        // A count and two numbers: nothing a panic could leave half-updated.
+        self.pause.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -76,7 +76,7 @@ fn last_octets(eps: &[PortEndpoint]) -> Vec<u8> {
 }
 
 fn decide_one<'a>(svc: &'a Service, eps: &[PortEndpoint]) -> PortDecision<'a> {
-    decide(svc, &svc.ports[0], eps, &Suppressed::NONE, &env())
+    decide(svc, &svc.ports[0], eps.to_vec(), &Suppressed::NONE, &env())
 }
 
 /// The endpoints a traffic target reaches, as last octets (None for reject/drop).
@@ -459,7 +459,7 @@ fn masquerade_of_cluster_ip_traffic() {
     let with = |f: &dyn Fn(&mut DecisionEnv)| {
         let mut env = env();
         f(&mut env);
-        decide(&svc, &svc.ports[0], &eps, &Suppressed::NONE, &env).internal_masquerade
+        decide(&svc, &svc.ports[0], eps.to_vec(), &Suppressed::NONE, &env).internal_masquerade
     };
     assert_eq!(with(&|_| {}), InternalMasquerade::NotFromPods);
     assert_eq!(with(&|e| e.masquerade_all = true), InternalMasquerade::All);
@@ -516,7 +516,7 @@ fn conflicting_frontends_are_not_kept() {
     let evil_d = decide(
         &evil,
         &evil.ports[0],
-        &eps,
+        eps.to_vec(),
         &suppressed(&services, &evil),
         &env(),
     );
@@ -535,7 +535,7 @@ fn conflicting_frontends_are_not_kept() {
     let twin_d = decide(
         &twin,
         &twin.ports[0],
-        &eps,
+        eps.to_vec(),
         &suppressed(&services, &twin),
         &env(),
     );
@@ -567,7 +567,7 @@ fn topology_hints_and_session_affinity() {
     assert_eq!(last_octets(d.cluster_endpoints()), [1]);
     assert_eq!(last_octets(d.local_endpoints()), [2]);
     // Every endpoint either list may use is reachable (hairpin, affinity chains).
-    assert_eq!(last_octets(&d.endpoints.all_reachable), [1, 2]);
+    assert_eq!(last_octets(d.endpoints.all_reachable()), [1, 2]);
     assert_eq!(d.affinity_timeout, Some(10800));
 }
 

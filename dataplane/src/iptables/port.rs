@@ -361,7 +361,7 @@ pub(super) fn add(r: &mut IptRuleset, d: &PortDecision<'_>, det: Option<&(String
     }
 
     // Endpoint chains.
-    for e in &d.endpoints.all_reachable {
+    for e in d.endpoints.all_reachable() {
         let (sep_chain, addr) = sep(e);
         let c = comment(&name);
         // Hairpin: an endpoint reaching itself through the Service.

@@ -30,6 +30,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use foldhash::fast::RandomState;
 use ipnet::IpNet;
 
 use crate::conflicts::{Suppressed, claims_differ, neighbours, suppressed};
@@ -232,7 +233,8 @@ impl Desired {
         // Elements are gathered per set and put in place at the end, sorted: inserting 400k
         // elements one by one into B-trees (and repacking them) cost more than building the
         // rest of the table.
-        let mut gathered: HashMap<&'static str, Vec<(Key, Option<Value>)>> = HashMap::new();
+        let mut gathered: HashMap<&'static str, Vec<(Key, Option<Value>)>, RandomState> =
+            HashMap::default();
         for svc in cluster.services.values() {
             let mut part = service_fragment(
                 svc,
@@ -277,25 +279,24 @@ impl Desired {
         let Some(s) = self.table.sets.get_mut(set) else {
             return; // As `merge_into`: elements of maps the table lacks are ignored.
         };
-        // Stable: claimants of one element stay in build order.
+        // Stable: claimants of one element stay in build order, and the last one's value stays.
         elements.sort_by_key(|e| e.0);
-        let mut unique: Vec<(Key, Option<Value>)> = Vec::with_capacity(elements.len());
-        for (key, value) in elements {
-            match unique.last_mut() {
-                Some(last) if last.0 == key => {
-                    last.1 = value;
-                    *self.shared.entry((set, key)).or_insert(0) += 1;
-                }
-                _ => unique.push((key, value)),
+        let shared = &mut self.shared;
+        elements.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 = later.1.take();
+                *shared.entry((set, kept.0)).or_insert(0) += 1;
             }
-        }
+            same
+        });
         if s.elements.is_empty() {
-            self.elements += unique.len();
+            self.elements += elements.len();
             // Built in bulk from sorted keys: densely packed nodes.
-            s.elements = Arc::new(unique.into_iter().collect());
+            s.elements = Arc::new(elements.into_iter().collect());
             return;
         }
-        for (key, value) in unique {
+        for (key, value) in elements {
             if s.elements_mut().insert(key, value).is_some() {
                 *self.shared.entry((set, key)).or_insert(0) += 1;
             } else {

@@ -113,7 +113,7 @@ fn affinity_chains(
     };
     let proto = d.port.protocol;
     d.endpoints
-        .all_reachable
+        .all_reachable()
         .iter()
         .map(|ep| {
             let eb = endpoint_base(d.svc, d.port, ep);
@@ -198,7 +198,7 @@ pub(super) fn add(
         affinity_chains(part, d)
     };
     part.hairpin
-        .extend(d.endpoints.all_reachable.iter().map(|ep| ep.addr));
+        .extend(d.endpoints.all_reachable().iter().map(|ep| ep.addr));
     let dispatch = |part: &mut Fragment,
                     chain: &ChainName,
                     eps: &[PortEndpoint],
