@@ -10,6 +10,8 @@
 //! collections end by indentation), text it accepts cannot hide a line that would start a new
 //! document or list item: that is what makes splitting a file by lines safe (see `split`).
 
+use std::cell::Cell;
+
 use serde_json::{Map, Value};
 
 /// The text is outside what this reader vouches for; serde_yaml_ng must read it.
@@ -34,6 +36,35 @@ impl Line<'_> {
     }
 }
 
+thread_local! {
+    /// The thread's line buffer between texts (empty). A file is read one object at a time,
+    /// and a new buffer for each (over 1 KiB) made glibc consolidate its free lists each time.
+    static SPARE: Cell<Vec<Line<'static>>> = const { Cell::new(Vec::new()) };
+}
+
+/// Buffers up to this many lines are kept for the next text.
+const SPARE_LINES: usize = 4096;
+
+/// An empty line buffer: the thread's spare one.
+fn line_buffer<'a>() -> Vec<Line<'a>> {
+    emptied(SPARE.take())
+}
+
+/// Keeps a line buffer (unless large) for the thread's next text.
+fn recycle(lines: Vec<Line<'_>>) {
+    if lines.capacity() <= SPARE_LINES {
+        SPARE.set(emptied(lines));
+    }
+}
+
+/// A buffer emptied, as one for lines of another lifetime: collected in place (the same
+/// layout), it keeps its memory.
+#[allow(clippy::unnecessary_filter_map)] // `filter` could not change the lifetime
+fn emptied<'b>(mut lines: Vec<Line<'_>>) -> Vec<Line<'b>> {
+    lines.clear();
+    lines.into_iter().filter_map(|_| None).collect()
+}
+
 /// Splits `text` into lines, refusing characters this reader leaves to serde_yaml_ng.
 fn lines(text: &str, first_indent: usize) -> Read<Vec<Line<'_>>> {
     if !text.is_ascii() && text.chars().any(refused_char) {
@@ -42,7 +73,8 @@ fn lines(text: &str, first_indent: usize) -> Read<Vec<Line<'_>>> {
     if text.bytes().any(|b| (b < b' ' && b != b'\n') || b == 0x7f) {
         return Err(Unsure);
     }
-    let mut out = Vec::with_capacity(text.len() / 24 + 1);
+    let mut out = line_buffer();
+    out.reserve(text.len() / 24 + 1);
     let mut rest = text;
     while !rest.is_empty() {
         let (line, broken, next) = match memchr::memchr(b'\n', rest.as_bytes()) {
@@ -99,6 +131,7 @@ pub(crate) fn document(text: &str) -> Read<Option<Value>> {
     };
     let value = p.block(first.indent, first.indent)?;
     p.end()?;
+    recycle(p.lines);
     Ok(Some(value))
 }
 
@@ -113,6 +146,7 @@ pub(crate) fn sequence_item(text: &str, indent: usize) -> Read<Value> {
     };
     let mut items = p.sequence(indent)?;
     p.end()?;
+    recycle(p.lines);
     match (items.pop(), items.is_empty()) {
         (Some(v), true) => Ok(v),
         _ => Err(Unsure),
@@ -683,6 +717,24 @@ impl Flow<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn line_buffers_are_reused() {
+        let text = "a: 1\n".repeat(100);
+        let lines = lines(&text, 0).unwrap();
+        let (at, capacity) = (lines.as_ptr() as usize, lines.capacity());
+        recycle(lines);
+        let again = line_buffer();
+        assert!(again.is_empty());
+        assert_eq!((again.as_ptr() as usize, again.capacity()), (at, capacity));
+        // A large one is not kept.
+        recycle(lines_of(SPARE_LINES + 1));
+        assert!(line_buffer().capacity() < SPARE_LINES);
+    }
+
+    fn lines_of(n: usize) -> Vec<Line<'static>> {
+        Vec::with_capacity(n)
+    }
 
     #[test]
     fn searches_agree_with_str_searches() {
