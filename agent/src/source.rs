@@ -57,15 +57,11 @@ fn for_each_piece(
     let mut cutter: Option<Cutter> = None;
     let mut lines = 0;
     loop {
-        let start = buf.len();
-        buf.resize(start + block.max(1), 0);
-        let n = loop {
-            match file.read(&mut buf[start..]) {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                other => break other.map_err(|e| failed(&e))?,
-            }
-        };
-        buf.truncate(start + n);
+        // Into the buffer's spare room, not zeroed first (a `kind: List` is read whole).
+        let n = (&mut file)
+            .take(block.max(1) as u64)
+            .read_to_end(&mut buf)
+            .map_err(|e| failed(&e))?;
         let utf8 = |bytes| {
             std::str::from_utf8(bytes)
                 .map_err(|_| failed(&format_args!("invalid UTF-8 after line {lines}")))
@@ -121,7 +117,7 @@ fn relist(tracker: &mut Tracker, input: Input<'_>) -> Result<Vec<Skipped>, Strin
                 Object::Node(o) => (Kind::Node, convert::object_name(&o.metadata)),
                 Object::ServiceCidr(o) => (Kind::ServiceCidr, convert::object_name(&o.metadata)),
             };
-            if !seen.insert((kind, name.clone())) {
+            if let Some((kind, name)) = seen.replace((kind, name)) {
                 warn_duplicate(kind, &name);
             }
             invalid.extend(match &object {

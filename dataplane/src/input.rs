@@ -9,9 +9,9 @@
 //! object that does not match its kind's schema is skipped with the reason; a syntax error
 //! stops the parse (objects before it have been handed over).
 //!
-//! JSON takes a fast path: text that starts with `{` or `[` and is a valid stream of JSON values
-//! is checked once by serde_json, then every object is typed straight from its own slice of the
-//! text. Anything else is read as YAML (JSON is YAML too: a YAML flow mapping that is not JSON
+//! JSON takes a fast path (`json`): text that starts with `{` or `[` and is a valid stream of
+//! JSON values is checked once by serde_json, then every object is typed straight from its own
+//! slice of the text. Anything else is read as YAML (JSON is YAML too: a YAML flow mapping that is not JSON
 //! still parses): split into documents and a list's items (`split`), each read by a strict
 //! reader for the block YAML kubectl writes (`block`); where that reader is unsure, the whole
 //! text is read again by serde_yaml_ng, one document at a time, each list item as a tree of
@@ -20,7 +20,6 @@
 
 use serde::Deserializer as _;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::value::RawValue;
 
 use k8s_openapi::api::{
     core::v1 as core, discovery::v1 as discovery, networking::v1 as networking,
@@ -29,6 +28,7 @@ use k8s_openapi::api::{
 use crate::convert::{Objects, Skip, Skipped};
 
 mod block;
+mod json;
 mod parallel;
 mod pieces;
 #[cfg(test)]
@@ -127,10 +127,10 @@ pub fn for_each_object(
         handed: 0,
         skip: 0,
     };
-    if let Some(units) = json_units(text) {
+    if let Some(units) = json::json_units(text) {
         parallel::ordered(
             &units,
-            |raw| json_outcomes(raw),
+            |raw| json::json_outcomes(raw),
             |out| {
                 sink.all(out);
                 true
@@ -173,74 +173,6 @@ fn read_yaml<F: FnMut(Object)>(text: &str, sink: &mut Sink<'_, F>) -> Result<(),
 enum Outcome {
     Object(Object),
     Skipped(Skipped),
-}
-
-/// The units of `text` if it is a stream of JSON values (checked completely before anything is
-/// handed over), `None` if it is not JSON: each top-level value, or the items of a large list.
-fn json_units(text: &str) -> Option<Vec<&RawValue>> {
-    let first = text.trim_start_matches(['\u{feff}', ' ', '\t', '\r', '\n']);
-    if !first.starts_with(['{', '[']) {
-        return None;
-    }
-    let documents = serde_json::Deserializer::from_str(first)
-        .into_iter::<&RawValue>()
-        .collect::<Result<Vec<_>, _>>()
-        .ok()?;
-    let mut units = Vec::with_capacity(documents.len());
-    for document in documents {
-        // A large list is split into its items, so that they are read in parallel.
-        if document.get().len() > 1 << 16 && document.get().starts_with('{') {
-            let mut de = serde_json::Deserializer::from_str(document.get());
-            if let Ok(Envelope {
-                items: Some(items), ..
-            }) = (&mut de).deserialize_map(JsonEnvelope)
-            {
-                units.extend(items);
-                continue;
-            }
-        }
-        units.push(document);
-    }
-    Some(units)
-}
-
-/// One JSON value (a document or a list item). The text was checked already: a value this
-/// cannot read is not an object and is ignored.
-fn json_outcomes(raw: &RawValue) -> Vec<Outcome> {
-    let mut out = Vec::new();
-    json_value(raw, &mut out);
-    out
-}
-
-fn json_value(raw: &RawValue, out: &mut Vec<Outcome>) {
-    let text = raw.get();
-    if !text.starts_with('{') {
-        return;
-    }
-    let mut de = serde_json::Deserializer::from_str(text);
-    let Ok(envelope) = (&mut de).deserialize_map(JsonEnvelope) else {
-        return;
-    };
-    if let Some(items) = envelope.items {
-        for item in items {
-            json_value(item, out);
-        }
-        return;
-    }
-    let kind = envelope.kind.unwrap_or_default();
-    out.extend(typed(
-        &kind,
-        || envelope.metadata.map(name_of_json).unwrap_or_default(),
-        |kind| {
-            Some(match kind {
-                "Service" => serde_json::from_str(text).map(Object::Service),
-                "EndpointSlice" => serde_json::from_str(text).map(Object::Slice),
-                "Node" => serde_json::from_str(text).map(Object::Node),
-                "ServiceCIDR" => serde_json::from_str(text).map(Object::ServiceCidr),
-                _ => return None,
-            })
-        },
-    ));
 }
 
 /// One YAML unit by the strict reader.
@@ -360,139 +292,6 @@ fn name_of(meta: Option<&serde_json::Value>) -> String {
     match field("namespace") {
         Some(ns) => format!("{ns}/{name}"),
         None => name.to_string(),
-    }
-}
-
-fn name_of_json(meta: &RawValue) -> String {
-    name_of(
-        serde_json::from_str::<serde_json::Value>(meta.get())
-            .ok()
-            .as_ref(),
-    )
-}
-
-/// The fields of a JSON object that decide what it is.
-struct JsonEnvelope;
-
-struct Envelope<'de> {
-    kind: Option<String>,
-    metadata: Option<&'de RawValue>,
-    /// A list's items (`items` is an array).
-    items: Option<Vec<&'de RawValue>>,
-}
-
-/// Map keys that matter, recognised without allocating.
-enum Key {
-    Kind,
-    Metadata,
-    Items,
-    Other,
-}
-
-impl<'de> de::Deserialize<'de> for Key {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
-        struct KeyVisitor;
-        impl Visitor<'_> for KeyVisitor {
-            type Value = Key;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a field name")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Key, E> {
-                Ok(match v {
-                    "kind" => Key::Kind,
-                    "metadata" => Key::Metadata,
-                    "items" => Key::Items,
-                    _ => Key::Other,
-                })
-            }
-        }
-        d.deserialize_str(KeyVisitor)
-    }
-}
-
-impl<'de> Visitor<'de> for JsonEnvelope {
-    type Value = Envelope<'de>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope<'de>, A::Error> {
-        let mut envelope = Envelope {
-            kind: None,
-            metadata: None,
-            items: None,
-        };
-        // A repeated `kind` or `metadata`: the last one counts, as in a generic tree.
-        while let Some(key) = map.next_key::<Key>()? {
-            match key {
-                Key::Kind => {
-                    let kind: &RawValue = map.next_value()?;
-                    envelope.kind = serde_json::from_str::<String>(kind.get()).ok();
-                }
-                Key::Metadata => envelope.metadata = Some(map.next_value()?),
-                Key::Items => {
-                    // A later `items` that is no array does not undo the list.
-                    if let Some(items) = map.next_value_seed(JsonItems)? {
-                        envelope.items.get_or_insert_default().extend(items);
-                    }
-                }
-                Key::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(envelope)
-    }
-}
-
-/// A JSON `items` value: its elements' slices if it is an array (read in the same pass as the
-/// object around it), `None` if it is anything else.
-struct JsonItems;
-
-impl<'de> DeserializeSeed<'de> for JsonItems {
-    type Value = Option<Vec<&'de RawValue>>;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for JsonItems {
-    type Value = Option<Vec<&'de RawValue>>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any value")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element::<&'de RawValue>()? {
-            items.push(item);
-        }
-        Ok(Some(items))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(None)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
     }
 }
 
@@ -732,6 +531,41 @@ mod tests {
         // Not objects: ignored.
         assert_eq!(summary("[1, 2]\n\"x\"\nnull").0, Vec::<String>::new());
         assert_eq!(summary("--- [1]\n--- x\n---\n").0, Vec::<String>::new());
+    }
+
+    #[test]
+    fn json_is_split_in_one_pass_into_values_and_a_large_lists_items() {
+        // A large list, `items` not first and `kind` last, between two small values.
+        let items: Vec<serde_json::Value> = (0..2000)
+            .map(|i| service(&format!("s{i}"), "10.96.0.1"))
+            .collect();
+        let list = serde_json::json!({"metadata": {"x": "\"items\": []"}, "items": items,
+                                      "apiVersion": "v1", "kind": "List"});
+        let list = serde_json::to_string_pretty(&list).unwrap();
+        assert!(list.len() > 1 << 16);
+        let small = r#"{"kind": "List", "items": [{"kind": "Node"}]}"#;
+        let text = format!(" \n{small}\n\t{list}\n[1, \"a\\\"\"] 2 \"x\" null\n");
+        let units = json::json_units(&text).unwrap();
+        assert_eq!(units.len(), 1 + 2000 + 4);
+        assert_eq!(units[0], small);
+        for (unit, item) in units[1..2001].iter().zip(&items) {
+            assert_eq!(
+                &serde_json::from_str::<serde_json::Value>(unit).unwrap(),
+                item
+            );
+        }
+        assert_eq!(units[2001..], ["[1, \"a\\\"\"]", "2", "\"x\"", "null"]);
+        // A large object without `items`, or whose `items` is no array, is one unit.
+        let big = list.replace("\"items\"", "\"things\"");
+        assert_eq!(json::json_units(&big).unwrap(), [big.trim_end()]);
+        // Not a stream of JSON values: read as YAML.
+        for text in ["{a: 1}", "{\"a\": 1} x", "{\"a\": 1", "kind: List", "1"] {
+            assert_eq!(json::json_units(text), None, "{text}");
+        }
+        assert_eq!(
+            summary("{\"kind\": \"Node\", metadata: {name: y}}").0,
+            ["y"]
+        );
     }
 
     #[test]

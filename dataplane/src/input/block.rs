@@ -10,6 +10,8 @@
 //! collections end by indentation), text it accepts cannot hide a line that would start a new
 //! document or list item: that is what makes splitting a file by lines safe (see `split`).
 
+use std::cell::Cell;
+
 use serde_json::{Map, Value};
 
 /// The text is outside what this reader vouches for; serde_yaml_ng must read it.
@@ -34,6 +36,35 @@ impl Line<'_> {
     }
 }
 
+thread_local! {
+    /// The thread's line buffer between texts (empty). A file is read one object at a time,
+    /// and a new buffer for each (over 1 KiB) made glibc consolidate its free lists each time.
+    static SPARE: Cell<Vec<Line<'static>>> = const { Cell::new(Vec::new()) };
+}
+
+/// Buffers up to this many lines are kept for the next text.
+const SPARE_LINES: usize = 4096;
+
+/// An empty line buffer: the thread's spare one.
+fn line_buffer<'a>() -> Vec<Line<'a>> {
+    emptied(SPARE.take())
+}
+
+/// Keeps a line buffer (unless large) for the thread's next text.
+fn recycle(lines: Vec<Line<'_>>) {
+    if lines.capacity() <= SPARE_LINES {
+        SPARE.set(emptied(lines));
+    }
+}
+
+/// A buffer emptied, as one for lines of another lifetime: collected in place (the same
+/// layout), it keeps its memory.
+#[allow(clippy::unnecessary_filter_map)] // `filter` could not change the lifetime
+fn emptied<'b>(mut lines: Vec<Line<'_>>) -> Vec<Line<'b>> {
+    lines.clear();
+    lines.into_iter().filter_map(|_| None).collect()
+}
+
 /// Splits `text` into lines, refusing characters this reader leaves to serde_yaml_ng.
 fn lines(text: &str, first_indent: usize) -> Read<Vec<Line<'_>>> {
     if !text.is_ascii() && text.chars().any(refused_char) {
@@ -42,10 +73,11 @@ fn lines(text: &str, first_indent: usize) -> Read<Vec<Line<'_>>> {
     if text.bytes().any(|b| (b < b' ' && b != b'\n') || b == 0x7f) {
         return Err(Unsure);
     }
-    let mut out = Vec::with_capacity(text.len() / 24 + 1);
+    let mut out = line_buffer();
+    out.reserve(text.len() / 24 + 1);
     let mut rest = text;
     while !rest.is_empty() {
-        let (line, broken, next) = match rest.find('\n') {
+        let (line, broken, next) = match memchr::memchr(b'\n', rest.as_bytes()) {
             Some(i) => (&rest[..i], true, &rest[i + 1..]),
             None => (rest, false, ""),
         };
@@ -99,6 +131,7 @@ pub(crate) fn document(text: &str) -> Read<Option<Value>> {
     };
     let value = p.block(first.indent, first.indent)?;
     p.end()?;
+    recycle(p.lines);
     Ok(Some(value))
 }
 
@@ -113,6 +146,7 @@ pub(crate) fn sequence_item(text: &str, indent: usize) -> Read<Value> {
     };
     let mut items = p.sequence(indent)?;
     p.end()?;
+    recycle(p.lines);
     match (items.pop(), items.is_empty()) {
         (Some(v), true) => Ok(v),
         _ => Err(Unsure),
@@ -207,7 +241,7 @@ impl<'a> Parser<'a> {
             };
             self.i += 1;
             let value = self.value_after_key(rest, indent)?;
-            if map.insert(key, value).is_some() {
+            if map.insert(key.to_string(), value).is_some() {
                 return Err(Unsure);
             }
         }
@@ -351,14 +385,14 @@ fn is_entry(text: &str) -> bool {
 
 /// `key: rest` (or `key:`): the key and what follows the `: `, or `None` if the line is no
 /// mapping entry. Keys are plain words or quoted strings without escapes.
-fn split_key(text: &str) -> Read<Option<(String, &str)>> {
+fn split_key(text: &str) -> Read<Option<(&str, &str)>> {
     if text.starts_with(['[', '{']) {
         // A flow collection (as a key, it is left to serde_yaml_ng by `inline`).
         return Ok(None);
     }
     let (key, after) = if let Some(q) = text.strip_prefix(['"', '\'']) {
         let quote = text.as_bytes()[0] as char;
-        let Some(end) = q.find(quote) else {
+        let Some(end) = memchr::memchr(quote as u8, q.as_bytes()) else {
             return Err(Unsure);
         };
         let key = &q[..end];
@@ -371,13 +405,13 @@ fn split_key(text: &str) -> Read<Option<(String, &str)>> {
         }
         (key, &after[1..])
     } else {
-        let Some(colon) = text.find(':') else {
+        let Some(colon) = memchr::memchr(b':', text.as_bytes()) else {
             return Ok(None);
         };
         let after = &text[colon + 1..];
         if !(after.is_empty() || after.starts_with(' ')) {
             // `http://x`: a scalar; a later `: ` would make it a key, which is left alone.
-            return if text.contains(": ") || text.ends_with(':') {
+            return if has_colon_space(text) || text.ends_with(':') {
                 Err(Unsure)
             } else {
                 Ok(None)
@@ -395,7 +429,22 @@ fn split_key(text: &str) -> Read<Option<(String, &str)>> {
         }
         (key, after)
     };
-    Ok(Some((key.to_string(), after.trim_start_matches(' '))))
+    Ok(Some((key, after.trim_start_matches(' '))))
+}
+
+/// Whether `text` holds `: ` (`str::contains` sets up a substring search on every call; this
+/// runs on most lines of a file).
+fn has_colon_space(text: &str) -> bool {
+    let b = text.as_bytes();
+    memchr::memchr_iter(b':', b).any(|i| b.get(i + 1) == Some(&b' '))
+}
+
+/// Where the first ` #` of `text` is (the space's index).
+fn comment_start(text: &str) -> Option<usize> {
+    let b = text.as_bytes();
+    memchr::memchr_iter(b'#', b)
+        .find(|&i| i > 0 && b[i - 1] == b' ')
+        .map(|i| i - 1)
 }
 
 /// A value that ends on its line: a flow collection, a quoted or a plain scalar, perhaps
@@ -410,7 +459,7 @@ fn inline(text: &str) -> Read<Value> {
     let value = if text.starts_with(['[', '{', '"', '\'']) {
         p.value()?
     } else {
-        let end = text.find(" #").unwrap_or(text.len());
+        let end = comment_start(text).unwrap_or(text.len());
         p.i = end;
         plain(text[..end].trim_end_matches(' '), false)?
     };
@@ -454,7 +503,10 @@ fn plain(s: &str, flow: bool) -> Read<Value> {
     {
         return Err(Unsure);
     }
-    if s.contains(": ") || s.ends_with(':') || (flow && s.contains(':')) {
+    if has_colon_space(s)
+        || s.ends_with(':')
+        || (flow && memchr::memchr(b':', s.as_bytes()).is_some())
+    {
         return Err(Unsure);
     }
     match s {
@@ -658,6 +710,39 @@ impl Flow<'_> {
                 continue;
             }
             self.i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_buffers_are_reused() {
+        let text = "a: 1\n".repeat(100);
+        let lines = lines(&text, 0).unwrap();
+        let (at, capacity) = (lines.as_ptr() as usize, lines.capacity());
+        recycle(lines);
+        let again = line_buffer();
+        assert!(again.is_empty());
+        assert_eq!((again.as_ptr() as usize, again.capacity()), (at, capacity));
+        // A large one is not kept.
+        recycle(lines_of(SPARE_LINES + 1));
+        assert!(line_buffer().capacity() < SPARE_LINES);
+    }
+
+    fn lines_of(n: usize) -> Vec<Line<'static>> {
+        Vec::with_capacity(n)
+    }
+
+    #[test]
+    fn searches_agree_with_str_searches() {
+        for text in [
+            "", "#", " #", "a #b", "a#b #c", "a: b", "a:b", "a:", ":", ": ", "x:y: z", "é: #",
+        ] {
+            assert_eq!(comment_start(text), text.find(" #"), "{text:?}");
+            assert_eq!(has_colon_space(text), text.contains(": "), "{text:?}");
         }
     }
 }

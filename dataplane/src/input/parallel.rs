@@ -8,9 +8,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// Units per chunk a worker takes at once.
-const CHUNK: usize = 64;
-/// How many chunks workers may run ahead of the one being handed over.
-const WINDOW: usize = 32;
+const CHUNK: usize = 16;
+/// How many chunks workers may run ahead of the one being handed over. Small: when the
+/// calling thread is the slower side (it applies every object), the results workers hold at
+/// the end are handed over with no worker left to run beside it, once per piece of a file.
+const WINDOW: usize = 16;
 
 /// Runs `work` on every unit and hands the results to `deliver` in unit order, on the calling
 /// thread; stops early (soon, not at once) when `deliver` returns false.
@@ -108,5 +110,44 @@ mod tests {
             },
         );
         assert_eq!(seen, (0..=5_000).collect::<Vec<_>>());
+        // Stopping at once, with workers blocked on a full channel, returns.
+        let mut seen = 0;
+        ordered(
+            &units,
+            |u| *u,
+            |_| {
+                std::thread::sleep(Duration::from_millis(5));
+                seen += 1;
+                false
+            },
+        );
+        assert_eq!(seen, 1);
+    }
+
+    /// Whichever thread reads a chunk, and however long it takes, results come in order and
+    /// each exactly once.
+    #[test]
+    fn uneven_work_still_comes_in_order() {
+        let units: Vec<u64> = (0..3_000).collect();
+        for slow_delivery in [false, true] {
+            let mut seen = Vec::new();
+            ordered(
+                &units,
+                |u| {
+                    if u % 97 == 0 {
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                    *u
+                },
+                |r| {
+                    if slow_delivery && r % 31 == 0 {
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                    seen.push(r);
+                    true
+                },
+            );
+            assert_eq!(seen, units);
+        }
     }
 }

@@ -10,9 +10,14 @@
 //!   a document has started.
 //! - JSON (text starting with `{` or `[`): after a top-level value, when nothing but
 //!   whitespace came between the values so far. Anything else stops the cutting, and the rest
-//!   is read in one piece, as the whole file would be.
+//!   is read in one piece, as the whole file would be. So does a top-level value still open
+//!   after [`LARGE_VALUE`] bytes (a `kind: List`): it is held whole anyway, and scanning the
+//!   rest of it (100+ MB, before the parse can start) would only find its end.
 //!
 //! A single document (a `kind: List`) is one piece. Text with a byte order mark is never cut.
+
+/// Bytes of an open top-level JSON value after which cutting stops.
+const LARGE_VALUE: usize = 16 << 20;
 
 /// How a file is cut, decided from its first bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,8 +38,10 @@ pub struct Cutter {
     last: Option<usize>,
     /// YAML: a directive line since the last document start.
     directive: bool,
-    /// JSON: nesting depth, inside a string, after a backslash in one, cutting given up.
+    /// JSON: nesting depth, start of the open top-level value, inside a string, after a
+    /// backslash in one, cutting given up.
     depth: usize,
+    value_start: usize,
     in_string: bool,
     escaped: bool,
     stopped: bool,
@@ -58,6 +65,7 @@ impl Cutter {
             last: None,
             directive: false,
             depth: 0,
+            value_start: 0,
             in_string: false,
             escaped: false,
             stopped: false,
@@ -80,16 +88,16 @@ impl Cutter {
     /// the new text.
     pub fn cut(&mut self, n: usize) {
         self.scanned -= n;
+        self.value_start = self.value_start.saturating_sub(n);
         self.last = None;
     }
 
     fn scan_yaml(&mut self, text: &[u8]) {
-        for line in text[self.scanned..].split_inclusive(|b| *b == b'\n') {
-            // Only whole lines: the last one may continue in the next read.
-            if !line.ends_with(b"\n") {
-                break;
-            }
-            let body = &line[..line.len() - 1];
+        let rest = &text[self.scanned..];
+        let mut start = 0;
+        // Only whole lines: the last one may continue in the next read.
+        for end in memchr::memchr_iter(b'\n', rest) {
+            let body = &rest[start..end];
             if body.first() == Some(&b'%') {
                 self.directive = true;
             } else if body == b"---" || body.starts_with(b"--- ") || body.starts_with(b"---\t") {
@@ -98,27 +106,60 @@ impl Cutter {
                 }
                 self.directive = false;
             }
-            self.scanned += line.len();
+            self.scanned += end + 1 - start;
+            start = end + 1;
         }
     }
 
+    /// Skips string contents with `memchr` and runs of other bytes with a table: a
+    /// pretty-printed `kind: List` is one piece of 100+ MB that only this scan reads before
+    /// the parse starts.
     fn scan_json(&mut self, text: &[u8]) {
+        if self.depth > 0 && text.len() - self.value_start > LARGE_VALUE {
+            self.stopped = true;
+        }
         if self.stopped {
             return;
         }
-        for (i, b) in text.iter().enumerate().skip(self.scanned) {
+        let mut i = self.scanned;
+        while i < text.len() {
             if self.in_string {
-                match (self.escaped, b) {
-                    (true, _) => self.escaped = false,
-                    (false, b'\\') => self.escaped = true,
-                    (false, b'"') => self.in_string = false,
-                    _ => {}
+                if self.escaped {
+                    self.escaped = false;
+                    i += 1;
+                    continue;
+                }
+                match memchr::memchr2(b'"', b'\\', &text[i..]) {
+                    Some(k) => {
+                        i += k;
+                        match text[i] {
+                            b'"' => self.in_string = false,
+                            _ => self.escaped = true,
+                        }
+                        i += 1;
+                    }
+                    None => i = text.len(),
                 }
                 continue;
             }
-            match b {
+            if self.depth > 0 {
+                // Inside a value, only quotes and brackets matter.
+                match text[i..].iter().position(|b| STRUCTURAL[usize::from(*b)]) {
+                    Some(k) => i += k,
+                    None => {
+                        i = text.len();
+                        continue;
+                    }
+                }
+            }
+            match text[i] {
                 b'"' if self.depth > 0 => self.in_string = true,
-                b'{' | b'[' => self.depth += 1,
+                b'{' | b'[' => {
+                    if self.depth == 0 {
+                        self.value_start = i;
+                    }
+                    self.depth += 1;
+                }
                 b'}' | b']' if self.depth > 0 => {
                     self.depth -= 1;
                     if self.depth == 0 {
@@ -133,10 +174,22 @@ impl Cutter {
                     return;
                 }
             }
+            i += 1;
         }
         self.scanned = text.len();
     }
 }
+
+/// The bytes that matter to the JSON scan inside a value, outside strings.
+const STRUCTURAL: [bool; 256] = {
+    let mut table = [false; 256];
+    table[b'"' as usize] = true;
+    table[b'{' as usize] = true;
+    table[b'}' as usize] = true;
+    table[b'[' as usize] = true;
+    table[b']' as usize] = true;
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -181,6 +234,83 @@ mod tests {
         assert_eq!(cut("\u{feff}a: 1\n---\nb: 2\n---\n"), None);
         assert_eq!(Cutter::new(b"  \n [1]").cutting, Cutting::JsonValues);
         assert_eq!(Cutter::new(b"kind: List\n").cutting, Cutting::YamlDocuments);
+    }
+
+    #[test]
+    fn json_cutting_stops_in_a_large_value() {
+        let large = format!("{{\"items\": [\"{}\"]}}\n", "x".repeat(LARGE_VALUE));
+        let text = format!("[1]\n{large}[2]\n");
+        let mut cutter = Cutter::new(text.as_bytes());
+        let mut cuts = Vec::new();
+        for end in (1 << 20..text.len()).step_by(1 << 20).chain([text.len()]) {
+            cuts.extend(cutter.last_cut(&text.as_bytes()[..end]));
+        }
+        // After `[1]`, and never again: the rest is one piece.
+        assert!(cuts.iter().all(|c| *c == 3), "{cuts:?}");
+        // Whole, the value is not open after a block: it is cut after as usual.
+        assert_eq!(cut(&text), Some(text.len() - 1));
+    }
+
+    #[test]
+    fn json_scan_skips_strings_escapes_and_whitespace() {
+        let text = "{\n    \"a\\\\\": \"\\\\\",\n    \"b\": [[1, [2]], {\"c\": \"]}\\\"\"}],\n    \"d\": \"x\"\n}\n  \t\n[ ]";
+        let end = text.find("\n  \t").unwrap();
+        assert_eq!(cut(text), Some(text.len()));
+        assert_eq!(cut(&text[..end]), Some(end));
+        // Cut inside a string or an escape: no value has ended yet.
+        for at in 1..end {
+            assert_eq!(cut(&text[..at]), None, "{:?}", &text[..at]);
+        }
+    }
+
+    /// The JSON cut as a plain byte-at-a-time scan finds it.
+    fn reference_cut(text: &[u8]) -> Option<usize> {
+        let (mut depth, mut in_string, mut escaped, mut last) = (0usize, false, false, None);
+        for (i, b) in text.iter().enumerate() {
+            if in_string {
+                match (escaped, b) {
+                    (true, _) => escaped = false,
+                    (false, b'\\') => escaped = true,
+                    (false, b'"') => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' if depth > 0 => in_string = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' if depth > 0 => {
+                    depth -= 1;
+                    if depth == 0 {
+                        last = Some(i + 1);
+                    }
+                }
+                b' ' | b'\t' | b'\r' | b'\n' => {}
+                _ if depth > 0 => {}
+                _ => return last,
+            }
+        }
+        last
+    }
+
+    proptest::proptest! {
+        /// Any text of JSON's structural bytes, fed in blocks of any size, is cut where the
+        /// byte-at-a-time scan cuts it.
+        #[test]
+        fn json_cuts_match_a_byte_at_a_time_scan(
+            bytes in proptest::collection::vec(
+                proptest::sample::select(b"{}[]\"\\ \n\ta,:".to_vec()), 0..200),
+            block in 1usize..40,
+        ) {
+            let mut text = vec![b'{'];
+            text.extend(bytes);
+            let mut cutter = Cutter::new(&text);
+            let mut found = None;
+            for end in (block..text.len()).step_by(block).chain([text.len()]) {
+                found = cutter.last_cut(&text[..end]).or(found);
+            }
+            proptest::prop_assert_eq!(found, reference_cut(&text));
+        }
     }
 
     /// Fed a block at a time and cut wherever it can be, a text comes out in the same pieces

@@ -47,7 +47,12 @@ pub(crate) fn units(text: &str) -> Option<Vec<Unit<'_>>> {
     // (marker content, start of the document's lines)
     let mut doc: (&str, usize) = ("", 0);
     let mut offset = 0;
-    for line in text.split_inclusive('\n') {
+    for line in lines(text) {
+        // Most lines start with neither `%`, `.` nor `-`.
+        if !line.starts_with(['%', '.', '-']) {
+            offset += line.len();
+            continue;
+        }
         let body = line.trim_end_matches('\n');
         if body.starts_with('%') || body == "..." || body.starts_with("... ") {
             return None;
@@ -72,6 +77,20 @@ fn document<'a>(text: &'a str, marker: &'a str, units: &mut Vec<Unit<'a>>) {
     }
 }
 
+/// The lines of `text`, each with its `\n` (as `split_inclusive('\n')`, found with `memchr`:
+/// the split reads every line of a file before the parallel reading starts).
+pub(crate) fn lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut start = 0;
+    let ends = memchr::memchr_iter(b'\n', text.as_bytes())
+        .map(|i| i + 1)
+        .chain([text.len()]);
+    ends.filter_map(move |end| {
+        let line = (end > start).then(|| &text[start..end]);
+        start = end;
+        line
+    })
+}
+
 fn is_content(line: &str) -> bool {
     let t = line.trim_start_matches(' ').trim_end_matches('\n');
     !(t.is_empty() || t.starts_with('#'))
@@ -94,13 +113,13 @@ fn list_items<'a>(text: &'a str, marker: &str) -> Option<Vec<Unit<'a>>> {
         return None;
     }
     // The mapping starts at column 0.
-    let first = text.split_inclusive('\n').find(|l| is_content(l))?;
+    let first = lines(text).find(|l| is_content(l))?;
     if indent(first) != 0 {
         return None;
     }
     let mut offset = 0;
     let mut items_line = None;
-    for line in text.split_inclusive('\n') {
+    for line in lines(text) {
         let body = line.trim_end_matches('\n').trim_end_matches(' ');
         if body == "items:" || body.starts_with("items: #") {
             items_line = Some((offset, offset + line.len()));
@@ -112,7 +131,7 @@ fn list_items<'a>(text: &'a str, marker: &str) -> Option<Vec<Unit<'a>>> {
     // The block sequence: its entries' column, then its lines until one is less indented or
     // at that column without a `- `.
     let rest = &text[block_start..];
-    let first = rest.split_inclusive('\n').find(|l| is_content(l))?;
+    let first = lines(rest).find(|l| is_content(l))?;
     if !is_entry(first) {
         return None;
     }
@@ -121,8 +140,13 @@ fn list_items<'a>(text: &'a str, marker: &str) -> Option<Vec<Unit<'a>>> {
     let mut start: Option<usize> = None;
     let mut offset = block_start;
     let mut end = text.len();
-    for line in rest.split_inclusive('\n') {
-        if is_content(line) {
+    for line in lines(rest) {
+        // Most lines are indented beyond the entries: nothing to see.
+        let deeper = line
+            .as_bytes()
+            .get(..=column)
+            .is_some_and(|head| head.iter().all(|b| *b == b' '));
+        if !deeper && is_content(line) {
             let i = indent(line);
             if i < column || (i == column && !is_entry(line)) {
                 end = offset;
@@ -159,4 +183,26 @@ fn list_items<'a>(text: &'a str, marker: &str) -> Option<Vec<Unit<'a>>> {
         }
     }
     Some(items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_split_as_split_inclusive_splits_them() {
+        for text in [
+            "",
+            "\n",
+            "\n\n",
+            "a",
+            "a\n",
+            "a\nb",
+            "a\n\nb\n",
+            "é\n- x: y\n  z\n",
+        ] {
+            let want: Vec<&str> = text.split_inclusive('\n').collect();
+            assert_eq!(lines(text).collect::<Vec<_>>(), want, "{text:?}");
+        }
+    }
 }
