@@ -1,0 +1,187 @@
+//! What one endpoint change costs the agent's pure part of a partial sync: `Desired::update`
+//! for the changed Service, then `plan_scope` for what it touched, on a cluster of many small
+//! Services plus one large Service per endpoint count measured.
+//!
+//! ```sh
+//! cargo run --release -p nftproxy-dataplane --example desired_update -- [SERVICES] [REPS]
+//! ```
+//!
+//! Prints, per endpoint count, the median and worst of `REPS` endpoint additions and removals
+//! (microseconds), and how many elements the change touched.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use nftproxy_dataplane::model::{
+    Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
+};
+use nftproxy_dataplane::nft::build::{BuildConfig, LocalDetector};
+use nftproxy_dataplane::nft::desired::{Desired, Updated};
+use nftproxy_dataplane::nft::plan::plan_scope;
+use nftproxy_dataplane::nft::ruleset::{Family, Proto};
+use nftproxy_dataplane::nft::state::TableState;
+
+/// The endpoint counts of the large Services (the bench's probes).
+const SIZES: [u32; 5] = [1, 20, 200, 1000, 5000];
+
+fn endpoint(n: u32) -> Endpoint {
+    Endpoint {
+        addr: IpAddr::from(std::net::Ipv4Addr::from(
+            u32::from_be_bytes([10, 64, 0, 0]) + n,
+        )),
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: Some("other".into()),
+        zone_hints: Box::default(),
+        node_hints: Box::default(),
+    }
+}
+
+/// Adds Service `svc{i}` (ClusterIP 172.16.0.0 + i, NodePort if `node_port`) with one slice
+/// holding `endpoints`.
+fn add_service(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>, node_port: bool) {
+    let name = ObjectName::new("ns", &format!("svc{i}"));
+    let port = ServicePort {
+        name: "p".into(),
+        protocol: Proto::Tcp,
+        port: 80,
+        // Distinct (two Services claiming one node port make every update a rebuild).
+        node_port: node_port.then_some(u16::try_from(20000 + i).expect("at most 45,000 Services")),
+    };
+    c.services.insert(
+        name.clone(),
+        Arc::new(Service {
+            name: name.clone(),
+            service_type: if node_port {
+                ServiceType::NodePort
+            } else {
+                ServiceType::ClusterIp
+            },
+            cluster_ips: vec![IpAddr::from(std::net::Ipv4Addr::from(
+                u32::from_be_bytes([172, 16, 0, 0]) + i,
+            ))],
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            affinity_timeout: None,
+            ports: vec![port],
+            creation_timestamp: None,
+        }),
+    );
+    set_endpoints(c, i, endpoints);
+}
+
+fn set_endpoints(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>) {
+    let slice = ObjectName::new("ns", &format!("svc{i}-a"));
+    c.slices.insert(
+        slice.clone(),
+        EndpointSlice {
+            name: slice,
+            service: ObjectName::new("ns", &format!("svc{i}")),
+            family: Family::V4,
+            ports: vec![EndpointPort {
+                name: "p".into(),
+                protocol: Proto::Tcp,
+                port: 8080,
+            }],
+            endpoints,
+            trigger_time: None,
+        },
+    );
+}
+
+fn micros(samples: &mut [f64]) -> (f64, f64) {
+    if samples.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    samples.sort_by(f64::total_cmp);
+    (samples[samples.len() / 2], samples[samples.len() - 1])
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let services: u32 = args.next().map_or(10_000, |a| a.parse().expect("SERVICES"));
+    let reps: usize = args.next().map_or(50, |a| a.parse().expect("REPS"));
+    let config = BuildConfig {
+        node_name: "node".into(),
+        local_detector: LocalDetector::ClusterCidr(vec!["10.0.0.0/8".parse().unwrap()]),
+        ..BuildConfig::default()
+    };
+    let mut c = Cluster::default();
+    let mut next_ep = 0u32;
+    let mut take = |n: u32| -> Vec<Endpoint> {
+        let eps = (next_ep..next_ep + n).map(endpoint).collect();
+        next_ep += n;
+        eps
+    };
+    for i in 0..services {
+        add_service(&mut c, i, take(1 + i % 3), i % 5 == 0);
+    }
+    // The large Services: svc{services + k}, with NodePorts (two lists per endpoint).
+    let probes: Vec<(u32, u32)> = (services..).zip(SIZES).collect();
+    for &(i, n) in &probes {
+        add_service(&mut c, i, take(n), true);
+    }
+    let t = Instant::now();
+    let mut desired = Desired::build(&c, &config, Family::V4);
+    println!(
+        "{services} Services + probes: build {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    let mut state = TableState::read_back(desired.table());
+    state.settle();
+    println!("endpoints  op       update µs (median / max)  plan µs (median / max)  touched");
+    for &(i, n) in &probes {
+        let name = ObjectName::new("ns", &format!("svc{i}"));
+        let base: Vec<Endpoint> = c
+            .slices_of(&name)
+            .flat_map(|s| s.endpoints.clone())
+            .collect();
+        let mut times: [[Vec<f64>; 2]; 2] = Default::default();
+        let mut touched = [0usize; 2];
+        let mut resized = 0;
+        for rep in 0..reps {
+            // Add one endpoint, then remove one from the middle (another each time).
+            let mut eps = base.clone();
+            eps.push(endpoint(next_ep + rep as u32));
+            let mut fewer = eps.clone();
+            fewer.remove(fewer.len() / 2);
+            for (op, eps) in [eps, fewer].into_iter().enumerate() {
+                set_endpoints(&mut c, i, eps);
+                let t = Instant::now();
+                let updated = desired.update(&c, &config, [&name]);
+                let update = t.elapsed();
+                let Updated::Scope(scope) = updated else {
+                    // A set outgrew its size: the whole table is planned (not measured).
+                    resized += 1;
+                    continue;
+                };
+                let t = Instant::now();
+                let tx = plan_scope(&state, desired.table(), &scope);
+                let plan = t.elapsed();
+                state.apply(&tx);
+                times[op][0].push(update.as_secs_f64() * 1e6);
+                times[op][1].push(plan.as_secs_f64() * 1e6);
+                touched[op] = scope.elements.values().map(|k| k.len()).sum();
+            }
+            set_endpoints(&mut c, i, base.clone());
+            desired.update(&c, &config, [&name]);
+        }
+        if resized > 0 {
+            println!("{n:>9}  ({resized} changes resized a set: not measured)");
+        }
+        for (op, label) in ["added", "removed"].into_iter().enumerate() {
+            let (um, ux) = micros(&mut times[op][0]);
+            let (pm, px) = micros(&mut times[op][1]);
+            println!(
+                "{n:>9}  {label:<7}  {um:>10.1} / {ux:<10.1}      {pm:>8.1} / {px:<10.1}   {}",
+                touched[op]
+            );
+        }
+    }
+}
