@@ -54,5 +54,23 @@ pub fn sa(s: &str) -> std::net::SocketAddr {
     s.parse()
         .unwrap_or_else(|_| panic!("bad socket address {s:?}"))
 }
+
+/// The number in field `field=` of the first log line holding `message` for each family, IPv4
+/// first: the families of a full sync run at once, so their lines come in either order. A
+/// family without such a line is left out.
+pub fn per_family_field(log: &str, message: &str, field: &str) -> Vec<usize> {
+    ["IPv4", "IPv6"]
+        .iter()
+        .filter_map(|family| {
+            let family = format!("family=\"{family}\"");
+            let line = log
+                .lines()
+                .find(|l| l.contains(message) && l.contains(&family))?;
+            let value = line.split(&format!("{field}=")).nth(1)?;
+            value.split_whitespace().next()?.parse().ok()
+        })
+        .collect()
+}
+
 pub mod apiserver;
 pub use apiserver::{ApiServer, RequestLog};

@@ -437,19 +437,9 @@ fn render_loads_and_listings_reload_identically() {
     );
 }
 
-/// The netlink messages each family's sync sent, IPv4 first (the families of a full sync run
-/// at once, so their log lines come in either order).
+/// The netlink messages each family's sync sent, IPv4 first.
 fn committed_ops(stderr: &str) -> Vec<usize> {
-    ["IPv4", "IPv6"]
-        .iter()
-        .filter_map(|family| {
-            let line = stderr.lines().find(|l| {
-                l.contains("nftables sync committed") && l.contains(&format!("family=\"{family}\""))
-            })?;
-            let msgs = line.split("messages=").nth(1).expect("messages field");
-            Some(msgs.split_whitespace().next().unwrap().parse().unwrap())
-        })
-        .collect()
+    nftproxy_tests::per_family_field(stderr, "nftables sync committed", "messages")
 }
 
 #[test]

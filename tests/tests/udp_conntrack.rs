@@ -163,19 +163,9 @@ fn sync(t: &Topology, eps: Option<&[usize]>) -> String {
 }
 
 /// `deleted=` of the IPv4 and IPv6 cleanups logged by one run.
-/// The entries each family's cleanup deleted, IPv4 first (the families of a full sync run at
-/// once, so their log lines come in either order).
+/// The entries each family's cleanup deleted, IPv4 first.
 fn deleted(log: &str) -> Vec<usize> {
-    ["IPv4", "IPv6"]
-        .iter()
-        .filter_map(|family| {
-            let line = log.lines().find(|l| {
-                l.contains("UDP conntrack cleanup") && l.contains(&format!("family=\"{family}\""))
-            })?;
-            let v = line.split("deleted=").nth(1).expect("deleted field");
-            Some(v.split_whitespace().next().unwrap().parse().unwrap())
-        })
-        .collect()
+    nftproxy_tests::per_family_field(log, "UDP conntrack cleanup", "deleted")
 }
 
 /// `count` datagrams from `from`, all from source port `sport`.
