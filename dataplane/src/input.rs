@@ -234,19 +234,23 @@ fn value_outcomes(value: serde_json::Value, out: &mut Vec<Outcome>) {
         .to_string();
     let name = name_of(map.get("metadata"));
     let value = serde_json::Value::Object(map);
-    out.extend(typed(
-        &kind,
-        || name,
-        |kind| {
-            Some(match kind {
-                "Service" => serde_json::from_value(value).map(Object::Service),
-                "EndpointSlice" => serde_json::from_value(value).map(Object::Slice),
-                "Node" => serde_json::from_value(value).map(Object::Node),
-                "ServiceCIDR" => serde_json::from_value(value).map(Object::ServiceCidr),
-                _ => return None,
-            })
-        },
-    ));
+    out.extend(typed(&kind, || name, |kind| typed_object(kind, value)));
+}
+
+/// An object of a kind that is handed over, typed by `de` (a JSON text or a tree); `None` for
+/// other kinds.
+fn typed_object<'de, D: serde::Deserializer<'de>>(
+    kind: &str,
+    de: D,
+) -> Option<Result<Object, D::Error>> {
+    use serde::Deserialize;
+    Some(match kind {
+        "Service" => Deserialize::deserialize(de).map(Object::Service),
+        "EndpointSlice" => Deserialize::deserialize(de).map(Object::Slice),
+        "Node" => Deserialize::deserialize(de).map(Object::Node),
+        "ServiceCIDR" => Deserialize::deserialize(de).map(Object::ServiceCidr),
+        _ => return None,
+    })
 }
 
 /// Where outcomes go, in file order.

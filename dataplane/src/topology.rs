@@ -165,12 +165,13 @@ pub fn categorize(
         } else {
             let ready: Vec<PortEndpoint> =
                 endpoints.iter().filter(|e| usable(e)).cloned().collect();
-            match ready.is_empty() {
-                false => ready,
-                true => endpoints
+            if ready.is_empty() {
+                endpoints
                     .into_iter()
                     .filter(PortEndpoint::serving_terminating)
-                    .collect(),
+                    .collect()
+            } else {
+                ready
             }
         };
         // With the local list, `has_any` counts every node's endpoints already.
@@ -238,7 +239,7 @@ mod tests {
             ep(4, false, false, true, true),
             ep(5, true, true, false, false),
         ];
-        let c = categorize(eps.clone(), Usage::new(false, true, true), &TOPO);
+        let c = categorize(eps, Usage::new(false, true, true), &TOPO);
         assert_eq!(addrs(&c.cluster), vec![1, 2, 5]);
         assert_eq!(addrs(&c.local), vec![1, 2]);
         assert!(c.has_any);
@@ -249,13 +250,13 @@ mod tests {
             ep(4, false, false, true, true),
             ep(5, true, true, false, false),
         ];
-        let c = categorize(eps.clone(), Usage::new(false, true, true), &TOPO);
+        let c = categorize(eps, Usage::new(false, true, true), &TOPO);
         assert_eq!(addrs(&c.cluster), vec![5]);
         assert_eq!(addrs(&c.local), vec![2, 3]);
         assert_eq!(addrs(c.all_reachable()), vec![5, 2, 3]);
         // "terminating endpoints on remote node"
         let eps = vec![ep(5, false, true, true, false)];
-        let c = categorize(eps.clone(), Usage::new(false, true, true), &TOPO);
+        let c = categorize(eps, Usage::new(false, true, true), &TOPO);
         assert_eq!(addrs(&c.cluster), vec![5]);
         assert!(c.local.is_empty());
         // "no usable endpoints"
@@ -263,7 +264,7 @@ mod tests {
             ep(5, false, false, true, true),
             ep(6, false, false, true, false),
         ];
-        let c = categorize(eps.clone(), Usage::new(false, true, true), &TOPO);
+        let c = categorize(eps, Usage::new(false, true, true), &TOPO);
         assert!(!c.has_any);
     }
 
@@ -290,12 +291,12 @@ mod tests {
             ep(1, true, true, false, true),
             ep(2, true, true, false, false),
         ];
-        let c = categorize(eps.clone(), Usage::new(true, false, false), &TOPO);
+        let c = categorize(eps, Usage::new(true, false, false), &TOPO);
         assert!(c.cluster.is_empty());
         assert_eq!(addrs(&c.local), vec![1]);
         assert_eq!(addrs(c.all_reachable()), vec![1]);
         let eps = vec![ep(2, true, true, false, false)];
-        let c = categorize(eps.clone(), Usage::new(true, false, false), &TOPO);
+        let c = categorize(eps, Usage::new(true, false, false), &TOPO);
         assert!(c.has_any && c.local.is_empty());
     }
 }

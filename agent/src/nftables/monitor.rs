@@ -92,20 +92,15 @@ impl Monitor {
 pub struct Quieter {
     sock: Arc<Socket>,
     missed: Box<dyn Fn() + Send + Sync>,
-    /// Both families may commit at once (see `Syncer::sync_families`): the notifications stay
-    /// off until the last of them resumes.
-    pause: Mutex<Pause>,
+    /// The pause in progress, if any. Both families may commit at once (see
+    /// `Syncer::sync_families`): the notifications stay off until the last of them resumes.
+    pause: Mutex<Option<Pause>>,
 }
 
-#[derive(Default)]
 struct Pause {
-    /// Syncs paused now.
+    /// Syncs paused now (at least one).
     syncs: usize,
     /// What the first of them saw before stepping out.
-    since: Option<Since>,
-}
-
-struct Since {
     generation: u32,
     commits: u64,
 }
@@ -129,16 +124,19 @@ impl Quieter {
     /// Stops the notifications; `None` (and nothing changed) if the generation cannot be read.
     pub(crate) fn pause(&self, nft: &mut Nftables) -> Option<Paused> {
         let mut pause = self.lock();
-        if pause.syncs == 0 {
-            // Read first: a commit after this either still reaches the monitor or is counted.
-            let generation = nft.generation().ok()?;
-            self.sock.drop_membership(NFNLGRP_NFTABLES).ok()?;
-            pause.since = Some(Since {
-                generation,
-                commits: nft.commits(),
-            });
+        match pause.as_mut() {
+            Some(p) => p.syncs += 1,
+            None => {
+                // Read first: a commit after this either still reaches the monitor or is counted.
+                let generation = nft.generation().ok()?;
+                self.sock.drop_membership(NFNLGRP_NFTABLES).ok()?;
+                *pause = Some(Pause {
+                    syncs: 1,
+                    generation,
+                    commits: nft.commits(),
+                });
+            }
         }
-        pause.syncs += 1;
         Some(Paused(()))
     }
 
@@ -147,11 +145,13 @@ impl Quieter {
     /// families share the connection).
     pub(crate) fn resume(&self, nft: &mut Nftables, _: Paused) {
         let mut pause = self.lock();
-        pause.syncs -= 1;
-        if pause.syncs > 0 {
+        if let Some(p) = pause.as_mut()
+            && p.syncs > 1
+        {
+            p.syncs -= 1;
             return;
         }
-        let Some(since) = pause.since.take() else {
+        let Some(since) = pause.take() else {
             return;
         };
         if let Err(e) = self.sock.add_membership(NFNLGRP_NFTABLES) {
@@ -167,7 +167,7 @@ impl Quieter {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Pause> {
+    fn lock(&self) -> MutexGuard<'_, Option<Pause>> {
         // A count and two numbers: nothing a panic could leave half-updated.
         self.pause.lock().unwrap_or_else(PoisonError::into_inner)
     }

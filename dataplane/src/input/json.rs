@@ -5,7 +5,7 @@ use serde::Deserializer as _;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{Object, Outcome, name_of, typed};
+use super::{Object, Outcome, name_of, typed, typed_object};
 
 /// The units of `text` if it is a stream of JSON values (checked completely before anything is
 /// handed over), `None` if it is not JSON: each top-level value, or the items of a large list.
@@ -74,15 +74,9 @@ fn json_value(text: &str, out: &mut Vec<Outcome>) {
     ));
 }
 
-/// An object of a kind that is handed over, typed from its text.
+/// An object of a kind that is handed over, typed from its text (one value, checked already).
 fn typed_json(kind: &str, text: &str) -> Option<Result<Object, serde_json::Error>> {
-    Some(match kind {
-        "Service" => serde_json::from_str(text).map(Object::Service),
-        "EndpointSlice" => serde_json::from_str(text).map(Object::Slice),
-        "Node" => serde_json::from_str(text).map(Object::Node),
-        "ServiceCIDR" => serde_json::from_str(text).map(Object::ServiceCidr),
-        _ => return None,
-    })
+    typed_object(kind, &mut serde_json::Deserializer::from_str(text))
 }
 
 /// The name of an object, from its metadata (for the message when it does not match its

@@ -35,7 +35,8 @@ pub const ELEMENTS_PER_STAGE: usize = 50_000;
 /// The regular chains' rules come before the elements because a rule that looks a map up
 /// makes the kernel walk every element the map holds already (`nf_tables_bind_check_setelem`,
 /// once per chain using the map); an element added to a map in use is only checked against
-/// its few rules. With the rules last, those walks were a tenth of a cold start's kernel time.
+/// its few rules. With the rules last, those walks were a third of the kernel's time in a
+/// cold start at 100k Services (docs/performance.md, "Cold full sync now").
 ///
 /// Anything but additions (a table that exists, deletions, flushes) is left as it is: there,
 /// elements committed early would change what traffic sees before the rest of the change.
