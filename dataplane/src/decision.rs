@@ -214,6 +214,8 @@ pub fn port_endpoints(
                 serving: e.serving,
                 terminating: e.terminating,
                 local: e.node_name.as_deref() == Some(node_name) && !node_name.is_empty(),
+                elsewhere: !node_name.is_empty()
+                    && e.node_name.as_deref().is_some_and(|n| n != node_name),
                 zone_hints: e.zone_hints.to_vec(),
                 node_hints: e.node_hints.to_vec(),
             });

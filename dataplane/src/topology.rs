@@ -14,6 +14,9 @@ pub struct PortEndpoint {
     pub terminating: bool,
     /// On this node.
     pub local: bool,
+    /// On another node, as its EndpointSlice says: a `nodeName` that is not this node's (an
+    /// endpoint without one, or an agent without a node name, may be here).
+    pub elsewhere: bool,
     pub zone_hints: Vec<String>,
     pub node_hints: Vec<String>,
 }
@@ -210,6 +213,7 @@ mod tests {
             serving,
             terminating,
             local,
+            elsewhere: !local,
             zone_hints: vec![],
             node_hints: vec![],
         }

@@ -4,10 +4,10 @@
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::apiserver::in_netns;
 use crate::lab::Ns;
@@ -27,7 +27,12 @@ struct Shared {
     answered: AtomicUsize,
     failed: AtomicUsize,
     failed_after_first: AtomicUsize,
+    /// The first failures: when (from the start) and why.
+    failures: Mutex<Vec<String>>,
 }
+
+/// Failures kept with their reason; the count goes on past it.
+const FAILURES_KEPT: usize = 10;
 
 /// Connects from `ns` to `dst` every `every` until [`ConnectLoop::finish`].
 pub struct ConnectLoop {
@@ -44,21 +49,33 @@ impl ConnectLoop {
         let s = shared.clone();
         let thread = std::thread::spawn(move || {
             in_netns(&name, || {
+                let started = Instant::now();
                 while !s.stop.load(Ordering::SeqCst) {
-                    let answered = TcpStream::connect_timeout(&dst, timeout)
-                        .and_then(|mut c| {
-                            c.set_read_timeout(Some(timeout))?;
-                            let mut buf = String::new();
-                            c.read_to_string(&mut buf)?;
-                            Ok(!buf.is_empty())
-                        })
-                        .unwrap_or(false);
-                    if answered {
+                    let attempt = Instant::now();
+                    let answered = TcpStream::connect_timeout(&dst, timeout).and_then(|mut c| {
+                        c.set_read_timeout(Some(timeout))?;
+                        let mut buf = String::new();
+                        c.read_to_string(&mut buf)?;
+                        Ok(!buf.is_empty())
+                    });
+                    if let Ok(true) = answered {
                         s.answered.fetch_add(1, Ordering::SeqCst);
                     } else {
                         s.failed.fetch_add(1, Ordering::SeqCst);
                         if s.answered.load(Ordering::SeqCst) > 0 {
                             s.failed_after_first.fetch_add(1, Ordering::SeqCst);
+                        }
+                        let why = match answered {
+                            Ok(_) => "closed without an answer".to_string(),
+                            Err(e) => e.to_string(),
+                        };
+                        let mut failures = s.failures.lock().unwrap();
+                        if failures.len() < FAILURES_KEPT {
+                            failures.push(format!(
+                                "at {:.3}s (after {:.3}s): {why}",
+                                attempt.duration_since(started).as_secs_f64(),
+                                attempt.elapsed().as_secs_f64()
+                            ));
                         }
                     }
                     std::thread::sleep(every);
@@ -78,6 +95,11 @@ impl ConnectLoop {
             failed: self.shared.failed.load(Ordering::SeqCst),
             failed_after_first: self.shared.failed_after_first.load(Ordering::SeqCst),
         }
+    }
+
+    /// The first failures, each with its time from the start and its reason.
+    pub fn failures(&self) -> Vec<String> {
+        self.shared.failures.lock().unwrap().clone()
     }
 
     /// Stops and returns the final counts.

@@ -173,9 +173,13 @@ fn prober(t: &Topology) -> ConnectLoop {
     )
 }
 
-fn assert_never_failed(counts: Counts, during: &str) {
+/// `failures`: the prober's first failures, with when and why.
+fn assert_never_failed(counts: Counts, failures: Vec<String>, during: &str) {
     assert!(counts.answered > 100, "only {counts:?} {during}");
-    assert_eq!(counts.failed, 0, "connections failed {during}: {counts:?}");
+    assert_eq!(
+        counts.failed, 0,
+        "connections failed {during}: {counts:?}; the first: {failures:#?}"
+    );
 }
 
 fn param<'a>(r: &'a RequestLog, key: &str) -> Option<&'a str> {
@@ -222,7 +226,11 @@ fn a_blackholed_api_server_never_interrupts_traffic_and_changes_follow_its_retur
     // Meanwhile: a new Service.
     apply_service(&t, "new", "172.30.0.20", "10.180.2.1");
     std::thread::sleep(Duration::from_secs(60).saturating_sub(stalled.elapsed()));
-    assert_never_failed(prober.counts(), "while the API server was blackholed");
+    assert_never_failed(
+        prober.counts(),
+        prober.failures(),
+        "while the API server was blackholed",
+    );
     t.api.set_stall(false);
     let back = Instant::now();
     let took = until(
@@ -234,7 +242,8 @@ fn a_blackholed_api_server_never_interrupts_traffic_and_changes_follow_its_retur
     eprintln!(
         "after a 60 s blackhole: the new Service carries traffic {took:?} after the API server answers again"
     );
-    assert_never_failed(prober.finish(), "during and after the blackhole");
+    let failures = prober.failures();
+    assert_never_failed(prober.finish(), failures, "during and after the blackhole");
 
     let log = t.api.requests();
     print_log(&log, stalled);
@@ -296,7 +305,8 @@ fn a_service_created_while_the_api_server_refuses_connections_follows_within_5s(
     eprintln!(
         "after a 10 s outage (refused): the new Service carries traffic {took:?} after the API server is back"
     );
-    assert_never_failed(prober.finish(), "during the outage");
+    let failures = prober.failures();
+    assert_never_failed(prober.finish(), failures, "during the outage");
 }
 
 #[test]

@@ -61,6 +61,7 @@ fn ep(last: u8, conditions: &str, node: Option<&str>) -> PortEndpoint {
         serving: conditions.contains('S'),
         terminating: conditions.contains('T'),
         local: node == Some(NODE),
+        elsewhere: node.is_some_and(|n| n != NODE),
         zone_hints: vec![],
         node_hints: vec![],
     }

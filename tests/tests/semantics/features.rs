@@ -535,6 +535,27 @@ pub(super) fn hairpin(mode: Mode) {
             Slice::new("ns1", "hp2-a", "hp2")
                 .port("", Proto::Tcp, 80)
                 .endpoint(ep("10.180.0.1").node(NODE_NAME)),
+        )
+        // An endpoint of no known node may be here.
+        .with(Service::new("ns1", "hp-nowhere", "172.30.0.73").port("", Proto::Tcp, 80))
+        .with(
+            Slice::new("ns1", "hp-nowhere-a", "hp-nowhere")
+                .port("", Proto::Tcp, 80)
+                .endpoint(ep("10.180.0.3")),
+        )
+        // A pod on another node reaching this node's eTP=Local NodePort is short-circuited to
+        // the cluster endpoints (its source is in the pod network), itself among them.
+        .with(
+            Service::new("ns1", "hp-etp", "172.30.0.74")
+                .node_port_type()
+                .external_local()
+                .port("", Proto::Tcp, 80)
+                .node_port(3005),
+        )
+        .with(
+            Slice::new("ns1", "hp-etp-a", "hp-etp")
+                .port("", Proto::Tcp, 80)
+                .endpoint(ep("10.180.2.1").node("node2")),
         );
     w.apply("hairpin", &objects, &base_config());
     #[rustfmt::skip]
@@ -543,6 +564,9 @@ pub(super) fn hairpin(mode: Mode) {
         tcp("endpoint to the second Service",     "10.180.0.1", "172.30.0.72:80", "10.180.0.1:80", true),
         flow("endpoint to its own UDP Service with affinity", Proto::Udp, "10.180.0.2", "172.30.0.71:53", "10.180.0.2:53", true),
         tcp("pod to the Service",                 POD,          "172.30.0.70:80", "10.180.0.1:80", false),
+        tcp("endpoint of no node to its Service", "10.180.0.3", "172.30.0.73:80", "10.180.0.3:80", true),
+        tcp("other node's pod to its own eTP=Local NodePort", "10.180.2.1", "192.168.0.2:3005", "10.180.2.1:80", true),
+        tcp("pod to that NodePort",               POD,          "192.168.0.2:3005", "10.180.2.1:80", false),
     ]);
     let objects = base_objects()
         .with(Service::new("ns1", "hp2", "172.30.0.72").port("", Proto::Tcp, 80))

@@ -149,6 +149,28 @@ fn affinity_chains(
         .collect()
 }
 
+/// The endpoints a connection through this port's frontends can be translated back to its
+/// own source from: those kube-proxy's hairpin rule (`ip saddr EP jump mark-for-masquerade`)
+/// masquerades.
+///
+/// A source on another node reaches this node's frontends from outside, where that traffic is
+/// masqueraded anyway (ClusterIP traffic from outside the pod network, NodePort and external
+/// traffic with externalTrafficPolicy Cluster) or goes to this node's endpoints (Local), except
+/// where Local short-circuits pod traffic to the cluster list: only there can a pod on another
+/// node be sent back to itself. So an endpoint the EndpointSlice places on another node needs
+/// an element only for such a port; the others (this node's, and those of no known node) always.
+/// The one path left out is ClusterIP traffic from a pod on another node that its own node
+/// did not translate, which kube-proxy sends to one of the endpoints unmasqueraded (so its
+/// replies bypass this node) unless it picked the pod itself.
+fn hairpin_addresses<'d>(d: &'d PortDecision<'_>) -> impl Iterator<Item = IpAddr> + 'd {
+    let short_circuit = d.external.is_some_and(|e| e.short_circuit);
+    d.endpoints
+        .all_reachable()
+        .iter()
+        .filter(move |ep| short_circuit || !ep.elsewhere)
+        .map(|ep| ep.addr)
+}
+
 /// Adds what one Service port contributes to the table.
 pub(super) fn add(
     part: &mut Fragment,
@@ -197,8 +219,7 @@ pub(super) fn add(
     } else {
         affinity_chains(part, d)
     };
-    part.hairpin
-        .extend(d.endpoints.all_reachable().iter().map(|ep| ep.addr));
+    part.hairpin.extend(hairpin_addresses(d));
     let dispatch = |part: &mut Fragment,
                     chain: &ChainName,
                     eps: &[PortEndpoint],
