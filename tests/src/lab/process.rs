@@ -180,8 +180,21 @@ impl Proc {
     }
 }
 
+/// Lines of a process's stderr printed when a test fails while it runs.
+const STDERR_TAIL_ON_FAILURE: usize = 80;
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.kill();
+        if std::thread::panicking() {
+            let lines = self.stderr.snapshot();
+            let tail = &lines[lines.len().saturating_sub(STDERR_TAIL_ON_FAILURE)..];
+            if !tail.is_empty() {
+                eprintln!("{} stderr, last {} lines:", self.label, tail.len());
+                for line in tail {
+                    eprintln!("  {line}");
+                }
+            }
+        }
     }
 }
