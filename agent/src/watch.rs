@@ -15,7 +15,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use dataplane::convert::Skipped;
 use dataplane::model::{Cluster, ObjectName};
@@ -400,23 +400,33 @@ async fn watch<K>(
         tx,
     )));
     let mut batch = Vec::with_capacity(BATCH);
-    // When the list in progress started, and its objects so far.
-    let mut listing: Option<(std::time::Instant, usize)> = None;
+    // The list in progress: when it started, its objects so far and the time spent applying
+    // them to the tracker (the rest is the server, the transfer and the decode).
+    let mut listing: Option<(Instant, usize, Duration)> = None;
     while rx.recv_many(&mut batch, BATCH).await > 0 {
+        let started = Instant::now();
+        let skipped: Vec<Skipped> = shared.with_tracker(|t| {
+            batch
+                .iter()
+                .filter_map(|fed| feed(t, kind, fed, apply))
+                .collect()
+        });
+        let applying = started.elapsed();
         for fed in &batch {
             match fed {
-                Fed::Event(Event::Init) => listing = Some((std::time::Instant::now(), 0)),
+                Fed::Event(Event::Init) => listing = Some((started, 0, Duration::ZERO)),
                 Fed::Event(Event::InitApply(_)) => {
-                    if let Some((_, n)) = &mut listing {
+                    if let Some((_, n, _)) = &mut listing {
                         *n += 1;
                     }
                 }
                 Fed::Event(Event::InitDone) => {
-                    if let Some((start, objects)) = listing.take() {
+                    if let Some((start, objects, applied)) = listing.take() {
                         tracing::info!(
                             kind = kind.name(),
                             objects,
                             seconds = start.elapsed().as_secs_f64(),
+                            applying_seconds = (applied + applying).as_secs_f64(),
                             "listed"
                         );
                     }
@@ -424,12 +434,9 @@ async fn watch<K>(
                 _ => {}
             }
         }
-        let skipped: Vec<Skipped> = shared.with_tracker(|t| {
-            batch
-                .iter()
-                .filter_map(|fed| feed(t, kind, fed, apply))
-                .collect()
-        });
+        if let Some((_, _, applied)) = &mut listing {
+            *applied += applying;
+        }
         for s in skipped {
             tracing::warn!(kind = %s.kind, name = %s.name, reason = %s.skip, "skipping invalid object");
         }
