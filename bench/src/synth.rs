@@ -465,8 +465,7 @@ pub fn add_endpoint(cluster: &mut Cluster, spec: &Spec, addr: Ipv4Addr) -> Resul
         serving: true,
         terminating: false,
         node_name: Some("node-extra".into()),
-        zone_hints: Box::default(),
-        node_hints: Box::default(),
+        hints: None,
     });
     cluster.slices.insert(slice, s);
     Ok(())

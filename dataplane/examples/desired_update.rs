@@ -34,8 +34,7 @@ fn endpoint(n: u32) -> Endpoint {
         serving: true,
         terminating: false,
         node_name: Some("other".into()),
-        zone_hints: Box::default(),
-        node_hints: Box::default(),
+        hints: None,
     }
 }
 

@@ -13,8 +13,8 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
 
 use crate::model::{
-    Endpoint, EndpointPort, EndpointSlice, Node, NodeNames, ObjectName, Service, ServicePort,
-    ServiceType, Slices,
+    Endpoint, EndpointPort, EndpointSlice, Hints, Node, ObjectName, Service, ServicePort,
+    ServiceType, SharedNames, Slices,
 };
 use crate::net::{Family, Proto};
 
@@ -247,7 +247,9 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
     if raw_ips.is_empty() || raw_ips.iter().any(|ip| ip.is_empty() || *ip == "None") {
         return Err(Skip::Ignored("headless"));
     }
-    let mut cluster_ips = Vec::new();
+    // Vectors are sized up front (a vector grown by pushing starts at four), here and below:
+    // the model holds one per Service and field.
+    let mut cluster_ips = Vec::with_capacity(raw_ips.len());
     for raw in raw_ips {
         let Some(ip) = parse_ip_sloppy(raw) else {
             return invalid(Invalid::Ip, format!("spec.clusterIPs: invalid IP {raw:?}"));
@@ -263,7 +265,7 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
         }
         cluster_ips.push(ip);
     }
-    let mut external_ips = Vec::new();
+    let mut external_ips = Vec::with_capacity(spec.external_ips.as_ref().map_or(0, Vec::len));
     for raw in spec.external_ips.iter().flatten() {
         match parse_ip_sloppy(raw) {
             Some(ip) => external_ips.push(ip),
@@ -277,6 +279,7 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
             .as_ref()
             .and_then(|s| s.load_balancer.as_ref())
             .and_then(|lb| lb.ingress.as_ref());
+        load_balancer_ips.reserve_exact(ingress.map_or(0, Vec::len));
         for ing in ingress.into_iter().flatten() {
             if ing.ip_mode.as_deref() == Some("Proxy") {
                 continue;
@@ -294,7 +297,11 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
             }
         }
     }
-    let mut load_balancer_source_ranges = Vec::new();
+    let mut load_balancer_source_ranges = Vec::with_capacity(
+        spec.load_balancer_source_ranges
+            .as_ref()
+            .map_or(0, Vec::len),
+    );
     for raw in spec.load_balancer_source_ranges.iter().flatten() {
         match parse_cidr_sloppy(raw) {
             Some(net) => load_balancer_source_ranges.push(net),
@@ -306,7 +313,7 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
             }
         }
     }
-    let mut ports = Vec::new();
+    let mut ports = Vec::with_capacity(spec.ports.as_ref().map_or(0, Vec::len));
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let protocol =
             parse_protocol(p.protocol.as_deref()).map_err(|e| e.at(&format!("spec.ports[{i}]")))?;
@@ -404,7 +411,7 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
 /// and kube-proxy selects both kinds by the same labels.
 pub fn endpoint_slice(
     slice: &discovery::EndpointSlice,
-    node_names: &mut NodeNames,
+    node_names: &mut SharedNames,
     proxy_name: &str,
 ) -> Result<EndpointSlice, Skip> {
     let name = object_name(&slice.metadata);
@@ -429,7 +436,8 @@ pub fn endpoint_slice(
             );
         }
     };
-    let mut ports = Vec::new();
+    // Sized up front, as a Service's: most slices hold one to three endpoints.
+    let mut ports = Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
     for (i, p) in slice.ports.iter().flatten().enumerate() {
         let protocol =
             parse_protocol(p.protocol.as_deref()).map_err(|e| e.at(&format!("ports[{i}]")))?;
@@ -444,7 +452,7 @@ pub fn endpoint_slice(
             port,
         });
     }
-    let mut endpoints = Vec::new();
+    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (i, ep) in slice.endpoints.iter().enumerate() {
         let Some(raw) = ep.addresses.first() else {
             continue;
@@ -472,14 +480,16 @@ pub fn endpoint_slice(
             serving: c.and_then(|c| c.serving).unwrap_or(true),
             terminating: c.and_then(|c| c.terminating).unwrap_or(false),
             node_name: ep.node_name.as_deref().map(|n| node_names.get(n)),
-            zone_hints: hints
-                .and_then(|h| h.for_zones.as_ref())
-                .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                .unwrap_or_default(),
-            node_hints: hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .map(|z| z.iter().map(|n| n.name.clone()).collect())
-                .unwrap_or_default(),
+            hints: Hints::of(
+                hints
+                    .and_then(|h| h.for_zones.as_ref())
+                    .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                    .unwrap_or_default(),
+                hints
+                    .and_then(|h| h.for_nodes.as_ref())
+                    .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                    .unwrap_or_default(),
+            ),
         });
     }
     Ok(EndpointSlice {
@@ -594,7 +604,7 @@ pub fn cluster(
     proxy_name: &str,
 ) -> (crate::model::Cluster, Vec<Skipped>) {
     let mut cluster = crate::model::Cluster::default();
-    let mut node_names = NodeNames::default();
+    let mut node_names = SharedNames::default();
     let mut skipped = Vec::new();
     let mut report = |kind: &str, name: ObjectName, skip: Skip| {
         if let Skip::Invalid(..) = skip {

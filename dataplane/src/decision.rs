@@ -216,8 +216,7 @@ pub fn port_endpoints(
                 local: e.node_name.as_deref() == Some(node_name) && !node_name.is_empty(),
                 elsewhere: !node_name.is_empty()
                     && e.node_name.as_deref().is_some_and(|n| n != node_name),
-                zone_hints: e.zone_hints.to_vec(),
-                node_hints: e.node_hints.to_vec(),
+                hints: e.hints.clone(),
             });
         }
     }

@@ -126,22 +126,50 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    /// Shared with every endpoint on the same node (see [`NodeNames`]).
+    /// Shared with every endpoint on the same node (see [`SharedNames`]).
     pub node_name: Option<Arc<str>>,
-    pub zone_hints: Box<[String]>,
-    pub node_hints: Box<[String]>,
+    /// Topology hints; most endpoints have none, and a box keeps those small (an endpoint is
+    /// most of the model's memory).
+    pub hints: Option<Arc<Hints>>,
 }
 
-/// The node names endpoints refer to, one shared string per node: a cluster has far fewer
-/// nodes than endpoints, and a string per endpoint was a heap block per endpoint.
+impl Endpoint {
+    /// `hints.forZones`: the zones whose traffic should go to this endpoint.
+    pub fn zone_hints(&self) -> &[String] {
+        self.hints.as_deref().map_or(&[], |h| &h.zones)
+    }
+
+    /// `hints.forNodes`: the nodes whose traffic should go to this endpoint.
+    pub fn node_hints(&self) -> &[String] {
+        self.hints.as_deref().map_or(&[], |h| &h.nodes)
+    }
+}
+
+/// An endpoint's topology hints (`hints.forZones`, `hints.forNodes`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hints {
+    pub zones: Box<[String]>,
+    pub nodes: Box<[String]>,
+}
+
+impl Hints {
+    /// None when there are no hints.
+    pub fn of(zones: Box<[String]>, nodes: Box<[String]>) -> Option<Arc<Hints>> {
+        (!zones.is_empty() || !nodes.is_empty()).then(|| Arc::new(Hints { zones, nodes }))
+    }
+}
+
+/// Names that many objects repeat, one shared string each: the node names endpoints refer to
+/// (a cluster has far fewer nodes than endpoints) and the namespaces of objects. A string per
+/// endpoint or per object was a heap block each.
 #[derive(Clone, Debug, Default)]
-pub struct NodeNames {
+pub struct SharedNames {
     names: HashSet<Arc<str>>,
     /// Size after the last sweep of names no endpoint uses any more.
     swept_at: usize,
 }
 
-impl NodeNames {
+impl SharedNames {
     /// The shared string for `name`.
     pub fn get(&mut self, name: &str) -> Arc<str> {
         if let Some(n) = self.names.get(name) {
@@ -403,6 +431,11 @@ impl Services {
         self.by_name.get(name)
     }
 
+    /// The name as this map holds it, whose strings others can share.
+    pub fn shared_name(&self, name: &ObjectName) -> Option<ObjectName> {
+        self.by_name.get_key_value(name).map(|(k, _)| k.clone())
+    }
+
     pub fn contains_key(&self, name: &ObjectName) -> bool {
         self.by_name.contains_key(name)
     }
@@ -630,7 +663,7 @@ mod tests {
 
     #[test]
     fn node_names_are_shared_and_unused_ones_swept() {
-        let mut names = NodeNames::default();
+        let mut names = SharedNames::default();
         let a = names.get("node-a");
         assert!(Arc::ptr_eq(&a, &names.get("node-a")));
         // Nodes that come and go do not pile up: names nobody holds are dropped.
@@ -639,6 +672,12 @@ mod tests {
         }
         assert!(names.names.len() < 200, "{} names kept", names.names.len());
         assert!(Arc::ptr_eq(&a, &names.get("node-a")));
+    }
+
+    #[test]
+    fn endpoints_stay_small() {
+        // Endpoints are most of the model: 1.2 M of them at 100k Services (realistic shape).
+        assert!(std::mem::size_of::<Endpoint>() <= 48);
     }
 
     fn slice(name: &str, service: &str) -> EndpointSlice {

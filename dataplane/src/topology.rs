@@ -3,6 +3,9 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::model::Hints;
 
 /// One endpoint of one Service port, as the proxy sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,13 +20,21 @@ pub struct PortEndpoint {
     /// On another node, as its EndpointSlice says: a `nodeName` that is not this node's (an
     /// endpoint without one, or an agent without a node name, may be here).
     pub elsewhere: bool,
-    pub zone_hints: Vec<String>,
-    pub node_hints: Vec<String>,
+    /// Shared with the endpoint of the model.
+    pub hints: Option<Arc<Hints>>,
 }
 
 impl PortEndpoint {
     fn serving_terminating(&self) -> bool {
         self.serving && self.terminating
+    }
+
+    pub fn zone_hints(&self) -> &[String] {
+        self.hints.as_deref().map_or(&[], |h| &h.zones)
+    }
+
+    pub fn node_hints(&self) -> &[String] {
+        self.hints.as_deref().map_or(&[], |h| &h.nodes)
     }
 }
 
@@ -96,14 +107,14 @@ fn topology_mode(endpoints: &[PortEndpoint], topo: &NodeTopology<'_>) -> Topolog
     if ready().next().is_none() {
         return TopologyMode::None;
     }
-    if ready().all(|e| !e.node_hints.is_empty())
-        && ready().any(|e| e.node_hints.iter().any(|n| n == topo.node_name))
+    if ready().all(|e| !e.node_hints().is_empty())
+        && ready().any(|e| e.node_hints().iter().any(|n| n == topo.node_name))
     {
         return TopologyMode::SameNode;
     }
     if let Some(zone) = topo.zone
-        && ready().all(|e| !e.zone_hints.is_empty())
-        && ready().any(|e| e.zone_hints.iter().any(|z| z == zone))
+        && ready().all(|e| !e.zone_hints().is_empty())
+        && ready().any(|e| e.zone_hints().iter().any(|z| z == zone))
     {
         return TopologyMode::SameZone;
     }
@@ -113,10 +124,10 @@ fn topology_mode(endpoints: &[PortEndpoint], topo: &NodeTopology<'_>) -> Topolog
 fn available(e: &PortEndpoint, mode: TopologyMode, topo: &NodeTopology<'_>) -> bool {
     match mode {
         TopologyMode::None => true,
-        TopologyMode::SameNode => e.node_hints.iter().any(|n| n == topo.node_name),
+        TopologyMode::SameNode => e.node_hints().iter().any(|n| n == topo.node_name),
         TopologyMode::SameZone => topo
             .zone
-            .is_some_and(|zone| e.zone_hints.iter().any(|z| z == zone)),
+            .is_some_and(|zone| e.zone_hints().iter().any(|z| z == zone)),
     }
 }
 
@@ -214,8 +225,7 @@ mod tests {
             terminating,
             local,
             elsewhere: !local,
-            zone_hints: vec![],
-            node_hints: vec![],
+            hints: None,
         }
     }
 
@@ -275,9 +285,9 @@ mod tests {
     #[test]
     fn zone_hints_are_all_or_nothing() {
         let mut a = ep(1, true, true, false, false);
-        a.zone_hints = vec!["zone-a".into()];
+        a.hints = Hints::of(["zone-a".into()].into(), [].into());
         let mut b = ep(2, true, true, false, false);
-        b.zone_hints = vec!["zone-b".into()];
+        b.hints = Hints::of(["zone-b".into()].into(), [].into());
         let c = categorize(
             vec![a.clone(), b.clone()],
             Usage::new(false, false, false),

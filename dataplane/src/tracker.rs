@@ -8,10 +8,11 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::conflicts::{claims_differ, neighbours};
 use crate::convert::{self, Skip, Skipped, object_name};
-use crate::model::{Cluster, NodeNames, ObjectName, Service};
+use crate::model::{Cluster, ObjectName, Service, SharedNames};
 use crate::net::Family;
 
 /// The kinds of object the proxy watches.
@@ -93,7 +94,8 @@ pub struct Tracker {
     /// after it is deleted (kube-proxy resolves the node's IPs once and keeps them): only the
     /// node's eligibility for load-balancer traffic follows the deletion.
     node_present: bool,
-    node_names: NodeNames,
+    node_names: SharedNames,
+    namespaces: SharedNames,
     changes: Changes,
     /// Kinds whose initial list is complete.
     listed: BTreeSet<Kind>,
@@ -111,7 +113,8 @@ impl Tracker {
             proxy_name: proxy_name.to_string(),
             cluster: Cluster::default(),
             node_present: false,
-            node_names: NodeNames::default(),
+            node_names: SharedNames::default(),
+            namespaces: SharedNames::default(),
             changes: Changes::default(),
             listed: BTreeSet::new(),
             relisting: BTreeMap::new(),
@@ -262,15 +265,28 @@ impl Tracker {
         }
     }
 
+    /// An object's name, its namespace shared with every other object of the namespace (the
+    /// model keeps each name in several places, and the converted object's copy is replaced by
+    /// this one).
+    fn name_of(&mut self, meta: &ObjectMeta) -> ObjectName {
+        ObjectName {
+            namespace: self.namespaces.get(meta.namespace.as_deref().unwrap_or("")),
+            name: meta.name.as_deref().unwrap_or("").into(),
+        }
+    }
+
     /// Records a created or updated Service. Returns the reason if it is invalid (it is then
     /// removed, as it no longer describes anything the proxy can program).
     pub fn apply_service(&mut self, svc: &core::Service) -> Option<Skipped> {
-        let name = object_name(&svc.metadata);
+        let name = self.name_of(&svc.metadata);
         self.seen(Kind::Service, &name);
         self.events.service_events += 1;
         let result = convert::service(svc, &self.proxy_name);
         let (new, skip) = match result {
-            Ok(s) => (Some(s), None),
+            Ok(mut s) => {
+                s.name = name.clone();
+                (Some(s), None)
+            }
             Err(e) => (None, Some(e)),
         };
         let old = self.cluster.services.get(&name).cloned();
@@ -287,12 +303,23 @@ impl Tracker {
     }
 
     pub fn apply_slice(&mut self, slice: &discovery::EndpointSlice) -> Option<Skipped> {
-        let name = object_name(&slice.metadata);
+        let name = self.name_of(&slice.metadata);
         self.seen(Kind::EndpointSlice, &name);
         self.events.slice_events += 1;
         let (new, skip) =
             match convert::endpoint_slice(slice, &mut self.node_names, &self.proxy_name) {
-                Ok(s) => (Some(s), None),
+                Ok(mut s) => {
+                    s.service =
+                        self.cluster
+                            .services
+                            .shared_name(&s.service)
+                            .unwrap_or(ObjectName {
+                                namespace: name.namespace.clone(),
+                                name: s.service.name,
+                            });
+                    s.name = name.clone();
+                    (Some(s), None)
+                }
                 Err(e) => (None, Some(e)),
             };
         let old = self.cluster.slices.get(&name);
@@ -428,6 +455,36 @@ mod tests {
             "endpoints": ips.iter().map(|ip| serde_json::json!({"addresses": [ip]})).collect::<Vec<_>>()
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn names_share_their_strings() {
+        let mut t = Tracker::new("node", "");
+        t.apply_service(&svc("a", "172.30.0.1", 80));
+        t.apply_slice(&slice("a-1", "a", &["10.0.0.1"], "t"));
+        t.apply_slice(&slice("b-1", "b", &["10.0.0.2"], "t"));
+        let key = ObjectName::new("ns", "a");
+        let (svc_key, svc) = t
+            .cluster
+            .services
+            .shared_name(&key)
+            .zip(t.cluster.services.get(&key))
+            .unwrap();
+        let a = t.cluster.slices.get(&ObjectName::new("ns", "a-1")).unwrap();
+        let b = t.cluster.slices.get(&ObjectName::new("ns", "b-1")).unwrap();
+        // The Service's own name, the slice's Service name and every namespace are one string.
+        assert!(Arc::ptr_eq(&svc.name.name, &svc_key.name));
+        assert!(Arc::ptr_eq(&a.service.name, &svc_key.name));
+        for ns in [
+            &svc.name.namespace,
+            &a.name.namespace,
+            &a.service.namespace,
+            &b.service.namespace,
+        ] {
+            assert!(Arc::ptr_eq(ns, &svc_key.namespace));
+        }
+        // A slice whose Service is not known yet keeps a name of its own.
+        assert_eq!(&*b.service.name, "b");
     }
 
     #[test]

@@ -48,8 +48,7 @@ fn endpoint(addr: &str, serving: bool) -> Endpoint {
         serving,
         terminating: false,
         node_name: Some("other-node".into()),
-        zone_hints: Box::default(),
-        node_hints: Box::default(),
+        hints: None,
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::conflicts::suppressed;
-use crate::model::{Endpoint, EndpointPort, Node, ServiceType, Services};
+use crate::model::{Endpoint, EndpointPort, Hints, Node, ServiceType, Services};
 use crate::net::Proto;
 
 fn ip(s: &str) -> IpAddr {
@@ -62,8 +62,7 @@ fn ep(last: u8, conditions: &str, node: Option<&str>) -> PortEndpoint {
         terminating: conditions.contains('T'),
         local: node == Some(NODE),
         elsewhere: node.is_some_and(|n| n != NODE),
-        zone_hints: vec![],
-        node_hints: vec![],
+        hints: None,
     }
 }
 
@@ -561,9 +560,9 @@ fn topology_hints_and_session_affinity() {
     svc.external_policy_local = true;
     svc.affinity_timeout = Some(10800);
     let mut a = ep(1, "RS", None);
-    a.zone_hints = vec!["zone-a".into()];
+    a.hints = Hints::of(["zone-a".into()].into(), [].into());
     let mut b = ep(2, "RS", Some(NODE));
-    b.zone_hints = vec!["zone-b".into()];
+    b.hints = Hints::of(["zone-b".into()].into(), [].into());
     let d = decide_one(&svc, &[a, b]);
     assert_eq!(last_octets(d.cluster_endpoints()), [1]);
     assert_eq!(last_octets(d.local_endpoints()), [2]);
@@ -583,8 +582,7 @@ fn service_decisions_read_slices_of_the_family() {
         serving: true,
         terminating: false,
         node_name: Some(node.into()),
-        zone_hints: Box::default(),
-        node_hints: Box::default(),
+        hints: None,
     };
     let slice = |name: &str, family, port_name: &str, eps| EndpointSlice {
         name: ObjectName::new("ns1", name),
@@ -652,8 +650,7 @@ fn health_check_counts_local_ready_endpoint_ips() {
         serving: true,
         terminating,
         node_name: Some(NODE.into()),
-        zone_hints: Box::default(),
-        node_hints: Box::default(),
+        hints: None,
     };
     let put = |cluster: &mut Cluster, eps: Vec<Endpoint>| {
         let name = ObjectName::new("ns1", "svc1-abc");

@@ -89,8 +89,7 @@ pub fn cluster(specs: &[SvcSpec]) -> Cluster {
                         serving: true,
                         terminating: false,
                         node_name: Some("node".into()),
-                        zone_hints: Box::default(),
-                        node_hints: Box::default(),
+                        hints: None,
                     })
                     .collect(),
                 trigger_time: None,

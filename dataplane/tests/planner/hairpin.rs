@@ -1,0 +1,103 @@
+//! `hairpin-endpoints`: which endpoints get an element, and an element shared by Services.
+
+use super::*;
+
+#[test]
+fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
+    let spec = |id| SvcSpec {
+        id,
+        endpoints: vec![1],
+        node_port: false,
+        udp: false,
+        ..SvcSpec::default()
+    };
+    let mut c = cluster(&[spec(1), spec(2), spec(3)]);
+    // svc2's endpoint is svc1's pod: one hairpin element, claimed twice.
+    let slice = ObjectName::new("ns", "svc2-x");
+    let mut s = c.slices.get(&slice).unwrap().clone();
+    s.endpoints[0].addr = IpAddr::from([10, 180, 1, 1]);
+    c.slices.insert(slice, s);
+    let hairpin = |d: &Desired| {
+        d.table().sets["hairpin-endpoints"]
+            .elements
+            .contains_key(&Key::AddrPair(IpAddr::from([10, 180, 1, 1])))
+    };
+    let mut desired = Desired::build(&c, &config(), Family::V4);
+    assert!(hairpin(&desired));
+    let mut state = fresh_state(desired.table());
+    for gone in ["svc1", "svc2"] {
+        let name = ObjectName::new("ns", gone);
+        c.services.remove(&name);
+        let updated = desired.update(&c, &config(), [&name]);
+        let Updated::Scope(scope) = updated else {
+            panic!("a shared plain-set element is no conflict: expected a scoped update");
+        };
+        assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
+        step_scope(&mut state, desired.table(), &scope);
+        assert_eq!(state, fresh_state(desired.table()));
+        assert_eq!(hairpin(&desired), gone == "svc1", "after deleting {gone}");
+    }
+}
+
+#[test]
+fn hairpin_elements_are_for_endpoints_a_connection_here_can_come_from() {
+    // svc1 (ClusterIP): on this node, on node2, of no node. svc2 (NodePort,
+    // externalTrafficPolicy Local): on node2, where a pod reaching this node's NodePort is
+    // short-circuited to the cluster endpoints, itself among them.
+    let mut c = cluster(&[
+        SvcSpec {
+            id: 1,
+            endpoints: vec![1, 2, 3],
+            ..SvcSpec::default()
+        },
+        SvcSpec {
+            id: 2,
+            endpoints: vec![1],
+            node_port: true,
+            ..SvcSpec::default()
+        },
+    ]);
+    let slices = c.slices.clone();
+    for (slice, nodes) in [
+        ("svc1-x", &[Some("node"), Some("node2"), None][..]),
+        ("svc2-x", &[Some("node2")]),
+    ] {
+        let name = ObjectName::new("ns", slice);
+        let mut s = slices.get(&name).unwrap().clone();
+        for (ep, node) in s.endpoints.iter_mut().zip(nodes) {
+            ep.node_name = node.map(Into::into);
+        }
+        c.slices.insert(name, s);
+    }
+    let svc2 = ObjectName::new("ns", "svc2");
+    let set_local = |c: &mut Cluster, local: bool| {
+        let mut svc = (**c.services.get(&svc2).unwrap()).clone();
+        svc.external_policy_local = local;
+        c.services.insert(svc2.clone(), Arc::new(svc));
+    };
+    set_local(&mut c, true);
+    let hairpin = |t: &Table| -> Vec<IpAddr> {
+        t.sets["hairpin-endpoints"]
+            .elements
+            .keys()
+            .map(|k| match k {
+                Key::AddrPair(a) => *a,
+                other => panic!("hairpin key {other:?}"),
+            })
+            .collect()
+    };
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let mut desired = Desired::build(&c, &config(), Family::V4);
+    assert_eq!(
+        hairpin(desired.table()),
+        [ip("10.180.1.1"), ip("10.180.1.3"), ip("10.180.2.1")]
+    );
+    // With externalTrafficPolicy Cluster, traffic from elsewhere is masqueraded anyway.
+    set_local(&mut c, false);
+    desired.update(&c, &config(), [&svc2]);
+    assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
+    assert_eq!(
+        hairpin(desired.table()),
+        [ip("10.180.1.1"), ip("10.180.1.3")]
+    );
+}
