@@ -165,7 +165,7 @@ impl Hints {
 #[derive(Clone, Debug, Default)]
 pub struct SharedNames {
     names: HashSet<Arc<str>>,
-    /// Size after the last sweep of names no endpoint uses any more.
+    /// Size after the last sweep of names nothing uses any more.
     swept_at: usize,
 }
 
@@ -175,7 +175,8 @@ impl SharedNames {
         if let Some(n) = self.names.get(name) {
             return n.clone();
         }
-        // Nodes come and go; sweep once the set has doubled, so the cost stays O(1) per name.
+        // Nodes and namespaces come and go; sweep once the set has doubled, so the cost stays
+        // O(1) per name.
         if self.names.len() >= 2 * self.swept_at + 64 {
             self.names.retain(|n| Arc::strong_count(n) > 1);
             self.swept_at = self.names.len();
