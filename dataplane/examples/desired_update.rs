@@ -1,13 +1,15 @@
-//! What one endpoint change costs the agent's pure part of a partial sync: `Desired::update`
-//! for the changed Service, then `plan_scope` for what it touched, on a cluster of many small
-//! Services plus one large Service per endpoint count measured.
+//! What one endpoint change, and a whole Service deleted and added again, cost the agent's
+//! pure part of a partial sync: `Desired::update` for the changed Service, then `plan_scope`
+//! for what it touched, on a cluster of many small Services plus one large Service per
+//! endpoint count measured.
 //!
 //! ```sh
 //! cargo run --release -p nftproxy-dataplane --example desired_update -- [SERVICES] [REPS]
 //! ```
 //!
-//! Prints, per endpoint count, the median and worst of `REPS` endpoint additions and removals
-//! (microseconds), and how many elements the change touched.
+//! Prints, per endpoint count, the median and worst of `REPS` Service deletions and additions
+//! and endpoint additions and removals (microseconds), and how many elements an endpoint
+//! change touched.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -171,8 +173,41 @@ fn main() {
             set_endpoints(&mut c, i, base.clone());
             desired.update(&c, &config, [&name]);
         }
+        // The whole Service deleted, then added again.
+        let svc = c.services.get(&name).cloned().expect("probe Service");
+        let slice = ObjectName::new("ns", &format!("svc{i}-a"));
+        let mut whole: [[Vec<f64>; 2]; 2] = Default::default();
+        for _ in 0..reps {
+            for op in 0..2 {
+                if op == 0 {
+                    c.services.remove(&name);
+                    c.slices.remove(&slice);
+                } else {
+                    c.services.insert(name.clone(), svc.clone());
+                    set_endpoints(&mut c, i, base.clone());
+                }
+                let t = Instant::now();
+                let updated = desired.update(&c, &config, [&name]);
+                let update = t.elapsed();
+                let Updated::Scope(scope) = updated else {
+                    resized += 1;
+                    continue;
+                };
+                let t = Instant::now();
+                let tx = plan_scope(&state, desired.table(), &scope);
+                let plan = t.elapsed();
+                state.apply(&tx);
+                whole[op][0].push(update.as_secs_f64() * 1e6);
+                whole[op][1].push(plan.as_secs_f64() * 1e6);
+            }
+        }
         if resized > 0 {
             println!("{n:>9}  ({resized} changes resized a set: not measured)");
+        }
+        for (op, label) in ["Service deleted", "Service added"].into_iter().enumerate() {
+            let (um, ux) = micros(&mut whole[op][0]);
+            let (pm, px) = micros(&mut whole[op][1]);
+            println!("{n:>9}  {label:<15}  {um:>10.1} / {ux:<10.1}      {pm:>8.1} / {px:<10.1}");
         }
         for (op, label) in ["added", "removed"].into_iter().enumerate() {
             let (um, ux) = micros(&mut times[op][0]);
