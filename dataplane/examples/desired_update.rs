@@ -178,7 +178,7 @@ fn main() {
         let slice = ObjectName::new("ns", &format!("svc{i}-a"));
         let mut whole: [[Vec<f64>; 2]; 2] = Default::default();
         for _ in 0..reps {
-            for op in 0..2 {
+            for (op, times) in whole.iter_mut().enumerate() {
                 if op == 0 {
                     c.services.remove(&name);
                     c.slices.remove(&slice);
@@ -197,8 +197,8 @@ fn main() {
                 let tx = plan_scope(&state, desired.table(), &scope);
                 let plan = t.elapsed();
                 state.apply(&tx);
-                whole[op][0].push(update.as_secs_f64() * 1e6);
-                whole[op][1].push(plan.as_secs_f64() * 1e6);
+                times[0].push(update.as_secs_f64() * 1e6);
+                times[1].push(plan.as_secs_f64() * 1e6);
             }
         }
         if resized > 0 {
