@@ -263,6 +263,8 @@ impl Slices {
         }
         let names = self.by_service.entry(service).or_default();
         if let Err(i) = names.binary_search(&name) {
+            // Most Services have one slice: a vector grown by inserting would hold four.
+            names.reserve_exact(1);
             names.insert(i, name);
         }
         old
