@@ -96,6 +96,32 @@ fn set_endpoints(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>) {
     );
 }
 
+/// Updates `desired` for Service `name` and plans the change against `state`, recording the
+/// microseconds of each in `times`; returns the elements the change touched, or None when a
+/// set outgrew its size (the whole table is planned then, which is not measured).
+fn sync(
+    desired: &mut Desired,
+    state: &mut TableState,
+    c: &Cluster,
+    config: &BuildConfig,
+    name: &ObjectName,
+    times: &mut [Vec<f64>; 2],
+) -> Option<usize> {
+    let t = Instant::now();
+    let updated = desired.update(c, config, [name]);
+    let update = t.elapsed();
+    let Updated::Scope(scope) = updated else {
+        return None;
+    };
+    let t = Instant::now();
+    let tx = plan_scope(state, desired.table(), &scope);
+    let plan = t.elapsed();
+    state.apply(&tx);
+    times[0].push(update.as_secs_f64() * 1e6);
+    times[1].push(plan.as_secs_f64() * 1e6);
+    Some(scope.elements.values().map(|k| k.len()).sum())
+}
+
 fn micros(samples: &mut [f64]) -> (f64, f64) {
     if samples.is_empty() {
         return (f64::NAN, f64::NAN);
@@ -154,21 +180,10 @@ fn main() {
             fewer.remove(fewer.len() / 2);
             for (op, eps) in [eps, fewer].into_iter().enumerate() {
                 set_endpoints(&mut c, i, eps);
-                let t = Instant::now();
-                let updated = desired.update(&c, &config, [&name]);
-                let update = t.elapsed();
-                let Updated::Scope(scope) = updated else {
-                    // A set outgrew its size: the whole table is planned (not measured).
-                    resized += 1;
-                    continue;
-                };
-                let t = Instant::now();
-                let tx = plan_scope(&state, desired.table(), &scope);
-                let plan = t.elapsed();
-                state.apply(&tx);
-                times[op][0].push(update.as_secs_f64() * 1e6);
-                times[op][1].push(plan.as_secs_f64() * 1e6);
-                touched[op] = scope.elements.values().map(|k| k.len()).sum();
+                match sync(&mut desired, &mut state, &c, &config, &name, &mut times[op]) {
+                    Some(n) => touched[op] = n,
+                    None => resized += 1,
+                }
             }
             set_endpoints(&mut c, i, base.clone());
             desired.update(&c, &config, [&name]);
@@ -186,19 +201,9 @@ fn main() {
                     c.services.insert(name.clone(), svc.clone());
                     set_endpoints(&mut c, i, base.clone());
                 }
-                let t = Instant::now();
-                let updated = desired.update(&c, &config, [&name]);
-                let update = t.elapsed();
-                let Updated::Scope(scope) = updated else {
+                if sync(&mut desired, &mut state, &c, &config, &name, times).is_none() {
                     resized += 1;
-                    continue;
-                };
-                let t = Instant::now();
-                let tx = plan_scope(&state, desired.table(), &scope);
-                let plan = t.elapsed();
-                state.apply(&tx);
-                times[0].push(update.as_secs_f64() * 1e6);
-                times[1].push(plan.as_secs_f64() * 1e6);
+                }
             }
         }
         if resized > 0 {
