@@ -206,8 +206,9 @@ fn bad_name(what: &str, value: &str) -> Option<String> {
     }
 }
 
-pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
-    let name = object_name(&svc.metadata);
+/// Converts `svc`, whose name (from [`object_name`], or with strings the caller shares) is
+/// `name`.
+pub fn service(svc: &core::Service, name: ObjectName, proxy_name: &str) -> Result<Service, Skip> {
     if name.name.is_empty() {
         return invalid(Invalid::MissingField, "metadata.name is empty");
     }
@@ -411,10 +412,10 @@ pub fn service(svc: &core::Service, proxy_name: &str) -> Result<Service, Skip> {
 /// and kube-proxy selects both kinds by the same labels.
 pub fn endpoint_slice(
     slice: &discovery::EndpointSlice,
+    name: ObjectName,
     node_names: &mut SharedNames,
     proxy_name: &str,
 ) -> Result<EndpointSlice, Skip> {
-    let name = object_name(&slice.metadata);
     let labels = slice.metadata.labels.as_ref();
     let Some(service) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
         return Err(Skip::Ignored("no-service-name-label"));
@@ -493,7 +494,10 @@ pub fn endpoint_slice(
         });
     }
     Ok(EndpointSlice {
-        service: ObjectName::new(&name.namespace, service),
+        service: ObjectName {
+            namespace: name.namespace.clone(),
+            name: service.as_str().into(),
+        },
         name,
         family,
         ports,
@@ -616,19 +620,21 @@ pub fn cluster(
         }
     };
     for s in &objects.services {
-        match service(s, proxy_name) {
+        let name = object_name(&s.metadata);
+        match service(s, name.clone(), proxy_name) {
             Ok(svc) => {
-                cluster.services.insert(svc.name.clone(), Arc::new(svc));
+                cluster.services.insert(name, Arc::new(svc));
             }
-            Err(e) => report("Service", object_name(&s.metadata), e),
+            Err(e) => report("Service", name, e),
         }
     }
     for s in &objects.slices {
-        match endpoint_slice(s, &mut node_names, proxy_name) {
+        let name = object_name(&s.metadata);
+        match endpoint_slice(s, name.clone(), &mut node_names, proxy_name) {
             Ok(slice) => {
-                cluster.slices.insert(slice.name.clone(), slice);
+                cluster.slices.insert(name, slice);
             }
-            Err(e) => report("EndpointSlice", object_name(&s.metadata), e),
+            Err(e) => report("EndpointSlice", name, e),
         }
     }
     for n in &objects.nodes {

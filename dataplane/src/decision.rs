@@ -26,7 +26,7 @@ use crate::conflicts::Suppressed;
 use crate::model::{Cluster, EndpointSlice, ObjectName, Service, ServicePort};
 use crate::net::Family;
 use crate::settings::{BuildConfig, LocalDetector};
-use crate::topology::{Categorized, NodeTopology, PortEndpoint, Usage, categorize};
+use crate::topology::{Categorized, NodeTopology, Placement, PortEndpoint, Usage, categorize};
 
 /// How traffic from this node's pods is recognised in one family (kube-proxy's
 /// `LocalTrafficDetector`, resolved from `detectLocalMode`).
@@ -213,9 +213,7 @@ pub fn port_endpoints(
                 ready: e.ready,
                 serving: e.serving,
                 terminating: e.terminating,
-                local: e.node_name.as_deref() == Some(node_name) && !node_name.is_empty(),
-                elsewhere: !node_name.is_empty()
-                    && e.node_name.as_deref().is_some_and(|n| n != node_name),
+                placement: Placement::of(e.node_name.as_deref(), node_name),
                 hints: e.hints.clone(),
             });
         }

@@ -133,18 +133,6 @@ pub struct Endpoint {
     pub hints: Option<Arc<Hints>>,
 }
 
-impl Endpoint {
-    /// `hints.forZones`: the zones whose traffic should go to this endpoint.
-    pub fn zone_hints(&self) -> &[String] {
-        self.hints.as_deref().map_or(&[], |h| &h.zones)
-    }
-
-    /// `hints.forNodes`: the nodes whose traffic should go to this endpoint.
-    pub fn node_hints(&self) -> &[String] {
-        self.hints.as_deref().map_or(&[], |h| &h.nodes)
-    }
-}
-
 /// An endpoint's topology hints (`hints.forZones`, `hints.forNodes`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Hints {

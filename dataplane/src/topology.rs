@@ -15,24 +15,50 @@ pub struct PortEndpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    /// On this node.
-    pub local: bool,
-    /// On another node, as its EndpointSlice says: a `nodeName` that is not this node's (an
-    /// endpoint without one, or an agent without a node name, may be here).
-    pub elsewhere: bool,
+    pub placement: Placement,
     /// Shared with the endpoint of the model.
     pub hints: Option<Arc<Hints>>,
 }
 
+/// Where an endpoint runs, as its EndpointSlice says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// On this node.
+    Here,
+    /// On another node: a `nodeName` that is not this node's.
+    Elsewhere,
+    /// No `nodeName`, or an agent without a node name: it may be here.
+    Unknown,
+}
+
+impl Placement {
+    /// `node_name` of an endpoint, seen from the node `this` ("" when the agent has no name).
+    pub fn of(node_name: Option<&str>, this: &str) -> Placement {
+        match node_name {
+            _ if this.is_empty() => Placement::Unknown,
+            Some(n) if n == this => Placement::Here,
+            Some(_) => Placement::Elsewhere,
+            None => Placement::Unknown,
+        }
+    }
+}
+
 impl PortEndpoint {
+    /// On this node.
+    pub fn local(&self) -> bool {
+        self.placement == Placement::Here
+    }
+
     fn serving_terminating(&self) -> bool {
         self.serving && self.terminating
     }
 
+    /// `hints.forZones`: the zones whose traffic should go to this endpoint.
     pub fn zone_hints(&self) -> &[String] {
         self.hints.as_deref().map_or(&[], |h| &h.zones)
     }
 
+    /// `hints.forNodes`: the nodes whose traffic should go to this endpoint.
     pub fn node_hints(&self) -> &[String] {
         self.hints.as_deref().map_or(&[], |h| &h.nodes)
     }
@@ -149,22 +175,22 @@ pub fn categorize(
         for e in &endpoints {
             if e.ready {
                 out.has_any = true;
-                has_local_ready |= e.local;
+                has_local_ready |= e.local();
             } else if e.serving_terminating() {
                 out.has_any = true;
-                has_local_serving_terminating |= e.local;
+                has_local_serving_terminating |= e.local();
             }
         }
         if has_local_ready {
             out.local = endpoints
                 .iter()
-                .filter(|e| e.local && e.ready)
+                .filter(|e| e.local() && e.ready)
                 .cloned()
                 .collect();
         } else if has_local_serving_terminating {
             out.local = endpoints
                 .iter()
-                .filter(|e| e.local && e.serving_terminating())
+                .filter(|e| e.local() && e.serving_terminating())
                 .cloned()
                 .collect();
             use_serving_terminating = true;
@@ -223,8 +249,11 @@ mod tests {
             ready,
             serving,
             terminating,
-            local,
-            elsewhere: !local,
+            placement: if local {
+                Placement::Here
+            } else {
+                Placement::Elsewhere
+            },
             hints: None,
         }
     }

@@ -266,8 +266,7 @@ impl Tracker {
     }
 
     /// An object's name, its namespace shared with every other object of the namespace (the
-    /// model keeps each name in several places, and the converted object's copy is replaced by
-    /// this one).
+    /// model keeps each name in several places: the maps' keys, the objects, the change sets).
     fn name_of(&mut self, meta: &ObjectMeta) -> ObjectName {
         ObjectName {
             namespace: self.namespaces.get(meta.namespace.as_deref().unwrap_or("")),
@@ -281,12 +280,8 @@ impl Tracker {
         let name = self.name_of(&svc.metadata);
         self.seen(Kind::Service, &name);
         self.events.service_events += 1;
-        let result = convert::service(svc, &self.proxy_name);
-        let (new, skip) = match result {
-            Ok(mut s) => {
-                s.name = name.clone();
-                (Some(s), None)
-            }
+        let (new, skip) = match convert::service(svc, name.clone(), &self.proxy_name) {
+            Ok(s) => (Some(s), None),
             Err(e) => (None, Some(e)),
         };
         let old = self.cluster.services.get(&name).cloned();
@@ -306,22 +301,17 @@ impl Tracker {
         let name = self.name_of(&slice.metadata);
         self.seen(Kind::EndpointSlice, &name);
         self.events.slice_events += 1;
-        let (new, skip) =
-            match convert::endpoint_slice(slice, &mut self.node_names, &self.proxy_name) {
-                Ok(mut s) => {
-                    s.service =
-                        self.cluster
-                            .services
-                            .shared_name(&s.service)
-                            .unwrap_or(ObjectName {
-                                namespace: name.namespace.clone(),
-                                name: s.service.name,
-                            });
-                    s.name = name.clone();
-                    (Some(s), None)
+        let converted =
+            convert::endpoint_slice(slice, name.clone(), &mut self.node_names, &self.proxy_name);
+        let (new, skip) = match converted {
+            Ok(mut s) => {
+                if let Some(shared) = self.cluster.services.shared_name(&s.service) {
+                    s.service = shared;
                 }
-                Err(e) => (None, Some(e)),
-            };
+                (Some(s), None)
+            }
+            Err(e) => (None, Some(e)),
+        };
         let old = self.cluster.slices.get(&name);
         let same = match (old, &new) {
             (Some(o), Some(n)) => {

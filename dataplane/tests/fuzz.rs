@@ -52,7 +52,7 @@ fn convert_service() {
                 return;
             };
             harness::note("convert_service", "deserialized");
-            let Ok(s) = convert::service(&svc, &proxy) else {
+            let Ok(s) = convert::service(&svc, convert::object_name(&svc.metadata), &proxy) else {
                 return;
             };
             harness::note("convert_service", "converted");
@@ -84,7 +84,12 @@ fn convert_endpoint_slice() {
             };
             harness::note("convert_endpoint_slice", "deserialized");
             let mut names = SharedNames::default();
-            let Ok(s) = convert::endpoint_slice(&slice, &mut names, &proxy) else {
+            let Ok(s) = convert::endpoint_slice(
+                &slice,
+                convert::object_name(&slice.metadata),
+                &mut names,
+                &proxy,
+            ) else {
                 return;
             };
             harness::note("convert_endpoint_slice", "converted");

@@ -2,6 +2,11 @@ use super::*;
 use crate::input::parse_yaml;
 use std::collections::BTreeSet;
 
+/// `service` with the object's own name and no proxy name.
+fn convert(svc: &core::Service) -> Result<Service, Skip> {
+    service(svc, object_name(&svc.metadata), "")
+}
+
 #[test]
 fn sloppy_ips_parse_leading_zeros_as_decimal() {
     assert_eq!(
@@ -41,7 +46,7 @@ fn names_the_kernel_would_refuse_are_refused_here() {
     };
     let long = "a".repeat(MAX_NAME_LEN + 1);
     let ok = "a".repeat(MAX_NAME_LEN);
-    assert!(service(&svc(&ok, &ok, &ok), "").is_ok());
+    assert!(convert(&svc(&ok, &ok, &ok)).is_ok());
     for (s, field) in [
         (svc(&long, "web", "http"), "metadata.namespace"),
         (svc("ns", &long, "http"), "metadata.name"),
@@ -49,7 +54,7 @@ fn names_the_kernel_would_refuse_are_refused_here() {
         (svc("ns", "we/b", "http"), "metadata.name"),
         (svc("ns", "web", "ht\ntp"), "spec.ports[0].name"),
     ] {
-        let err = service(&s, "").unwrap_err().to_string();
+        let err = convert(&s).unwrap_err().to_string();
         assert!(err.contains(field), "{err}");
     }
 }
@@ -125,7 +130,7 @@ fn invalid_objects_carry_their_metric_label() {
             "spec": spec,
         }))
         .unwrap();
-        service(&svc, "").unwrap_err()
+        convert(&svc).unwrap_err()
     };
     let port = |p: serde_json::Value| serde_json::json!({"clusterIP": "172.30.0.1", "ports": [p]});
     let cases = [
@@ -193,7 +198,7 @@ fn invalid_objects_carry_their_metric_label() {
 }
 
 fn service_label(svc: &core::Service) -> &'static str {
-    service(svc, "").unwrap_err().label()
+    convert(svc).unwrap_err().label()
 }
 
 #[test]

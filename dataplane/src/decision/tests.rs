@@ -60,8 +60,7 @@ fn ep(last: u8, conditions: &str, node: Option<&str>) -> PortEndpoint {
         ready: conditions.contains('R'),
         serving: conditions.contains('S'),
         terminating: conditions.contains('T'),
-        local: node == Some(NODE),
-        elsewhere: node.is_some_and(|n| n != NODE),
+        placement: Placement::of(node, NODE),
         hints: None,
     }
 }
@@ -614,7 +613,7 @@ fn service_decisions_read_slices_of_the_family() {
     let eps: Vec<(IpAddr, u16, bool)> = d[0]
         .cluster_endpoints()
         .iter()
-        .map(|e| (e.addr, e.port, e.local))
+        .map(|e| (e.addr, e.port, e.local()))
         .collect();
     assert_eq!(
         eps,

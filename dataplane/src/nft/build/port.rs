@@ -22,7 +22,7 @@ use crate::nft::ruleset::{
     Action, ChainName, Key, KeyType, Match, Proto, REGION_MAX_ENDPOINTS, Rule, SetDecl, Value,
     Verdict, region_elements, region_offset,
 };
-use crate::topology::PortEndpoint;
+use crate::topology::{Placement, PortEndpoint};
 
 /// The chains a Service port may have.
 struct ChainNames {
@@ -167,7 +167,7 @@ fn hairpin_addresses<'d>(d: &'d PortDecision<'_>) -> impl Iterator<Item = IpAddr
     d.endpoints
         .all_reachable()
         .iter()
-        .filter(move |ep| short_circuit || !ep.elsewhere)
+        .filter(move |ep| short_circuit || ep.placement != Placement::Elsewhere)
         .map(|ep| ep.addr)
 }
 
