@@ -36,7 +36,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::{ClientBuilder, ConfigExt};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use tower::util::BoxService;
+use tower::util::BoxCloneService;
 use tower::{BoxError, ServiceBuilder};
 
 /// The kubelet's ServiceAccount mount.
@@ -269,7 +269,8 @@ pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(300);
 
 /// The stack under [`ClientBuilder`]: kube's base URI, authentication and extra headers over a
 /// pooled hyper client, under the [`Guard`].
-pub type Stack = Guard<BoxService<HttpRequest<kube::client::Body>, Response<Incoming>, BoxError>>;
+pub type Stack =
+    Guard<BoxCloneService<HttpRequest<kube::client::Body>, Response<Incoming>, BoxError>>;
 
 /// The API client's stack, built from kube's public parts as `ClientBuilder::try_from` builds
 /// it (that offers no TCP keepalive): TLS, the base URI, authentication (token files re-read)
@@ -319,7 +320,7 @@ pub fn client_builder(
         .map_err(BoxError::from)
         .service(client);
     Ok(ClientBuilder::new(
-        Guard::new(BoxService::new(service), liveness),
+        Guard::new(BoxCloneService::new(service), liveness),
         config.default_namespace.clone(),
     ))
 }

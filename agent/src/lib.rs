@@ -14,6 +14,7 @@ pub mod iptables;
 pub mod memory;
 pub mod nftables;
 pub mod node_wait;
+pub mod prefetch;
 pub mod proxier;
 pub mod quarantine;
 pub mod ratelimit;

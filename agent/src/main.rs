@@ -224,12 +224,14 @@ fn kube_client(
     tracing::info!(server = %target.server(), origin = ?target.origin, "API server");
     // The client's buffer task is spawned on the runtime.
     let _runtime = rt.enter();
-    // Timeouts, keepalive, the watch watchdog and lists from the watch cache; what the stack
-    // sees of the server (answers, Retry-After) goes to the watchers through the diagnosis.
+    // Timeouts, keepalive, the watch watchdog and lists from the watch cache, with the next page
+    // of a list asked for as soon as a page arrives; what the stack sees of the server
+    // (answers, Retry-After) goes to the watchers through the diagnosis.
     let liveness = Arc::new(apiclient::Liveness::default());
     let layer = nftproxy::client_metrics::ClientMetricsLayer::new(&target.config.cluster_url);
     let client = apiclient::client_builder(&target.config, liveness.clone())
         .map_err(|e| runtime(format!("API client: {e}")))?
+        .with_layer(&nftproxy::prefetch::PrefetchLayer)
         .with_layer(&layer)
         .with_layer(&nftproxy::ratelimit::RateLimitLayer::new(
             settings.client.qps,
@@ -353,8 +355,12 @@ fn run(
     apply_oom_score_adj(settings.oom_score_adj);
     let (shared, rx) = Shared::new(Tracker::new(&settings.node_name, ""));
     let shared = Arc::new(shared);
+    // One worker: its tasks wait on the network (watches, list pages, the HTTP endpoints) and
+    // convert objects, while syncs run on a thread of their own. A second worker only took CPU
+    // from whatever shares the node: beside an API server on two CPUs, it made a cold start's
+    // lists 1.3× slower (docs/performance.md, "Live mode").
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .enable_all()
         .build()
         .map_err(runtime)?;
