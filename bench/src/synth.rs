@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result, bail};
 use dataplane::convert::{self, Objects};
-use dataplane::model::{Cluster, Endpoint, ObjectName};
+use dataplane::model::{Cluster, Endpoint, Hints, ObjectName, Site};
 use dataplane::nft::ruleset::Family;
 use serde_json::{Value, json};
 
@@ -464,8 +464,7 @@ pub fn add_endpoint(cluster: &mut Cluster, spec: &Spec, addr: Ipv4Addr) -> Resul
         ready: true,
         serving: true,
         terminating: false,
-        node_name: Some("node-extra".into()),
-        hints: None,
+        site: Site::new(Some("node-extra"), Hints::default()),
     });
     cluster.slices.insert(slice, s);
     Ok(())

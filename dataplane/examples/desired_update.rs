@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nftproxy_dataplane::model::{
-    Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
+    Cluster, Endpoint, EndpointPort, EndpointSlice, Hints, ObjectName, Service, ServicePort,
+    ServiceType, Site,
 };
 use nftproxy_dataplane::nft::build::{BuildConfig, LocalDetector};
 use nftproxy_dataplane::nft::desired::{Desired, Updated};
@@ -35,8 +36,7 @@ fn endpoint(n: u32) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
-        node_name: Some("other".into()),
-        hints: None,
+        site: Site::new(Some("other"), Hints::default()),
     }
 }
 

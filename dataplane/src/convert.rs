@@ -14,7 +14,7 @@ use k8s_openapi::api::networking::v1 as networking;
 
 use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, Hints, Node, ObjectName, Service, ServicePort,
-    ServiceType, SharedNames, Slices,
+    ServiceType, SharedSites, Slices,
 };
 use crate::net::{Family, Proto};
 
@@ -413,7 +413,7 @@ pub fn service(svc: &core::Service, name: ObjectName, proxy_name: &str) -> Resul
 pub fn endpoint_slice(
     slice: &discovery::EndpointSlice,
     name: ObjectName,
-    node_names: &mut SharedNames,
+    sites: &mut SharedSites,
     proxy_name: &str,
 ) -> Result<EndpointSlice, Skip> {
     let labels = slice.metadata.labels.as_ref();
@@ -480,16 +480,18 @@ pub fn endpoint_slice(
             ready: c.and_then(|c| c.ready).unwrap_or(true),
             serving: c.and_then(|c| c.serving).unwrap_or(true),
             terminating: c.and_then(|c| c.terminating).unwrap_or(false),
-            node_name: ep.node_name.as_deref().map(|n| node_names.get(n)),
-            hints: Hints::of(
-                hints
-                    .and_then(|h| h.for_zones.as_ref())
-                    .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                    .unwrap_or_default(),
-                hints
-                    .and_then(|h| h.for_nodes.as_ref())
-                    .map(|n| n.iter().map(|n| n.name.clone()).collect())
-                    .unwrap_or_default(),
+            site: sites.get(
+                ep.node_name.as_deref(),
+                Hints {
+                    zones: hints
+                        .and_then(|h| h.for_zones.as_ref())
+                        .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                        .unwrap_or_default(),
+                    nodes: hints
+                        .and_then(|h| h.for_nodes.as_ref())
+                        .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                        .unwrap_or_default(),
+                },
             ),
         });
     }
@@ -608,7 +610,7 @@ pub fn cluster(
     proxy_name: &str,
 ) -> (crate::model::Cluster, Vec<Skipped>) {
     let mut cluster = crate::model::Cluster::default();
-    let mut node_names = SharedNames::default();
+    let mut sites = SharedSites::default();
     let mut skipped = Vec::new();
     let mut report = |kind: &str, name: ObjectName, skip: Skip| {
         if let Skip::Invalid(..) = skip {
@@ -630,7 +632,7 @@ pub fn cluster(
     }
     for s in &objects.slices {
         let name = object_name(&s.metadata);
-        match endpoint_slice(s, name.clone(), &mut node_names, proxy_name) {
+        match endpoint_slice(s, name.clone(), &mut sites, proxy_name) {
             Ok(slice) => {
                 cluster.slices.insert(name, slice);
             }

@@ -213,8 +213,8 @@ pub fn port_endpoints(
                 ready: e.ready,
                 serving: e.serving,
                 terminating: e.terminating,
-                placement: Placement::of(e.node_name.as_deref(), node_name),
-                hints: e.hints.clone(),
+                placement: Placement::of(e.node_name(), node_name),
+                site: e.site.clone(),
             });
         }
     }
@@ -567,7 +567,7 @@ pub fn local_ready_endpoints(
         .slices_of(name)
         .filter(|s| s.family == family && !s.ports.is_empty())
         .flat_map(|s| s.endpoints.iter())
-        .filter(|e| e.ready && e.node_name.as_deref() == Some(node_name))
+        .filter(|e| e.ready && e.node_name() == Some(node_name))
         .map(|e| e.addr)
         .collect::<BTreeSet<IpAddr>>()
         .len()

@@ -1,6 +1,6 @@
 //! The Service model nftproxy computes rules from: validated, normalised, family-aware.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -10,6 +10,10 @@ use ipnet::IpNet;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::net::{Family, Proto};
+
+mod shared;
+
+pub use shared::{SharedNames, SharedSites};
 
 /// `namespace/name` of a Kubernetes object. Names are copied into many indexes and change
 /// sets; shared strings make those copies free and keep them from fragmenting the heap.
@@ -126,53 +130,43 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    /// Shared with every endpoint on the same node (see [`SharedNames`]).
-    pub node_name: Option<Arc<str>>,
-    /// Topology hints; most endpoints have none, and a box keeps those small (an endpoint is
-    /// most of the model's memory).
-    pub hints: Option<Arc<Hints>>,
+    /// Its node and topology hints, one allocation shared by every endpoint with the same
+    /// ones (see [`SharedSites`]); None when it has neither. An endpoint is most of the model's
+    /// memory, and a cluster has far fewer nodes than endpoints.
+    pub site: Option<Arc<Site>>,
 }
 
-/// An endpoint's topology hints (`hints.forZones`, `hints.forNodes`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+impl Endpoint {
+    /// `nodeName`.
+    pub fn node_name(&self) -> Option<&str> {
+        self.site.as_ref()?.node_name.as_deref()
+    }
+}
+
+/// Where an endpoint runs: its `nodeName` and topology hints.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Site {
+    pub node_name: Option<Arc<str>>,
+    pub hints: Hints,
+}
+
+impl Site {
+    /// A site of its own (not shared); None when it says nothing.
+    pub fn new(node_name: Option<&str>, hints: Hints) -> Option<Arc<Site>> {
+        let site = Site {
+            node_name: node_name.map(Into::into),
+            hints,
+        };
+        (site != Site::default()).then(|| Arc::new(site))
+    }
+}
+
+/// An endpoint's topology hints (`hints.forZones`, `hints.forNodes`); both empty when it has
+/// none.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Hints {
     pub zones: Box<[String]>,
     pub nodes: Box<[String]>,
-}
-
-impl Hints {
-    /// None when there are no hints.
-    pub fn of(zones: Box<[String]>, nodes: Box<[String]>) -> Option<Arc<Hints>> {
-        (!zones.is_empty() || !nodes.is_empty()).then(|| Arc::new(Hints { zones, nodes }))
-    }
-}
-
-/// Names that many objects repeat, one shared string each: the node names endpoints refer to
-/// (a cluster has far fewer nodes than endpoints) and the namespaces of objects. A string per
-/// endpoint or per object was a heap block each.
-#[derive(Clone, Debug, Default)]
-pub struct SharedNames {
-    names: HashSet<Arc<str>>,
-    /// Size after the last sweep of names nothing uses any more.
-    swept_at: usize,
-}
-
-impl SharedNames {
-    /// The shared string for `name`.
-    pub fn get(&mut self, name: &str) -> Arc<str> {
-        if let Some(n) = self.names.get(name) {
-            return n.clone();
-        }
-        // Nodes and namespaces come and go; sweep once the set has doubled, so the cost stays
-        // O(1) per name.
-        if self.names.len() >= 2 * self.swept_at + 64 {
-            self.names.retain(|n| Arc::strong_count(n) > 1);
-            self.swept_at = self.names.len();
-        }
-        let n: Arc<str> = name.into();
-        self.names.insert(n.clone());
-        n
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -653,22 +647,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn node_names_are_shared_and_unused_ones_swept() {
-        let mut names = SharedNames::default();
-        let a = names.get("node-a");
-        assert!(Arc::ptr_eq(&a, &names.get("node-a")));
-        // Nodes that come and go do not pile up: names nobody holds are dropped.
-        for i in 0..10_000 {
-            names.get(&format!("gone-{i}"));
-        }
-        assert!(names.names.len() < 200, "{} names kept", names.names.len());
-        assert!(Arc::ptr_eq(&a, &names.get("node-a")));
-    }
-
-    #[test]
     fn endpoints_stay_small() {
         // Endpoints are most of the model: 1.2 M of them at 100k Services (realistic shape).
-        assert!(std::mem::size_of::<Endpoint>() <= 48);
+        assert!(std::mem::size_of::<Endpoint>() <= 32);
     }
 
     fn slice(name: &str, service: &str) -> EndpointSlice {

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::Hints;
+use crate::model::Site;
 
 /// One endpoint of one Service port, as the proxy sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,8 +16,8 @@ pub struct PortEndpoint {
     pub serving: bool,
     pub terminating: bool,
     pub placement: Placement,
-    /// Shared with the endpoint of the model.
-    pub hints: Option<Arc<Hints>>,
+    /// Shared with the endpoint of the model (its hints are read here).
+    pub site: Option<Arc<Site>>,
 }
 
 /// Where an endpoint runs, as its EndpointSlice says.
@@ -55,12 +55,12 @@ impl PortEndpoint {
 
     /// `hints.forZones`: the zones whose traffic should go to this endpoint.
     pub fn zone_hints(&self) -> &[String] {
-        self.hints.as_deref().map_or(&[], |h| &h.zones)
+        self.site.as_deref().map_or(&[], |s| &s.hints.zones)
     }
 
     /// `hints.forNodes`: the nodes whose traffic should go to this endpoint.
     pub fn node_hints(&self) -> &[String] {
-        self.hints.as_deref().map_or(&[], |h| &h.nodes)
+        self.site.as_deref().map_or(&[], |s| &s.hints.nodes)
     }
 }
 
@@ -241,6 +241,7 @@ pub fn categorize(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Hints;
 
     fn ep(last: u8, ready: bool, serving: bool, terminating: bool, local: bool) -> PortEndpoint {
         PortEndpoint {
@@ -254,7 +255,7 @@ mod tests {
             } else {
                 Placement::Elsewhere
             },
-            hints: None,
+            site: None,
         }
     }
 
@@ -314,9 +315,21 @@ mod tests {
     #[test]
     fn zone_hints_are_all_or_nothing() {
         let mut a = ep(1, true, true, false, false);
-        a.hints = Hints::of(["zone-a".into()].into(), [].into());
+        a.site = Site::new(
+            None,
+            Hints {
+                zones: ["zone-a".into()].into(),
+                nodes: [].into(),
+            },
+        );
         let mut b = ep(2, true, true, false, false);
-        b.hints = Hints::of(["zone-b".into()].into(), [].into());
+        b.site = Site::new(
+            None,
+            Hints {
+                zones: ["zone-b".into()].into(),
+                nodes: [].into(),
+            },
+        );
         let c = categorize(
             vec![a.clone(), b.clone()],
             Usage::new(false, false, false),

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::conflicts::{claims_differ, neighbours};
 use crate::convert::{self, Skip, Skipped, object_name};
-use crate::model::{Cluster, ObjectName, Service, SharedNames};
+use crate::model::{Cluster, ObjectName, Service, SharedNames, SharedSites};
 use crate::net::Family;
 
 /// The kinds of object the proxy watches.
@@ -94,7 +94,7 @@ pub struct Tracker {
     /// after it is deleted (kube-proxy resolves the node's IPs once and keeps them): only the
     /// node's eligibility for load-balancer traffic follows the deletion.
     node_present: bool,
-    node_names: SharedNames,
+    sites: SharedSites,
     namespaces: SharedNames,
     changes: Changes,
     /// Kinds whose initial list is complete.
@@ -113,7 +113,7 @@ impl Tracker {
             proxy_name: proxy_name.to_string(),
             cluster: Cluster::default(),
             node_present: false,
-            node_names: SharedNames::default(),
+            sites: SharedSites::default(),
             namespaces: SharedNames::default(),
             changes: Changes::default(),
             listed: BTreeSet::new(),
@@ -302,7 +302,7 @@ impl Tracker {
         self.seen(Kind::EndpointSlice, &name);
         self.events.slice_events += 1;
         let converted =
-            convert::endpoint_slice(slice, name.clone(), &mut self.node_names, &self.proxy_name);
+            convert::endpoint_slice(slice, name.clone(), &mut self.sites, &self.proxy_name);
         let (new, skip) = match converted {
             Ok(mut s) => {
                 if let Some(shared) = self.cluster.services.shared_name(&s.service) {
@@ -475,6 +475,34 @@ mod tests {
         }
         // A slice whose Service is not known yet keeps a name of its own.
         assert_eq!(&*b.service.name, "b");
+    }
+
+    #[test]
+    fn endpoints_on_one_node_share_their_site() {
+        let mut t = Tracker::new("node", "");
+        let on = |name: &str, nodes: &[&str]| -> discovery::EndpointSlice {
+            let mut s = slice(name, "a", &[], "t");
+            s.endpoints = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    serde_json::from_value(serde_json::json!({
+                        "addresses": [format!("10.0.{}.{i}", name.len())], "nodeName": n
+                    }))
+                    .unwrap()
+                })
+                .collect();
+            s
+        };
+        t.apply_slice(&on("a-1", &["n1", "n2"]));
+        t.apply_slice(&on("a-22", &["n1"]));
+        let site = |slice: &str, i: usize| {
+            let s = t.cluster.slices.get(&ObjectName::new("ns", slice)).unwrap();
+            s.endpoints[i].site.clone().unwrap()
+        };
+        assert!(Arc::ptr_eq(&site("a-1", 0), &site("a-22", 0)));
+        assert!(!Arc::ptr_eq(&site("a-1", 0), &site("a-1", 1)));
+        assert_eq!(site("a-1", 1).node_name.as_deref(), Some("n2"));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use nftproxy_dataplane::iptables::{
     self, Existing, IptablesOptions, PREFIX, jump_target, parse_save, plan_full, plan_removal,
     tokens,
 };
-use nftproxy_dataplane::model::{Cluster, ObjectName, SharedNames};
+use nftproxy_dataplane::model::{Cluster, ObjectName, SharedSites};
 use nftproxy_dataplane::nft::build::{BuildConfig, LocalDetector, NodePortAddresses, build};
 use nftproxy_dataplane::nft::desired::Desired;
 use nftproxy_dataplane::nft::render;
@@ -83,11 +83,11 @@ fn convert_endpoint_slice() {
                 return;
             };
             harness::note("convert_endpoint_slice", "deserialized");
-            let mut names = SharedNames::default();
+            let mut sites = SharedSites::default();
             let Ok(s) = convert::endpoint_slice(
                 &slice,
                 convert::object_name(&slice.metadata),
-                &mut names,
+                &mut sites,
                 &proxy,
             ) else {
                 return;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 use nftproxy_dataplane::conflicts::{Conflict, conflicts, suppressed};
 use nftproxy_dataplane::model::{
-    Cluster, Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
+    Cluster, Endpoint, EndpointPort, EndpointSlice, Hints, ObjectName, Service, ServicePort,
+    ServiceType, Site,
 };
 use nftproxy_dataplane::nft::build::{
     BIG_MAX_ENDPOINTS, BuildConfig, EndpointLists, LIST_MAX_ENDPOINTS, LocalDetector, affinity,

@@ -4,7 +4,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::model::{
-    Endpoint, EndpointPort, EndpointSlice, ObjectName, Service, ServicePort, ServiceType,
+    Endpoint, EndpointPort, EndpointSlice, Hints, ObjectName, Service, ServicePort, ServiceType,
+    Site,
 };
 use crate::nft::ruleset::{KeyType, SetDecl, Verdict};
 use crate::nft::state::{Elements, SetState};
@@ -47,8 +48,7 @@ fn endpoint(addr: &str, serving: bool) -> Endpoint {
         ready: serving,
         serving,
         terminating: false,
-        node_name: Some("other-node".into()),
-        hints: None,
+        site: Site::new(Some("other-node"), Hints::default()),
     }
 }
 

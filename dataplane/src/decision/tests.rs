@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::conflicts::suppressed;
-use crate::model::{Endpoint, EndpointPort, Hints, Node, ServiceType, Services};
+use crate::model::{Endpoint, EndpointPort, Hints, Node, ServiceType, Services, Site};
 use crate::net::Proto;
 
 fn ip(s: &str) -> IpAddr {
@@ -61,7 +61,7 @@ fn ep(last: u8, conditions: &str, node: Option<&str>) -> PortEndpoint {
         serving: conditions.contains('S'),
         terminating: conditions.contains('T'),
         placement: Placement::of(node, NODE),
-        hints: None,
+        site: None,
     }
 }
 
@@ -559,9 +559,21 @@ fn topology_hints_and_session_affinity() {
     svc.external_policy_local = true;
     svc.affinity_timeout = Some(10800);
     let mut a = ep(1, "RS", None);
-    a.hints = Hints::of(["zone-a".into()].into(), [].into());
+    a.site = Site::new(
+        None,
+        Hints {
+            zones: ["zone-a".into()].into(),
+            nodes: [].into(),
+        },
+    );
     let mut b = ep(2, "RS", Some(NODE));
-    b.hints = Hints::of(["zone-b".into()].into(), [].into());
+    b.site = Site::new(
+        None,
+        Hints {
+            zones: ["zone-b".into()].into(),
+            nodes: [].into(),
+        },
+    );
     let d = decide_one(&svc, &[a, b]);
     assert_eq!(last_octets(d.cluster_endpoints()), [1]);
     assert_eq!(last_octets(d.local_endpoints()), [2]);
@@ -580,8 +592,7 @@ fn service_decisions_read_slices_of_the_family() {
         ready: true,
         serving: true,
         terminating: false,
-        node_name: Some(node.into()),
-        hints: None,
+        site: Site::new(Some(node), Hints::default()),
     };
     let slice = |name: &str, family, port_name: &str, eps| EndpointSlice {
         name: ObjectName::new("ns1", name),
@@ -648,8 +659,7 @@ fn health_check_counts_local_ready_endpoint_ips() {
         ready,
         serving: true,
         terminating,
-        node_name: Some(NODE.into()),
-        hints: None,
+        site: Site::new(Some(NODE), Hints::default()),
     };
     let put = |cluster: &mut Cluster, eps: Vec<Endpoint>| {
         let name = ObjectName::new("ns1", "svc1-abc");

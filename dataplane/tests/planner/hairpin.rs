@@ -65,7 +65,7 @@ fn hairpin_elements_are_for_endpoints_a_connection_here_can_come_from() {
         let name = ObjectName::new("ns", slice);
         let mut s = slices.get(&name).unwrap().clone();
         for (ep, node) in s.endpoints.iter_mut().zip(nodes) {
-            ep.node_name = node.map(Into::into);
+            ep.site = Site::new(*node, Hints::default());
         }
         c.slices.insert(name, s);
     }

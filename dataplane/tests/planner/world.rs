@@ -88,8 +88,7 @@ pub fn cluster(specs: &[SvcSpec]) -> Cluster {
                         ready: true,
                         serving: true,
                         terminating: false,
-                        node_name: Some("node".into()),
-                        hints: None,
+                        site: Site::new(Some("node"), Hints::default()),
                     })
                     .collect(),
                 trigger_time: None,

@@ -1,0 +1,148 @@
+//! Values that many objects of the model repeat (node names, namespaces, endpoint sites),
+//! held once each.
+
+use std::collections::HashSet;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use super::{Hints, Site};
+
+/// Values that many objects repeat, one shared allocation each. Values nothing holds any more
+/// are swept once the set has doubled, so values that come and go (nodes, namespaces) do not
+/// pile up, at O(1) per value.
+#[derive(Debug)]
+struct Interner<T: ?Sized> {
+    values: HashSet<Arc<T>>,
+    /// Size after the last sweep.
+    swept_at: usize,
+}
+
+impl<T: ?Sized> Clone for Interner<T> {
+    fn clone(&self) -> Interner<T> {
+        Interner {
+            values: self.values.clone(),
+            swept_at: self.swept_at,
+        }
+    }
+}
+
+impl<T: ?Sized> Default for Interner<T> {
+    fn default() -> Interner<T> {
+        Interner {
+            values: HashSet::new(),
+            swept_at: 0,
+        }
+    }
+}
+
+impl<T: ?Sized + Hash + Eq> Interner<T> {
+    /// The shared value equal to `key`, made by `make` if there is none.
+    fn get<Q>(&mut self, key: &Q, make: impl FnOnce(&Q) -> Arc<T>) -> Arc<T>
+    where
+        Q: ?Sized + Hash + Eq,
+        Arc<T>: std::borrow::Borrow<Q>,
+    {
+        if let Some(v) = self.values.get(key) {
+            return v.clone();
+        }
+        if self.values.len() >= 2 * self.swept_at + 64 {
+            self.values.retain(|v| Arc::strong_count(v) > 1);
+            self.swept_at = self.values.len();
+        }
+        let v = make(key);
+        self.values.insert(v.clone());
+        v
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.values.len()
+    }
+}
+
+/// Names that many objects repeat, one shared string each: the node names endpoints refer to
+/// (a cluster has far fewer nodes than endpoints) and the namespaces of objects. A string per
+/// endpoint or per object was a heap block each.
+#[derive(Clone, Debug, Default)]
+pub struct SharedNames {
+    names: Interner<str>,
+}
+
+impl SharedNames {
+    /// The shared string for `name`.
+    pub fn get(&mut self, name: &str) -> Arc<str> {
+        self.names.get(name, |n: &str| Arc::from(n))
+    }
+}
+
+/// The sites of endpoints, one shared [`Site`] for each node and set of hints.
+#[derive(Clone, Debug, Default)]
+pub struct SharedSites {
+    nodes: SharedNames,
+    sites: Interner<Site>,
+}
+
+impl SharedSites {
+    /// The shared site of an endpoint on `node_name` with `hints`; None when it has neither.
+    pub fn get(&mut self, node_name: Option<&str>, hints: Hints) -> Option<Arc<Site>> {
+        let site = Site {
+            node_name: node_name.map(|n| self.nodes.get(n)),
+            hints,
+        };
+        (site != Site::default()).then(|| self.sites.get(&site, |s| Arc::new(s.clone())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_shared_and_unused_ones_swept() {
+        let mut names = SharedNames::default();
+        let a = names.get("node-a");
+        assert!(Arc::ptr_eq(&a, &names.get("node-a")));
+        // Nodes that come and go do not pile up: names nobody holds are dropped.
+        for i in 0..10_000 {
+            names.get(&format!("gone-{i}"));
+        }
+        assert!(names.names.len() < 200, "{} names kept", names.names.len());
+        assert!(Arc::ptr_eq(&a, &names.get("node-a")));
+    }
+
+    #[test]
+    fn sites_are_shared_and_unused_ones_swept() {
+        let mut sites = SharedSites::default();
+        let zone = |z: &str| Hints {
+            zones: [z.to_string()].into(),
+            nodes: [].into(),
+        };
+        let a = sites.get(Some("node-a"), Hints::default()).unwrap();
+        let a_hinted = sites.get(Some("node-a"), zone("z1")).unwrap();
+        assert!(Arc::ptr_eq(
+            &a,
+            &sites.get(Some("node-a"), Hints::default()).unwrap()
+        ));
+        assert!(Arc::ptr_eq(
+            &a_hinted,
+            &sites.get(Some("node-a"), zone("z1")).unwrap()
+        ));
+        assert!(!Arc::ptr_eq(&a, &a_hinted));
+        // Both name the node with one string.
+        let (n, m) = (
+            a.node_name.as_ref().unwrap(),
+            a_hinted.node_name.as_ref().unwrap(),
+        );
+        assert!(Arc::ptr_eq(n, m));
+        assert_eq!(sites.get(None, Hints::default()), None);
+        assert_eq!(sites.get(None, zone("z1")).unwrap().node_name, None);
+        for i in 0..10_000 {
+            sites.get(Some(&format!("gone-{i}")), Hints::default());
+        }
+        assert!(sites.sites.len() < 200, "{} sites kept", sites.sites.len());
+        assert!(Arc::ptr_eq(
+            &a,
+            &sites.get(Some("node-a"), Hints::default()).unwrap()
+        ));
+    }
+}
