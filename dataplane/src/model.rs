@@ -11,8 +11,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::net::{Family, Proto};
 
+mod by_name;
 mod shared;
 
+use by_name::ByName;
 pub use shared::{SharedNames, SharedSites};
 
 /// `namespace/name` of a Kubernetes object. Names are copied into many indexes and change
@@ -204,12 +206,12 @@ pub struct Node {
 ///
 /// There is deliberately no `get_mut`: changing a slice's `service` in place would leave the
 /// index stale. Replace a slice with [`Slices::insert`] instead.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Slices {
-    /// Boxed: a node of a persistent map holds its entries inline and is about half full, so
+    /// Boxed: a node of a persistent set holds its entries inline and is about half full, so
     /// inline slices would cost twice their size; and copying a node on a change (the sync
     /// loop and the desired table hold snapshots) copies pointers instead of whole slices.
-    by_name: OrdMap<ObjectName, Arc<EndpointSlice>>,
+    by_name: OrdSet<ByName<EndpointSlice>>,
     /// Sorted slice names. Most Services have one or two slices; an `OrdSet` would allocate a
     /// whole B-tree node (about 3 KiB) for each.
     by_service: OrdMap<ObjectName, Vec<ObjectName>>,
@@ -229,17 +231,25 @@ impl Slices {
     }
 
     pub fn get(&self, name: &ObjectName) -> Option<&EndpointSlice> {
-        self.by_name.get(name).map(|s| &**s)
+        self.by_name.get(name).map(|s| &*s.0)
     }
 
     pub fn contains_key(&self, name: &ObjectName) -> bool {
-        self.by_name.contains_key(name)
+        self.by_name.contains(name)
     }
 
     /// Adds or replaces the slice `name`, returning the one it replaced.
-    pub fn insert(&mut self, name: ObjectName, slice: EndpointSlice) -> Option<Arc<EndpointSlice>> {
+    pub fn insert(
+        &mut self,
+        name: ObjectName,
+        mut slice: EndpointSlice,
+    ) -> Option<Arc<EndpointSlice>> {
+        // The set finds a slice by its own name.
+        if slice.name != name {
+            slice.name = name.clone();
+        }
         let service = slice.service.clone();
-        let old = self.by_name.insert(name.clone(), Arc::new(slice));
+        let old = self.by_name.insert(ByName(Arc::new(slice))).map(|o| o.0);
         if let Some(o) = &old {
             self.unindex(&o.service, &name);
         }
@@ -253,7 +263,7 @@ impl Slices {
     }
 
     pub fn remove(&mut self, name: &ObjectName) -> Option<Arc<EndpointSlice>> {
-        let old = self.by_name.remove(name)?;
+        let old = self.by_name.remove(name)?.0;
         self.unindex(&old.service, name);
         Some(old)
     }
@@ -273,7 +283,6 @@ impl Slices {
     /// Keeps only the slices for which `keep` returns true.
     pub fn retain(&mut self, mut keep: impl FnMut(&ObjectName, &EndpointSlice) -> bool) {
         let gone: Vec<ObjectName> = self
-            .by_name
             .iter()
             .filter(|(name, slice)| !keep(name, slice))
             .map(|(name, _)| name.clone())
@@ -289,16 +298,16 @@ impl Slices {
 
     /// All slices with their names, in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&ObjectName, &EndpointSlice)> {
-        self.by_name.iter().map(|(name, s)| (name, &**s))
+        self.by_name.iter().map(|s| (s.name(), &*s.0))
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &ObjectName> {
-        self.by_name.keys()
+        self.by_name.iter().map(ByName::name)
     }
 
     /// All slices, in name order.
     pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
-        self.by_name.values().map(|s| &**s)
+        self.by_name.iter().map(|s| &*s.0)
     }
 
     /// The Services that have at least one slice, in name order.
@@ -315,9 +324,18 @@ impl Slices {
             .get(service)
             .into_iter()
             .flatten()
-            .filter_map(|name| self.by_name.get(name).map(|s| &**s))
+            .filter_map(|name| self.get(name))
     }
 }
+
+impl PartialEq for Slices {
+    fn eq(&self, other: &Slices) -> bool {
+        // The set compares names only; the index follows from the slices.
+        self.len() == other.len() && self.values().eq(other.values())
+    }
+}
+
+impl Eq for Slices {}
 
 impl FromIterator<(ObjectName, EndpointSlice)> for Slices {
     fn from_iter<I: IntoIterator<Item = (ObjectName, EndpointSlice)>>(iter: I) -> Slices {
@@ -340,11 +358,10 @@ impl IntoIterator for Slices {
     type IntoIter = Box<dyn Iterator<Item = (ObjectName, EndpointSlice)>>;
 
     fn into_iter(self) -> Self::IntoIter {
-        Box::new(
-            self.by_name
-                .into_iter()
-                .map(|(name, s)| (name, Arc::unwrap_or_clone(s))),
-        )
+        Box::new(self.by_name.into_iter().map(|s| {
+            let slice = Arc::unwrap_or_clone(s.0);
+            (slice.name.clone(), slice)
+        }))
     }
 }
 
@@ -384,7 +401,7 @@ impl Claimants {
 /// stale. Replace a Service with [`Services::insert`] instead.
 #[derive(Clone, Debug, Default)]
 pub struct Services {
-    by_name: OrdMap<ObjectName, Arc<Service>>,
+    by_name: OrdSet<ByName<Service>>,
     by_addr: OrdMap<IpAddr, Claimants>,
     /// The addresses more than one Service claims (usually none).
     shared: OrdSet<IpAddr>,
@@ -392,8 +409,8 @@ pub struct Services {
 
 impl PartialEq for Services {
     fn eq(&self, other: &Services) -> bool {
-        // The index follows from the Services.
-        self.by_name == other.by_name
+        // The set compares names only; the index follows from the Services.
+        self.len() == other.len() && self.values().eq(other.values())
     }
 }
 
@@ -413,16 +430,16 @@ impl Services {
     }
 
     pub fn get(&self, name: &ObjectName) -> Option<&Arc<Service>> {
-        self.by_name.get(name)
+        self.by_name.get(name).map(|s| &s.0)
     }
 
     /// The name as this map holds it, whose strings others can share.
     pub fn shared_name(&self, name: &ObjectName) -> Option<ObjectName> {
-        self.by_name.get_key_value(name).map(|(k, _)| k.clone())
+        self.by_name.get(name).map(|s| s.name().clone())
     }
 
     pub fn contains_key(&self, name: &ObjectName) -> bool {
-        self.by_name.contains_key(name)
+        self.by_name.contains(name)
     }
 
     /// Adds or replaces the Service `name` (which should be `svc.name`), returning the one it
@@ -432,8 +449,12 @@ impl Services {
         name: ObjectName,
         svc: impl Into<Arc<Service>>,
     ) -> Option<Arc<Service>> {
-        let svc: Arc<Service> = svc.into();
-        let old = self.by_name.insert(name, svc.clone());
+        let mut svc: Arc<Service> = svc.into();
+        // The set finds a Service by its own name.
+        if svc.name != name {
+            Arc::make_mut(&mut svc).name = name;
+        }
+        let old = self.by_name.insert(ByName(svc.clone())).map(|o| o.0);
         if let Some(o) = &old {
             self.unindex(o);
         }
@@ -442,7 +463,7 @@ impl Services {
     }
 
     pub fn remove(&mut self, name: &ObjectName) -> Option<Arc<Service>> {
-        let old = self.by_name.remove(name)?;
+        let old = self.by_name.remove(name)?.0;
         self.unindex(&old);
         Some(old)
     }
@@ -515,16 +536,16 @@ impl Services {
 
     /// All Services with their names, in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&ObjectName, &Arc<Service>)> {
-        self.by_name.iter()
+        self.by_name.iter().map(|s| (s.name(), &s.0))
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &ObjectName> {
-        self.by_name.keys()
+        self.by_name.iter().map(ByName::name)
     }
 
     /// All Services, in name order.
     pub fn values(&self) -> impl Iterator<Item = &Arc<Service>> {
-        self.by_name.values()
+        self.by_name.iter().map(|s| &s.0)
     }
 }
 
@@ -532,7 +553,10 @@ impl std::ops::Index<&ObjectName> for Services {
     type Output = Arc<Service>;
 
     fn index(&self, name: &ObjectName) -> &Arc<Service> {
-        &self.by_name[name]
+        match self.get(name) {
+            Some(svc) => svc,
+            None => panic!("no Service {name}"),
+        }
     }
 }
 
@@ -557,7 +581,7 @@ impl IntoIterator for Services {
     type IntoIter = Box<dyn Iterator<Item = (ObjectName, Arc<Service>)>>;
 
     fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.by_name.into_iter())
+        Box::new(self.by_name.into_iter().map(|s| (s.name().clone(), s.0)))
     }
 }
 
@@ -566,7 +590,7 @@ impl<'a> IntoIterator for &'a Services {
     type IntoIter = Box<dyn Iterator<Item = (&'a ObjectName, &'a Arc<Service>)> + 'a>;
 
     fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.by_name.iter())
+        Box::new(self.iter())
     }
 }
 
