@@ -14,7 +14,7 @@ use k8s_openapi::api::networking::v1 as networking;
 
 use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, Hints, Node, ObjectName, Service, ServicePort,
-    ServiceType, SharedSites, Slices,
+    ServiceType, Shared, Slices,
 };
 use crate::net::{Family, Proto};
 
@@ -208,7 +208,12 @@ fn bad_name(what: &str, value: &str) -> Option<String> {
 
 /// Converts `svc`, whose name (from [`object_name`], or with strings the caller shares) is
 /// `name`.
-pub fn service(svc: &core::Service, name: ObjectName, proxy_name: &str) -> Result<Service, Skip> {
+pub fn service(
+    svc: &core::Service,
+    name: ObjectName,
+    shared: &mut Shared,
+    proxy_name: &str,
+) -> Result<Service, Skip> {
     if name.name.is_empty() {
         return invalid(Invalid::MissingField, "metadata.name is empty");
     }
@@ -329,7 +334,7 @@ pub fn service(svc: &core::Service, name: ObjectName, proxy_name: &str) -> Resul
         }
         if ports
             .iter()
-            .any(|q: &ServicePort| q.name == name && q.protocol == protocol)
+            .any(|q: &ServicePort| *q.name == *name && q.protocol == protocol)
         {
             return invalid(
                 Invalid::DuplicatePort,
@@ -346,7 +351,7 @@ pub fn service(svc: &core::Service, name: ObjectName, proxy_name: &str) -> Resul
             );
         }
         ports.push(ServicePort {
-            name,
+            name: shared.name(&name),
             protocol,
             port,
             node_port,
@@ -413,7 +418,7 @@ pub fn service(svc: &core::Service, name: ObjectName, proxy_name: &str) -> Resul
 pub fn endpoint_slice(
     slice: &discovery::EndpointSlice,
     name: ObjectName,
-    sites: &mut SharedSites,
+    shared: &mut Shared,
     proxy_name: &str,
 ) -> Result<EndpointSlice, Skip> {
     let labels = slice.metadata.labels.as_ref();
@@ -448,7 +453,7 @@ pub fn endpoint_slice(
         };
         let port = parse_port(&format!("ports[{i}].port"), port)?;
         ports.push(EndpointPort {
-            name: p.name.clone().unwrap_or_default(),
+            name: shared.name(p.name.as_deref().unwrap_or_default()),
             protocol,
             port,
         });
@@ -480,7 +485,7 @@ pub fn endpoint_slice(
             ready: c.and_then(|c| c.ready).unwrap_or(true),
             serving: c.and_then(|c| c.serving).unwrap_or(true),
             terminating: c.and_then(|c| c.terminating).unwrap_or(false),
-            site: sites.get(
+            site: shared.site(
                 ep.node_name.as_deref(),
                 Hints {
                     zones: hints
@@ -610,7 +615,7 @@ pub fn cluster(
     proxy_name: &str,
 ) -> (crate::model::Cluster, Vec<Skipped>) {
     let mut cluster = crate::model::Cluster::default();
-    let mut sites = SharedSites::default();
+    let mut shared = Shared::default();
     let mut skipped = Vec::new();
     let mut report = |kind: &str, name: ObjectName, skip: Skip| {
         if let Skip::Invalid(..) = skip {
@@ -623,7 +628,7 @@ pub fn cluster(
     };
     for s in &objects.services {
         let name = object_name(&s.metadata);
-        match service(s, name.clone(), proxy_name) {
+        match service(s, name.clone(), &mut shared, proxy_name) {
             Ok(svc) => {
                 cluster.services.insert(name, Arc::new(svc));
             }
@@ -632,7 +637,7 @@ pub fn cluster(
     }
     for s in &objects.slices {
         let name = object_name(&s.metadata);
-        match endpoint_slice(s, name.clone(), &mut sites, proxy_name) {
+        match endpoint_slice(s, name.clone(), &mut shared, proxy_name) {
             Ok(slice) => {
                 cluster.slices.insert(name, slice);
             }

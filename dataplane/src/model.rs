@@ -15,7 +15,7 @@ mod by_name;
 mod shared;
 
 use by_name::ByName;
-pub use shared::{SharedNames, SharedSites};
+pub use shared::{Shared, SharedNames};
 
 /// `namespace/name` of a Kubernetes object. Names are copied into many indexes and change
 /// sets; shared strings make those copies free and keep them from fragmenting the heap.
@@ -46,8 +46,9 @@ impl fmt::Display for ObjectName {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServicePort {
-    /// The port's name (may be empty for a single unnamed port).
-    pub name: String,
+    /// The port's name (may be empty for a single unnamed port), shared with every port of
+    /// that name (see [`SharedNames`]).
+    pub name: Arc<str>,
     pub protocol: Proto,
     pub port: u16,
     pub node_port: Option<u16>,
@@ -133,7 +134,7 @@ pub struct Endpoint {
     pub serving: bool,
     pub terminating: bool,
     /// Its node and topology hints, one allocation shared by every endpoint with the same
-    /// ones (see [`SharedSites`]); None when it has neither. An endpoint is most of the model's
+    /// ones (see [`Shared`]); None when it has neither. An endpoint is most of the model's
     /// memory, and a cluster has far fewer nodes than endpoints.
     pub site: Option<Arc<Site>>,
 }
@@ -173,7 +174,8 @@ pub struct Hints {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointPort {
-    pub name: String,
+    /// Shared with every port of that name (see [`SharedNames`]).
+    pub name: Arc<str>,
     pub protocol: Proto,
     pub port: u16,
 }

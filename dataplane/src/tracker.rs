@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::conflicts::{claims_differ, neighbours};
 use crate::convert::{self, Skip, Skipped, object_name};
-use crate::model::{Cluster, ObjectName, Service, SharedNames, SharedSites};
+use crate::model::{Cluster, ObjectName, Service, Shared};
 use crate::net::Family;
 
 /// The kinds of object the proxy watches.
@@ -94,8 +94,8 @@ pub struct Tracker {
     /// after it is deleted (kube-proxy resolves the node's IPs once and keeps them): only the
     /// node's eligibility for load-balancer traffic follows the deletion.
     node_present: bool,
-    sites: SharedSites,
-    namespaces: SharedNames,
+    /// Names, and endpoints' sites, shared by the objects of the model.
+    shared: Shared,
     changes: Changes,
     /// Kinds whose initial list is complete.
     listed: BTreeSet<Kind>,
@@ -113,8 +113,7 @@ impl Tracker {
             proxy_name: proxy_name.to_string(),
             cluster: Cluster::default(),
             node_present: false,
-            sites: SharedSites::default(),
-            namespaces: SharedNames::default(),
+            shared: Shared::default(),
             changes: Changes::default(),
             listed: BTreeSet::new(),
             relisting: BTreeMap::new(),
@@ -269,7 +268,7 @@ impl Tracker {
     /// model keeps each name in several places: the maps' keys, the objects, the change sets).
     fn name_of(&mut self, meta: &ObjectMeta) -> ObjectName {
         ObjectName {
-            namespace: self.namespaces.get(meta.namespace.as_deref().unwrap_or("")),
+            namespace: self.shared.name(meta.namespace.as_deref().unwrap_or("")),
             name: meta.name.as_deref().unwrap_or("").into(),
         }
     }
@@ -280,10 +279,11 @@ impl Tracker {
         let name = self.name_of(&svc.metadata);
         self.seen(Kind::Service, &name);
         self.events.service_events += 1;
-        let (new, skip) = match convert::service(svc, name.clone(), &self.proxy_name) {
-            Ok(s) => (Some(s), None),
-            Err(e) => (None, Some(e)),
-        };
+        let (new, skip) =
+            match convert::service(svc, name.clone(), &mut self.shared, &self.proxy_name) {
+                Ok(s) => (Some(s), None),
+                Err(e) => (None, Some(e)),
+            };
         let old = self.cluster.services.get(&name).cloned();
         if old.as_deref() != new.as_ref() {
             match new {
@@ -302,7 +302,7 @@ impl Tracker {
         self.seen(Kind::EndpointSlice, &name);
         self.events.slice_events += 1;
         let converted =
-            convert::endpoint_slice(slice, name.clone(), &mut self.sites, &self.proxy_name);
+            convert::endpoint_slice(slice, name.clone(), &mut self.shared, &self.proxy_name);
         let (new, skip) = match converted {
             Ok(mut s) => {
                 if let Some(shared) = self.cluster.services.shared_name(&s.service) {
@@ -475,6 +475,9 @@ mod tests {
         }
         // A slice whose Service is not known yet keeps a name of its own.
         assert_eq!(&*b.service.name, "b");
+        // Port names too: the Service's port "p" and the slices'.
+        assert!(Arc::ptr_eq(&svc.ports[0].name, &a.ports[0].name));
+        assert!(Arc::ptr_eq(&a.ports[0].name, &b.ports[0].name));
     }
 
     #[test]

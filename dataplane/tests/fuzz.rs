@@ -23,7 +23,7 @@ use nftproxy_dataplane::iptables::{
     self, Existing, IptablesOptions, PREFIX, jump_target, parse_save, plan_full, plan_removal,
     tokens,
 };
-use nftproxy_dataplane::model::{Cluster, ObjectName, SharedSites};
+use nftproxy_dataplane::model::{Cluster, ObjectName, Shared};
 use nftproxy_dataplane::nft::build::{BuildConfig, LocalDetector, NodePortAddresses, build};
 use nftproxy_dataplane::nft::desired::Desired;
 use nftproxy_dataplane::nft::render;
@@ -52,7 +52,8 @@ fn convert_service() {
                 return;
             };
             harness::note("convert_service", "deserialized");
-            let Ok(s) = convert::service(&svc, convert::object_name(&svc.metadata), &proxy) else {
+            let name = convert::object_name(&svc.metadata);
+            let Ok(s) = convert::service(&svc, name, &mut Shared::default(), &proxy) else {
                 return;
             };
             harness::note("convert_service", "converted");
@@ -83,11 +84,11 @@ fn convert_endpoint_slice() {
                 return;
             };
             harness::note("convert_endpoint_slice", "deserialized");
-            let mut sites = SharedSites::default();
+            let mut shared = Shared::default();
             let Ok(s) = convert::endpoint_slice(
                 &slice,
                 convert::object_name(&slice.metadata),
-                &mut sites,
+                &mut shared,
                 &proxy,
             ) else {
                 return;

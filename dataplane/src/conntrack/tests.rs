@@ -33,7 +33,7 @@ fn service(name: &str, cluster_ips: &[&str], ports: &[(&str, Proto, u16, Option<
         ports: ports
             .iter()
             .map(|(n, protocol, port, node_port)| ServicePort {
-                name: n.to_string(),
+                name: (*n).into(),
                 protocol: *protocol,
                 port: *port,
                 node_port: *node_port,
@@ -61,7 +61,7 @@ fn slice(svc: &str, name: &str, ports: &[(&str, Proto, u16)], eps: Vec<Endpoint>
         ports: ports
             .iter()
             .map(|(n, protocol, port)| EndpointPort {
-                name: n.to_string(),
+                name: (*n).into(),
                 protocol: *protocol,
                 port: *port,
             })

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 /// `service` with the object's own name and no proxy name.
 fn convert(svc: &core::Service) -> Result<Service, Skip> {
-    service(svc, object_name(&svc.metadata), "")
+    service(svc, object_name(&svc.metadata), &mut Shared::default(), "")
 }
 
 #[test]

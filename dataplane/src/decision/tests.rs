@@ -161,7 +161,7 @@ fn internal_traffic_policy() {
     ];
     for (i, (local, eps, target, expected)) in cases.iter().enumerate() {
         let mut svc = service("172.30.1.1", ServiceType::ClusterIp);
-        svc.ports[0].name = String::new();
+        svc.ports[0].name = "".into();
         svc.internal_policy_local = *local;
         let eps: Vec<PortEndpoint> = eps.iter().map(|(l, n)| ep(*l, "RS", Some(n))).collect();
         let d = decide_one(&svc, &eps);
@@ -196,7 +196,7 @@ struct TerminatingCase {
 
 fn terminating(external_local: bool, cases: Vec<TerminatingCase>) {
     let mut svc = service("172.30.1.1", ServiceType::LoadBalancer);
-    svc.ports[0].name = String::new();
+    svc.ports[0].name = "".into();
     svc.load_balancer_ips = vec![ip("1.2.3.4")];
     svc.external_policy_local = external_local;
     svc.health_check_node_port = external_local.then_some(30000);

@@ -61,8 +61,8 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
 }
 
 /// Names that many objects repeat, one shared string each: the node names endpoints refer to
-/// (a cluster has far fewer nodes than endpoints) and the namespaces of objects. A string per
-/// endpoint or per object was a heap block each.
+/// (a cluster has far fewer nodes than endpoints), the namespaces of objects and the names of
+/// ports. A string per endpoint or per object was a heap block each.
 #[derive(Clone, Debug, Default)]
 pub struct SharedNames {
     names: Interner<str>,
@@ -75,18 +75,24 @@ impl SharedNames {
     }
 }
 
-/// The sites of endpoints, one shared [`Site`] for each node and set of hints.
+/// What the objects converted into one model share: names ([`SharedNames`]) and the sites of
+/// endpoints, one [`Site`] for each node and set of hints.
 #[derive(Clone, Debug, Default)]
-pub struct SharedSites {
-    nodes: SharedNames,
+pub struct Shared {
+    names: SharedNames,
     sites: Interner<Site>,
 }
 
-impl SharedSites {
+impl Shared {
+    /// The shared string for `name`.
+    pub fn name(&mut self, name: &str) -> Arc<str> {
+        self.names.get(name)
+    }
+
     /// The shared site of an endpoint on `node_name` with `hints`; None when it has neither.
-    pub fn get(&mut self, node_name: Option<&str>, hints: Hints) -> Option<Arc<Site>> {
+    pub fn site(&mut self, node_name: Option<&str>, hints: Hints) -> Option<Arc<Site>> {
         let site = Site {
-            node_name: node_name.map(|n| self.nodes.get(n)),
+            node_name: node_name.map(|n| self.names.get(n)),
             hints,
         };
         (site != Site::default()).then(|| self.sites.get(&site, |s| Arc::new(s.clone())))
@@ -112,20 +118,20 @@ mod tests {
 
     #[test]
     fn sites_are_shared_and_unused_ones_swept() {
-        let mut sites = SharedSites::default();
+        let mut sites = Shared::default();
         let zone = |z: &str| Hints {
             zones: [z.to_string()].into(),
             nodes: [].into(),
         };
-        let a = sites.get(Some("node-a"), Hints::default()).unwrap();
-        let a_hinted = sites.get(Some("node-a"), zone("z1")).unwrap();
+        let a = sites.site(Some("node-a"), Hints::default()).unwrap();
+        let a_hinted = sites.site(Some("node-a"), zone("z1")).unwrap();
         assert!(Arc::ptr_eq(
             &a,
-            &sites.get(Some("node-a"), Hints::default()).unwrap()
+            &sites.site(Some("node-a"), Hints::default()).unwrap()
         ));
         assert!(Arc::ptr_eq(
             &a_hinted,
-            &sites.get(Some("node-a"), zone("z1")).unwrap()
+            &sites.site(Some("node-a"), zone("z1")).unwrap()
         ));
         assert!(!Arc::ptr_eq(&a, &a_hinted));
         // Both name the node with one string.
@@ -134,15 +140,15 @@ mod tests {
             a_hinted.node_name.as_ref().unwrap(),
         );
         assert!(Arc::ptr_eq(n, m));
-        assert_eq!(sites.get(None, Hints::default()), None);
-        assert_eq!(sites.get(None, zone("z1")).unwrap().node_name, None);
+        assert_eq!(sites.site(None, Hints::default()), None);
+        assert_eq!(sites.site(None, zone("z1")).unwrap().node_name, None);
         for i in 0..10_000 {
-            sites.get(Some(&format!("gone-{i}")), Hints::default());
+            sites.site(Some(&format!("gone-{i}")), Hints::default());
         }
         assert!(sites.sites.len() < 200, "{} sites kept", sites.sites.len());
         assert!(Arc::ptr_eq(
             &a,
-            &sites.get(Some("node-a"), Hints::default()).unwrap()
+            &sites.site(Some("node-a"), Hints::default()).unwrap()
         ));
     }
 }
