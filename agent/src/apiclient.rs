@@ -348,7 +348,8 @@ struct PathState {
     progress: Mutex<Progress>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// The value behind `m`, also after a panic while it was held (every user leaves it whole).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -493,11 +494,12 @@ impl<S> Guard<S> {
 }
 
 /// Whether `uri` asks for a watch.
-fn is_watch(uri: &Uri) -> bool {
+pub(crate) fn is_watch(uri: &Uri) -> bool {
     query_has(uri, |kv| kv == "watch=true" || kv == "watch=1")
 }
 
-fn query_has(uri: &Uri, f: impl Fn(&str) -> bool) -> bool {
+/// Whether a `key=value` pair of `uri`'s query satisfies `f`.
+pub(crate) fn query_has(uri: &Uri, f: impl Fn(&str) -> bool) -> bool {
     uri.query().is_some_and(|q| q.split('&').any(f))
 }
 

@@ -29,7 +29,10 @@ use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Body;
 use hyper::header::{ACCEPT, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, Uri};
+use tokio_util::task::AbortOnDropHandle;
 use tower::{BoxError, Service, ServiceExt};
+
+use crate::apiclient::{is_watch, lock, query_has};
 
 /// A response read whole.
 type Whole = Response<Bytes>;
@@ -64,28 +67,14 @@ pub struct Prefetch<S> {
 struct Ahead {
     uri: Uri,
     accept: Option<HeaderValue>,
-    answer: AbortOnDrop<Result<Whole, BoxError>>,
-}
-
-/// A task aborted when its handle is dropped: a discarded prefetch stops at once.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    /// The request's task, aborted when dropped: a discarded prefetch stops at once.
+    answer: AbortOnDropHandle<Result<Whole, BoxError>>,
 }
 
 /// Whether `req` asks for one page of a list.
 fn is_paged_list<B>(req: &Request<B>) -> bool {
-    let Some(query) = req.uri().query() else {
-        return false;
-    };
-    req.method() == Method::GET
-        && query.split('&').any(|kv| kv.starts_with("limit="))
-        && !query
-            .split('&')
-            .any(|kv| kv == "watch=true" || kv == "watch=1")
+    let uri = req.uri();
+    req.method() == Method::GET && query_has(uri, |kv| kv.starts_with("limit=")) && !is_watch(uri)
 }
 
 /// The request for the page after the one `uri` asked for, whose answer carried `token`.
@@ -160,8 +149,8 @@ where
         let (uri, headers) = (req.uri().clone(), req.headers().clone());
         let ahead = lock(&self.pending).remove(&path);
         let answer: Pin<Box<dyn Future<Output = Result<Whole, BoxError>> + Send>> = match ahead {
-            Some(mut a) if a.uri == uri && a.accept.as_ref() == headers.get(ACCEPT) => {
-                Box::pin(async move { (&mut a.answer.0).await? })
+            Some(a) if a.uri == uri && a.accept.as_ref() == headers.get(ACCEPT) => {
+                Box::pin(async move { a.answer.await? })
             }
             other => {
                 if let Some(a) = other {
@@ -187,17 +176,13 @@ where
                 let ahead = Ahead {
                     uri: next.uri().clone(),
                     accept: next.headers().get(ACCEPT).cloned(),
-                    answer: AbortOnDrop(tokio::spawn(whole(inner, next))),
+                    answer: AbortOnDropHandle::new(tokio::spawn(whole(inner, next))),
                 };
                 lock(&pending).insert(path, ahead);
             }
             Ok(resp.map(|b| Either::Right(Full::new(b))))
         })
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::apiclient::{Liveness, RETRY_AFTER_MAX};
 use crate::syncloop::Shared;
@@ -370,15 +371,6 @@ enum Fed<K> {
     Absent,
 }
 
-/// Aborts a spawned task when dropped (the watchers end with the process, or a test's runtime).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// One watcher: a task that fetches (lists page by page, then watches, retrying on failure)
 /// feeds the tracker here through a bounded channel, in batches.
 async fn watch<K>(
@@ -392,7 +384,8 @@ async fn watch<K>(
     K::DynamicType: Default,
 {
     let (tx, mut rx) = tokio::sync::mpsc::channel(PREFETCH);
-    let _fetcher = AbortOnDrop(tokio::spawn(fetch(
+    // Aborted when dropped: the watchers end with the process, or a test's runtime.
+    let _fetcher = AbortOnDropHandle::new(tokio::spawn(fetch(
         api,
         config,
         kind,

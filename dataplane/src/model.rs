@@ -15,7 +15,7 @@ mod by_name;
 mod shared;
 
 use by_name::ByName;
-pub use shared::{Shared, SharedNames};
+pub use shared::Shared;
 
 /// `namespace/name` of a Kubernetes object. Names are copied into many indexes and change
 /// sets; shared strings make those copies free and keep them from fragmenting the heap.
@@ -47,7 +47,7 @@ impl fmt::Display for ObjectName {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServicePort {
     /// The port's name (may be empty for a single unnamed port), shared with every port of
-    /// that name (see [`SharedNames`]).
+    /// that name (see [`Shared`]).
     pub name: Arc<str>,
     pub protocol: Proto,
     pub port: u16,
@@ -174,7 +174,7 @@ pub struct Hints {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointPort {
-    /// Shared with every port of that name (see [`SharedNames`]).
+    /// Shared with every port of that name (see [`Shared`]).
     pub name: Arc<str>,
     pub protocol: Proto,
     pub port: u16,

@@ -60,39 +60,26 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
     }
 }
 
-/// Names that many objects repeat, one shared string each: the node names endpoints refer to
-/// (a cluster has far fewer nodes than endpoints), the namespaces of objects and the names of
-/// ports. A string per endpoint or per object was a heap block each.
-#[derive(Clone, Debug, Default)]
-pub struct SharedNames {
-    names: Interner<str>,
-}
-
-impl SharedNames {
-    /// The shared string for `name`.
-    pub fn get(&mut self, name: &str) -> Arc<str> {
-        self.names.get(name, |n: &str| Arc::from(n))
-    }
-}
-
-/// What the objects converted into one model share: names ([`SharedNames`]) and the sites of
-/// endpoints, one [`Site`] for each node and set of hints.
+/// What the objects converted into one model share, one allocation each: names (the node
+/// names endpoints refer to, as a cluster has far fewer nodes than endpoints, the namespaces
+/// of objects and the names of ports: a string per endpoint or per object was a heap block
+/// each) and the sites of endpoints, one [`Site`] for each node and set of hints.
 #[derive(Clone, Debug, Default)]
 pub struct Shared {
-    names: SharedNames,
+    names: Interner<str>,
     sites: Interner<Site>,
 }
 
 impl Shared {
     /// The shared string for `name`.
     pub fn name(&mut self, name: &str) -> Arc<str> {
-        self.names.get(name)
+        self.names.get(name, |n: &str| Arc::from(n))
     }
 
     /// The shared site of an endpoint on `node_name` with `hints`; None when it has neither.
     pub fn site(&mut self, node_name: Option<&str>, hints: Hints) -> Option<Arc<Site>> {
         let site = Site {
-            node_name: node_name.map(|n| self.names.get(n)),
+            node_name: node_name.map(|n| self.name(n)),
             hints,
         };
         (site != Site::default()).then(|| self.sites.get(&site, |s| Arc::new(s.clone())))
@@ -105,15 +92,15 @@ mod tests {
 
     #[test]
     fn node_names_are_shared_and_unused_ones_swept() {
-        let mut names = SharedNames::default();
-        let a = names.get("node-a");
-        assert!(Arc::ptr_eq(&a, &names.get("node-a")));
+        let mut names = Shared::default();
+        let a = names.name("node-a");
+        assert!(Arc::ptr_eq(&a, &names.name("node-a")));
         // Nodes that come and go do not pile up: names nobody holds are dropped.
         for i in 0..10_000 {
-            names.get(&format!("gone-{i}"));
+            names.name(&format!("gone-{i}"));
         }
         assert!(names.names.len() < 200, "{} names kept", names.names.len());
-        assert!(Arc::ptr_eq(&a, &names.get("node-a")));
+        assert!(Arc::ptr_eq(&a, &names.name("node-a")));
     }
 
     #[test]
