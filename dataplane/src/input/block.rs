@@ -27,6 +27,8 @@ struct Line<'a> {
     text: &'a str,
     /// Whether a line break ends it (false only for the last line of a text without one).
     broken: bool,
+    /// Whether spaces followed `text` (content of a literal block scalar keeps them).
+    spaced: bool,
 }
 
 impl Line<'_> {
@@ -91,10 +93,12 @@ fn lines(text: &str, first_indent: usize) -> Read<Vec<Line<'_>>> {
         if indent == 0 && is_marker(line) {
             return Err(Unsure);
         }
+        let text = body.trim_end_matches(' ');
         out.push(Line {
             indent,
-            text: body.trim_end_matches(' '),
+            text,
             broken,
+            spaced: text.len() < body.len(),
         });
         rest = next;
     }
@@ -298,7 +302,7 @@ impl<'a> Parser<'a> {
                 self.lines[self.i] = Line {
                     indent: column,
                     text: content,
-                    broken: line.broken,
+                    ..line
                 };
                 items.push(Value::Object(self.mapping(column)?));
             } else {
@@ -350,6 +354,9 @@ impl<'a> Parser<'a> {
                 }
             } else if line.indent < indent {
                 break;
+            } else if line.spaced {
+                // Trailing spaces are content here; the lines no longer hold them.
+                return Err(Unsure);
             }
             end += 1;
         }
