@@ -70,7 +70,7 @@ pub fn suspects(op: &Op, cluster: &Cluster) -> BTreeSet<ObjectName> {
             for (key, value) in elements.iter() {
                 let by_value = match value {
                     Some(Value::Verdict(Verdict::Goto(chain) | Verdict::Jump(chain))) => {
-                        owner_of_name(chain)
+                        owner_of_name(&chain)
                     }
                     _ => None,
                 };
@@ -78,7 +78,7 @@ pub fn suspects(op: &Op, cluster: &Cluster) -> BTreeSet<ObjectName> {
                     Some(owner) => {
                         out.insert(owner);
                     }
-                    None => out.extend(key_owners(key, cluster)),
+                    None => out.extend(key_owners(&key, cluster)),
                 }
             }
         }

@@ -38,7 +38,7 @@ pub fn refused_op(tx: &Transaction) -> Option<(usize, Op)> {
         Op::AddElements { set, elements } => elements.iter().find_map(|e| {
             let part = Op::AddElements {
                 set: set.clone(),
-                elements: vec![(*e.0, e.1.cloned())].into(),
+                elements: vec![e.clone()].into(),
             };
             matches(&part).then_some((index, part))
         }),

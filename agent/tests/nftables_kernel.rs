@@ -3,7 +3,7 @@
 //! result with `ip netns exec <ns> nft list table ...`, and deletes the namespace when done,
 //! even on panic. The root namespace's rules are never touched.
 
-use std::collections::BTreeMap;
+use dataplane::nft::ruleset::ElementMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -195,8 +195,7 @@ fn apply_and_check(
         })
         .sum();
     // An interval that keeps its bounds but changes endpoint is deleted and added again.
-    let differs =
-        |k: &Key, v: &Option<Value>, other: &BTreeMap<Key, Option<Value>>| other.get(k) != Some(v);
+    let differs = |k: &Key, v: &Option<Value>, other: &ElementMap| other.get(k).as_ref() != Some(v);
     assert_eq!(
         deleted,
         old.iter().filter(|(k, v)| differs(k, v, new)).count(),

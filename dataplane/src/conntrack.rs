@@ -159,7 +159,7 @@ impl Frontends {
             .filter_map(|s| s.elements.read())
             .flat_map(|elements| elements.keys());
         for key in keys {
-            match *key {
+            match key {
                 Key::AddrProtoPort(addr, Proto::Udp, port)
                 | Key::AddrProtoPortIndex(addr, Proto::Udp, port, _) => {
                     out.addrs.entry((addr, port)).or_default();

@@ -236,12 +236,15 @@ impl Tracer<'_> {
     }
 
     /// The value of element `key` of `set`, if the set has it.
-    fn element(&self, set: &str, key: &Key) -> Option<&Option<Value>> {
+    fn element(&self, set: &str, key: &Key) -> Option<Option<Value>> {
         self.table.sets.get(set)?.elements.get(key)
     }
 
     fn lookup(&self, map: &str, key: Key) -> Option<Verdict> {
-        self.element(map, &key)?.as_ref()?.verdict().cloned()
+        match self.element(map, &key)?? {
+            Value::Verdict(v) => Some(v),
+            Value::Endpoint(..) => None,
+        }
     }
 
     /// The packet's frontend key with destination `dst`: `dst . proto . port`, or
@@ -265,9 +268,9 @@ impl Tracer<'_> {
             .iter()
             .filter_map(|(k, v)| match (k, v) {
                 (Key::Interval { at, .. }, Some(Value::Endpoint(addr, port)))
-                    if region_at(*at) == region =>
+                    if region_at(at) == region =>
                 {
-                    Some(SocketAddr::new(*addr, *port))
+                    Some(SocketAddr::new(addr, port))
                 }
                 _ => None,
             })
@@ -383,9 +386,7 @@ impl Tracer<'_> {
                     .filter_map(|i| {
                         let key = frontend.list_entry(u16::try_from(i).ok()?)?;
                         match self.element(map, &key)? {
-                            Some(Value::Endpoint(addr, port)) => {
-                                Some(SocketAddr::new(*addr, *port))
-                            }
+                            Some(Value::Endpoint(addr, port)) => Some(SocketAddr::new(addr, port)),
                             _ => None,
                         }
                     })

@@ -21,7 +21,8 @@ use nftproxy_dataplane::nft::plan::{
 };
 use nftproxy_dataplane::nft::render;
 use nftproxy_dataplane::nft::ruleset::{
-    Action, Chain, Family, Key, KeyType, Proto, Rule, Set, Table, Value, Verdict, region_at,
+    Action, Chain, ElementMap, Family, Key, KeyType, Proto, Rule, Set, Table, Value, Verdict,
+    region_at,
 };
 use nftproxy_dataplane::nft::state::{TableState, fingerprint};
 use nftproxy_dataplane::nft::transaction::{Op, Transaction};
@@ -308,7 +309,7 @@ fn services_claiming_one_frontend_update_in_place_like_a_full_build() {
             .get(&key)
             .into_iter()
             .filter_map(|v| match v {
-                Some(Value::Endpoint(addr, _)) => Some(*addr),
+                Some(Value::Endpoint(addr, _)) => Some(addr),
                 _ => None,
             })
             .collect()
@@ -420,13 +421,13 @@ fn one_endpoint_change_touches_only_that_service() {
         let ok = match op {
             Op::AddElements { set, elements } if set == "hairpin-endpoints" => elements
                 .iter()
-                .all(|(k, _)| *k == Key::AddrPair("10.180.7.3".parse().unwrap())),
+                .all(|(k, _)| k == Key::AddrPair("10.180.7.3".parse().unwrap())),
             Op::AddElements { set, elements } => {
                 set == "cluster-endpoints-3"
                     && elements.len() == 3
                     && elements
                         .iter()
-                        .all(|(k, _)| matches!(k, Key::AddrProtoPortIndex(a, ..) if *a == cip))
+                        .all(|(k, _)| matches!(k, Key::AddrProtoPortIndex(a, ..) if a == cip))
             }
             Op::DeleteElements { set, keys } => {
                 set == "cluster-endpoints-2"
@@ -462,7 +463,7 @@ fn one_endpoint_change_touches_only_that_service() {
         let touches_svc8 = match op {
             Op::AddElements { set, elements } if set == "hairpin-endpoints" => {
                 elements.iter().all(|(k, _)| {
-                    *k == Key::AddrPair(IpAddr::from([
+                    k == Key::AddrPair(IpAddr::from([
                         10,
                         180 + ((HUGE + 2) >> 8) as u8,
                         8,
@@ -471,7 +472,7 @@ fn one_endpoint_change_touches_only_that_service() {
                 })
             }
             Op::AddElements { set, elements } => {
-                set == map && elements.iter().all(|(k, _)| in_region(k))
+                set == map && elements.iter().all(|(k, _)| in_region(&k))
             }
             Op::DeleteElements { set, keys } => set == map && keys.iter().all(in_region),
             _ => false,
@@ -709,7 +710,7 @@ fn a_flat_path_endpoint_change_is_a_few_elements() {
                 Op::AddElements { set, elements } => touched
                     .entry(set.clone())
                     .or_default()
-                    .extend(elements.iter().map(|(k, _)| *k)),
+                    .extend(elements.iter().map(|(k, _)| k)),
                 Op::DeleteElements { set, keys } => touched
                     .entry(set.clone())
                     .or_default()

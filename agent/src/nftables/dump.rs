@@ -8,8 +8,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use dataplane::nft::ruleset::{
-    Action, BaseChain, Chain, ChainType, Family, Hook, Key, KeyType, Match, Proto, REGION_MODULUS,
-    Rule, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
+    Action, BaseChain, Chain, ChainType, ElementMap, Family, Hook, Key, KeyType, Match, Proto,
+    REGION_MODULUS, Rule, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
     region_elements_from_bounds,
 };
 use dataplane::nft::state::{ChainState, Elements, SetState, TableState, dnat_region, fingerprint};

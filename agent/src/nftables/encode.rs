@@ -299,10 +299,10 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
 
 /// Element messages for `set`: `elements` (serialised by [`put_elements`]) in lists that stay
 /// well below the 64 KiB attribute limit whatever the planner's chunk size.
-fn element_messages<'e>(
+fn element_messages(
     family: Family,
     set: &str,
-    elements: impl Iterator<Item = (&'e Key, Option<&'e Value>)>,
+    elements: impl Iterator<Item = (Key, Option<Value>)>,
     delete: bool,
 ) -> Result<Vec<Command>, String> {
     let (make, flags): (fn(SetElementMessage) -> NfTablesMessage, u16) = if delete {
@@ -320,7 +320,7 @@ fn element_messages<'e>(
     let mut list = Vec::with_capacity(ELEMENT_LIST_TARGET_BYTES + 512);
     for (key, value) in elements {
         let before = list.len();
-        put_elements(family, key, value, delete, &mut list)?;
+        put_elements(family, &key, value.as_ref(), delete, &mut list)?;
         if before > 0 && list.len() > ELEMENT_LIST_TARGET_BYTES {
             let rest = list.split_off(before);
             flush(std::mem::replace(&mut list, rest), &mut out);
@@ -529,7 +529,7 @@ pub(super) fn encode_op(
         }],
         Op::AddElements { set, elements } => element_messages(family, set, elements.iter(), false)?,
         Op::DeleteElements { set, keys } => {
-            element_messages(family, set, keys.iter().map(|k| (k, None)), true)?
+            element_messages(family, set, keys.iter().map(|k| (*k, None)), true)?
         }
     })
 }

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dataplane::nft::render;
 use dataplane::nft::ruleset::{
-    Action, Chain, Family, Key, Match, Rule, Set, SetDecl, Table, Value,
+    Action, Chain, ElementMap, Family, Key, Match, Rule, Set, SetDecl, Table, Value,
 };
 use dataplane::nft::state::TableState;
 use dataplane::nft::transaction::{Op, Transaction};
@@ -178,7 +178,7 @@ fn matching(family: Family, op: &Op, text: &str) -> Option<Op> {
         Op::AddElements { set, elements } => elements.iter().find_map(|e| {
             let part = Op::AddElements {
                 set: set.clone(),
-                elements: vec![(*e.0, e.1.cloned())].into(),
+                elements: vec![e.clone()].into(),
             };
             matches(&part).then_some(part)
         }),
@@ -262,7 +262,7 @@ fn rule_refs(rule: &Rule) -> (Vec<&str>, Option<&str>) {
 
 /// The chains that rules (outside chain `except`) and verdict-map elements of `table` lead
 /// to.
-fn referenced_chains<'t>(table: &'t Table, except: &str) -> BTreeSet<&'t str> {
+fn referenced_chains(table: &Table, except: &str) -> BTreeSet<String> {
     let by_rules = table
         .chains
         .iter()
@@ -272,17 +272,20 @@ fn referenced_chains<'t>(table: &'t Table, except: &str) -> BTreeSet<&'t str> {
     let by_elements = table
         .sets
         .values()
-        .flat_map(|s| s.elements.values())
-        .filter_map(|v| v.as_ref().and_then(Value::verdict).and_then(|v| v.target()));
-    by_rules.chain(by_elements).collect()
+        .flat_map(|s| s.elements.iter())
+        .filter_map(|(_, v)| match v {
+            Some(Value::Verdict(v)) => v.target().map(str::to_string),
+            _ => None,
+        });
+    by_rules.map(str::to_string).chain(by_elements).collect()
 }
 
 /// Whether interval `key` overlaps an interval of `elements` (adjacent ones do not).
-fn overlaps(elements: &BTreeMap<Key, Option<Value>>, key: &Key) -> bool {
+fn overlaps(elements: &ElementMap, key: &Key) -> bool {
     let Key::Interval { at, end } = *key else {
         return false;
     };
-    elements.keys().any(|k| match *k {
+    elements.keys().any(|k| match k {
         Key::Interval { at: a, end: e } => a < end && at < e,
         _ => false,
     })
@@ -360,7 +363,7 @@ fn apply_op(table: &mut Option<Table>, family: Family, op: &Op) -> Result<(), i3
             Some(s) if !same_set_type(&s.decl, decl) => return Err(EEXIST),
             Some(_) => {}
             None => {
-                let set = Set::new(decl.clone(), BTreeMap::new());
+                let set = Set::new(decl.clone(), ElementMap::new());
                 t.sets.insert(name.clone(), set);
             }
         },
@@ -380,19 +383,22 @@ fn apply_op(table: &mut Option<Table>, family: Family, op: &Op) -> Result<(), i3
         }
         Op::AddElements { set, elements } => {
             for (_, value) in elements.iter() {
-                let target = value.and_then(Value::verdict).and_then(|v| v.target());
+                let target = value
+                    .as_ref()
+                    .and_then(Value::verdict)
+                    .and_then(|v| v.target());
                 if target.is_some_and(|c| !t.chains.contains_key(c)) {
                     return Err(ENOENT);
                 }
             }
             let s = t.sets.get_mut(set).ok_or(ENOENT)?;
             for (key, value) in elements.iter() {
-                match s.elements.get(key) {
-                    Some(have) if have.as_ref() != value => return Err(EEXIST),
+                match s.elements.get(&key) {
+                    Some(have) if have != value => return Err(EEXIST),
                     Some(_) => {}
-                    None if overlaps(&s.elements, key) => return Err(EEXIST),
+                    None if overlaps(&s.elements, &key) => return Err(EEXIST),
                     None => {
-                        s.elements_mut().insert(*key, value.cloned());
+                        s.elements_mut().insert(key, value);
                     }
                 }
             }

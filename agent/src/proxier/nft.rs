@@ -206,7 +206,7 @@ impl<K: NftKernel> Proxier for NftProxier<K> {
         elements
             .keys()
             .filter_map(|k| match k {
-                dataplane::nft::ruleset::Key::Addr(ip) => Some(*ip),
+                dataplane::nft::ruleset::Key::Addr(ip) => Some(ip),
                 _ => None,
             })
             .collect()

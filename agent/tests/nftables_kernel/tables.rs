@@ -80,7 +80,7 @@ pub(super) fn set(key: KeyType, is_vmap: bool, comment: Option<&str>, timeout: O
             timeout_secs: timeout,
             size: None,
         },
-        elements: BTreeMap::new().into(),
+        elements: ElementMap::new().into(),
     }
 }
 

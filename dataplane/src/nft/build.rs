@@ -43,8 +43,8 @@ use crate::decision::{DecisionEnv, LocalTraffic, service_decisions};
 use crate::model::{Cluster, EndpointSlice, Service, ServicePort};
 use crate::nft::regions::{RegionSource, Regions};
 use crate::nft::ruleset::{
-    Action, Chain, ChainName, Family, Key, KeyType, Match, Proto, Rule, Set, SetDecl, Table, Value,
-    Verdict,
+    Action, Chain, ChainName, ElementMap, Family, Key, KeyType, Match, Proto, Rule, Set, SetDecl,
+    Table, Value, Verdict,
 };
 use crate::topology::PortEndpoint;
 
@@ -233,7 +233,7 @@ fn regular(mut rules: Vec<Rule>) -> Chain {
 }
 
 fn empty_set(decl: SetDecl) -> Set {
-    Set::new(decl, BTreeMap::new())
+    Set::new(decl, ElementMap::new())
 }
 
 /// An empty map of endpoints (an endpoint map or an endpoint-list map).

@@ -80,7 +80,7 @@ fn elements_by_set(parts: &[Transaction]) -> BTreeMap<String, Vec<Key>> {
         {
             out.entry(set.clone())
                 .or_default()
-                .extend(elements.iter().map(|(k, _)| *k));
+                .extend(elements.iter().map(|(k, _)| k));
         }
     }
     out

@@ -26,7 +26,6 @@
 //! move from one Service to another. Only two Services with one NodePort still claim one
 //! element; that rare conflict makes [`Desired::update`] rebuild everything.
 
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -76,13 +75,7 @@ impl Scope {
     /// the same change recorded them already: call before `part` is added or taken out.
     fn note(&mut self, table: &Table, part: &Fragment) {
         let mut note = |set: &str, key: Key| {
-            let was = || {
-                table
-                    .sets
-                    .get(set)
-                    .and_then(|s| s.elements.get(&key))
-                    .cloned()
-            };
+            let was = || table.sets.get(set).and_then(|s| s.elements.get(&key));
             match self.elements.get_mut(set) {
                 Some(keys) => {
                     keys.entry(key).or_insert_with(was);
@@ -105,7 +98,7 @@ impl Scope {
                 .keys()
                 .chain(now.flat_map(|s| s.elements.keys()))
             {
-                note(name, *key);
+                note(name, key);
             }
         }
     }
@@ -259,7 +252,7 @@ impl Desired {
         desired.shared_values = desired.shared.keys().any(|(set, key)| {
             sets.get(*set)
                 .and_then(|s| s.elements.get(key))
-                .is_some_and(Option::is_some)
+                .is_some_and(|value| value.is_some())
         });
         let chains = &desired.table.chains;
         desired.regions.retain(|chain| chains.contains_key(chain));
@@ -292,8 +285,7 @@ impl Desired {
         });
         if s.elements.is_empty() {
             self.elements += elements.len();
-            // Built in bulk from sorted keys: densely packed nodes.
-            s.elements = Arc::new(elements.into_iter().collect());
+            s.elements = Arc::new(ElementMap::from_sorted(elements));
             return;
         }
         for (key, value) in elements {
@@ -538,18 +530,15 @@ impl Desired {
             let Some(set) = table.sets.get_mut(name) else {
                 continue;
             };
-            match set.elements_mut().entry(key) {
-                Entry::Occupied(mut e) => {
+            let has_value = value.is_some();
+            match set.elements_mut().insert(key, value) {
+                Some(_) => {
                     *shared.entry((name, key)).or_insert(0) += 1;
                     // Plain-set elements (e.g. an endpoint shared by two Services) carry no
                     // value to disagree on; map elements do.
-                    contested |= value.is_some();
-                    e.insert(value);
+                    contested |= has_value;
                 }
-                Entry::Vacant(e) => {
-                    e.insert(value);
-                    *elements += 1;
-                }
+                None => *elements += 1,
             }
         }
         contested
@@ -617,9 +606,9 @@ fn revert(sets: &mut BTreeMap<String, Set>, delta: &Delta) {
         for (key, was) in keys {
             match was {
                 Some(value) => {
-                    let set = sets
-                        .entry(name.clone())
-                        .or_insert_with(|| Set::new(SetDecl::new(key.key_type()), BTreeMap::new()));
+                    let set = sets.entry(name.clone()).or_insert_with(|| {
+                        Set::new(SetDecl::new(key.key_type()), ElementMap::new())
+                    });
                     set.elements_mut().insert(*key, value.clone());
                 }
                 None => {

@@ -4,11 +4,12 @@
 //! a state read back from the kernel (after a restart) plans exactly like the in-memory state the
 //! agent keeps after its own commits.
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::nft::desired::{Before, Delta, Scope};
-use crate::nft::ruleset::{Action, Chain, Key, Match, Set, Table, Value};
+use crate::nft::ruleset::{Action, Chain, ElementMap, Key, Match, Set, Table, Value};
 use crate::nft::state::{self, SetState, TableState, fingerprint};
 use crate::nft::transaction::{Elements, Op, Transaction};
 
@@ -89,19 +90,33 @@ enum Committed<'a> {
 /// The element operations taking a set from `have` to `want`: the keys to delete (those that
 /// go or change value: the kernel refuses to add an element it holds with other data) and
 /// the elements to add.
-fn diff<'a>(
-    have: &'a BTreeMap<Key, Option<Value>>,
-    want: &'a BTreeMap<Key, Option<Value>>,
-) -> (Vec<Key>, impl Iterator<Item = (Key, Option<Value>)> + 'a) {
-    let del = have
-        .iter()
-        .filter(|(k, v)| want.get(*k) != Some(*v))
-        .map(|(k, _)| *k)
-        .collect();
-    let add = want
-        .iter()
-        .filter(|(k, v)| have.get(*k) != Some(*v))
-        .map(|(k, v)| (*k, v.clone()));
+/// The keys to delete from `have` and the elements to add to it to make it `want` (an element
+/// whose value changes is both), in one walk over both in key order.
+fn diff(have: &ElementMap, want: &ElementMap) -> (Vec<Key>, Vec<(Key, Option<Value>)>) {
+    let (mut del, mut add) = (Vec::new(), Vec::new());
+    let mut have = have.iter().peekable();
+    let mut want = want.iter().peekable();
+    loop {
+        let order = match (have.peek(), want.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((h, _)), Some((w, _))) => h.cmp(w),
+        };
+        match order {
+            Ordering::Less => del.extend(have.next().map(|(k, _)| k)),
+            Ordering::Greater => add.extend(want.next()),
+            Ordering::Equal => {
+                let (Some((key, was)), Some((_, now))) = (have.next(), want.next()) else {
+                    unreachable!("both peeked")
+                };
+                if was != now {
+                    del.push(key);
+                    add.push((key, now));
+                }
+            }
+        }
+    }
     (del, add)
 }
 
@@ -173,7 +188,7 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
     }
 
     // Elements that disappear or change value go before any rule rewrite.
-    let empty = BTreeMap::new();
+    let empty = ElementMap::new();
     let mut add_elements = Vec::new();
     for (name, set) in &desired.sets {
         if recreate_sets.contains(name) {
@@ -186,12 +201,12 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
             ),
             Some((state::Elements::Read(have), _)) => {
                 let (del, add) = diff(have, &set.elements);
-                (del, in_chunks(add))
+                (del, in_chunks(add.into_iter()))
             }
             Some((state::Elements::Desired, Committed::Sets(old))) => {
                 let have = old.get(name).map_or(&empty, |s| &s.elements);
                 let (del, add) = diff(have, &set.elements);
-                (del, in_chunks(add))
+                (del, in_chunks(add.into_iter()))
             }
             Some((state::Elements::Desired, Committed::Delta(delta))) => {
                 // Only the elements the change touched can differ.
@@ -200,14 +215,14 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
                 let mut add = Vec::new();
                 for (k, was) in touched {
                     let now = set.elements.get(k);
-                    if now == was.as_ref() {
+                    if now.as_ref() == was.as_ref() {
                         continue;
                     }
                     if was.is_some() {
                         del.push(*k);
                     }
                     if let Some(v) = now {
-                        add.push((*k, v.clone()));
+                        add.push((*k, v));
                     }
                 }
                 (del, in_chunks(add.into_iter()))
@@ -295,10 +310,13 @@ pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Trans
         if scope.sets.contains(name) {
             continue;
         }
-        let pick = |elements: &BTreeMap<Key, Option<Value>>| {
-            keys.keys()
-                .filter_map(|k| elements.get(k).map(|v| (*k, v.clone())))
-                .collect()
+        // The keys are sorted: the picked elements are built in bulk.
+        let pick = |elements: &ElementMap| {
+            ElementMap::from_sorted(
+                keys.keys()
+                    .filter_map(|k| elements.get(k).map(|v| (*k, v)))
+                    .collect(),
+            )
         };
         if let Some(s) = current.sets.get(name) {
             let elements = match &s.elements {

@@ -278,7 +278,7 @@ pub fn table_text(table: &Table) -> String {
             let elems: Vec<String> = set
                 .elements
                 .iter()
-                .map(|(k, v)| element_text(k, v.as_ref()))
+                .map(|(k, v)| element_text(&k, v.as_ref()))
                 .collect();
             let _ = writeln!(out, "\t\telements = {{ {} }}", elems.join(",\n\t\t\t     "));
         }
@@ -355,7 +355,10 @@ pub fn transaction_text(tx: &Transaction) -> String {
             }
             Op::DeleteSet { name } => format!("delete set {f} {TABLE} {name}"),
             Op::AddElements { set, elements } => {
-                let elems: Vec<String> = elements.iter().map(|(k, v)| element_text(k, v)).collect();
+                let elems: Vec<String> = elements
+                    .iter()
+                    .map(|(k, v)| element_text(&k, v.as_ref()))
+                    .collect();
                 format!("add element {f} {TABLE} {set} {{ {} }}", elems.join(", "))
             }
             Op::DeleteElements { set, keys } => {

@@ -482,8 +482,9 @@ pub fn set_size_fits(size: u32, n: usize) -> bool {
     (n as u64) * 4 <= size * 3 && size <= u64::from(fresh_set_size(n)) * 4
 }
 
-/// A set's elements: key to value (maps) or `None` (sets).
-pub type ElementMap = BTreeMap<Key, Option<Value>>;
+pub mod elements;
+
+pub use elements::ElementMap;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Set {

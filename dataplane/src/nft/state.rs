@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::nft::regions::Region;
 use crate::nft::render;
 use crate::nft::ruleset::{
-    Action, BaseChain, Chain, ChainName, Key, Rule, SetDecl, Table, Value, endpoint_map_index,
+    Action, BaseChain, Chain, ChainName, ElementMap, Rule, SetDecl, Table, endpoint_map_index,
     region_at,
 };
 use crate::nft::transaction::{Op, Transaction};
@@ -44,12 +44,12 @@ pub enum Elements {
     Desired,
     /// Read back from the kernel: held for the full plan that follows the read, then dropped
     /// ([`TableState::settle`]).
-    Read(BTreeMap<Key, Option<Value>>),
+    Read(ElementMap),
 }
 
 impl Elements {
     /// The elements read back, if these were.
-    pub fn read(&self) -> Option<&BTreeMap<Key, Option<Value>>> {
+    pub fn read(&self) -> Option<&ElementMap> {
         match self {
             Elements::Read(elements) => Some(elements),
             Elements::Desired => None,
@@ -202,7 +202,7 @@ impl TableState {
         });
         let sets = table.sets.iter().map(|(name, s)| {
             let elements = match s.decl.timeout_secs {
-                Some(_) => BTreeMap::new(),
+                Some(_) => ElementMap::new(),
                 None => (*s.elements).clone(),
             };
             let state = SetState {

@@ -70,7 +70,7 @@ impl Elements {
             let count = 1 + keys.by_ref().take(per_op.max(1) - 1).count();
             runs.push(Elements::Shared {
                 all: all.clone(),
-                first: *first,
+                first,
                 count,
             });
         }
@@ -88,14 +88,10 @@ impl Elements {
         self.len() == 0
     }
 
-    pub fn iter(&self) -> Box<dyn Iterator<Item = (&Key, Option<&Value>)> + '_> {
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (Key, Option<Value>)> + '_> {
         match self {
-            Elements::Listed(v) => Box::new(v.iter().map(|(k, v)| (k, v.as_ref()))),
-            Elements::Shared { all, first, count } => Box::new(
-                all.range(*first..)
-                    .take(*count)
-                    .map(|(k, v)| (k, v.as_ref())),
-            ),
+            Elements::Listed(v) => Box::new(v.iter().cloned()),
+            Elements::Shared { all, first, count } => Box::new(all.iter_from(*first).take(*count)),
         }
     }
 
@@ -105,7 +101,7 @@ impl Elements {
             Elements::Listed(v) => Elements::Listed(v.split_off(at.min(v.len()))),
             Elements::Shared { all, first, count } => {
                 let at = at.min(*count);
-                let rest = all.range(*first..).nth(at).map(|(k, _)| *k);
+                let rest = all.keys_from(*first).nth(at);
                 let tail = match rest {
                     Some(k) if at < *count => Elements::Shared {
                         all: all.clone(),
@@ -134,8 +130,8 @@ impl FromIterator<(Key, Option<Value>)> for Elements {
 }
 
 impl<'a> IntoIterator for &'a Elements {
-    type Item = (&'a Key, Option<&'a Value>);
-    type IntoIter = Box<dyn Iterator<Item = (&'a Key, Option<&'a Value>)> + 'a>;
+    type Item = (Key, Option<Value>);
+    type IntoIter = Box<dyn Iterator<Item = (Key, Option<Value>)> + 'a>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.iter()
@@ -177,7 +173,7 @@ mod tests {
     }
 
     fn listed(e: &Elements) -> Vec<(Key, Option<Value>)> {
-        e.iter().map(|(k, v)| (*k, v.cloned())).collect()
+        e.iter().collect()
     }
 
     #[test]
@@ -187,7 +183,7 @@ mod tests {
             let runs = Elements::runs_of(&all, per_op);
             assert!(runs.iter().all(|r| (1..=per_op).contains(&r.len())));
             let joined: Vec<_> = runs.iter().flat_map(listed).collect();
-            let want: Vec<_> = all.iter().map(|(k, v)| (*k, v.clone())).collect();
+            let want: Vec<_> = all.iter().collect();
             assert_eq!(joined, want, "{n} elements, {per_op} per op");
         }
     }

@@ -81,7 +81,7 @@ fn hairpin_elements_are_for_endpoints_a_connection_here_can_come_from() {
             .elements
             .keys()
             .map(|k| match k {
-                Key::AddrPair(a) => *a,
+                Key::AddrPair(a) => a,
                 other => panic!("hairpin key {other:?}"),
             })
             .collect()

@@ -93,8 +93,8 @@ impl Kernel {
                 let mapped = t
                     .sets
                     .values()
-                    .flat_map(|s| s.elements.values())
-                    .any(|v| value_chain(v.as_ref()) == Some(name));
+                    .flat_map(|s| s.elements.iter())
+                    .any(|(_, v)| value_chain(v.as_ref()) == Some(name));
                 assert!(!jumped && !mapped, "EBUSY: chain {name} in use");
                 t.chains.remove(name);
             }
@@ -127,7 +127,7 @@ impl Kernel {
                             name.clone(),
                             Set {
                                 decl: decl.clone(),
-                                elements: BTreeMap::new().into(),
+                                elements: ElementMap::new().into(),
                             },
                         );
                     }
@@ -147,7 +147,7 @@ impl Kernel {
             Op::AddElements { set, elements } => {
                 let t = self.table();
                 for (_, v) in elements {
-                    if let Some(c) = value_chain(v) {
+                    if let Some(c) = value_chain(v.as_ref()) {
                         assert!(t.chains.contains_key(c), "ENOENT: chain {c} in @{set}");
                     }
                 }
@@ -156,8 +156,8 @@ impl Kernel {
                     .get_mut(set)
                     .unwrap_or_else(|| panic!("ENOENT: elements of {set}"));
                 for (k, v) in elements {
-                    if let Some(old) = s.elements_mut().insert(*k, v.cloned()) {
-                        assert_eq!(old.as_ref(), v, "EEXIST: {k:?} in {set} with other data");
+                    if let Some(old) = s.elements_mut().insert(k, v.clone()) {
+                        assert_eq!(old, v, "EEXIST: {k:?} in {set} with other data");
                     }
                 }
             }

@@ -130,15 +130,9 @@ pub fn without_regions(t: &Table) -> Table {
                     .iter()
                     .filter_map(|(k, v)| match (k, v) {
                         (Key::Interval { at, .. }, Some(Value::Endpoint(addr, port)))
-                            if region_at(*at) == region_at(*offset) =>
+                            if region_at(at) == region_at(*offset) =>
                         {
-                            Some(Rule::new(
-                                rule.matches.clone(),
-                                Action::Dnat {
-                                    addr: *addr,
-                                    port: *port,
-                                },
-                            ))
+                            Some(Rule::new(rule.matches.clone(), Action::Dnat { addr, port }))
                         }
                         _ => None,
                     })

@@ -81,7 +81,7 @@ pub fn decode_state(
         let state_entry = match decl {
             Some(decl) if decodable => SetState {
                 decl,
-                elements: Elements::Read(elements),
+                elements: Elements::Read(elements.into_iter().collect()),
             },
             _ => SetState {
                 decl: SetDecl {
@@ -91,7 +91,7 @@ pub fn decode_state(
                     timeout_secs: None,
                     size: None,
                 },
-                elements: Elements::Read(BTreeMap::new()),
+                elements: Elements::Read(ElementMap::new()),
             },
         };
         state.sets.insert(raw.name, state_entry);

@@ -214,7 +214,7 @@ pub fn cleanup_needed<'a>(
     table: &Table,
     touched: impl IntoIterator<Item = (&'a str, &'a Key, &'a Option<Option<Value>>)>,
 ) -> bool {
-    let now = |set: &str, key: &Key| table.sets.get(set)?.elements.get(key).cloned();
+    let now = |set: &str, key: &Key| table.sets.get(set)?.elements.get(key);
     // Per destination with affinity: the endpoints its touched entries held, and hold now.
     type Endpoints = HashSet<(IpAddr, u16)>;
     let mut lists: HashMap<Key, (Endpoints, Endpoints)> = HashMap::new();
@@ -310,13 +310,9 @@ fn destination_endpoints(table: &Table, dest: Key) -> HashSet<(IpAddr, u16)> {
             let Some(set) = table.sets.get(map) else {
                 continue;
             };
-            for value in set
-                .elements
-                .range(first..=last)
-                .filter_map(|(_, v)| v.as_ref())
-            {
-                if let Value::Endpoint(addr, port) = value {
-                    out.insert((*addr, *port));
+            for (_, value) in set.elements.between(first, last) {
+                if let Some(Value::Endpoint(addr, port)) = value {
+                    out.insert((addr, port));
                 }
             }
         }

@@ -182,9 +182,9 @@ pub fn list_in(elements: &ElementMap, dest: Key, n: usize) -> Vec<Option<Value>>
     let (Some(first), Some(last)) = (dest.list_entry(0), dest.list_entry(u16::MAX)) else {
         return out;
     };
-    for (key, value) in elements.range(first..=last) {
+    for (key, value) in elements.between(first, last) {
         match key.list_destination() {
-            Some((_, i)) if usize::from(i) < n => out[usize::from(i)] = value.clone(),
+            Some((_, i)) if usize::from(i) < n => out[usize::from(i)] = value,
             _ => break,
         }
     }

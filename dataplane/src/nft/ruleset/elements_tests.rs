@@ -1,0 +1,143 @@
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::nft::ruleset::{Proto, Verdict};
+
+/// Keys of a few kinds over small ranges, so that operations meet each other: list entries of
+/// a few destinations (indices far past a list's end included), and plain keys.
+fn key() -> impl Strategy<Value = Key> {
+    let addr = (0u8..3).prop_map(|i| IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)));
+    prop_oneof![
+        4 => (addr.clone(), 0u16..2, prop_oneof![0u16..40, 60u16..70, Just(u16::MAX)])
+            .prop_map(|(a, port, i)| Key::AddrProtoPortIndex(a, Proto::Tcp, port, i)),
+        2 => (0u16..2, 0u16..40).prop_map(|(port, i)| Key::ProtoPortIndex(Proto::Udp, port, i)),
+        1 => addr.clone().prop_map(Key::Addr),
+        1 => (addr, 0u16..2).prop_map(|(a, port)| Key::AddrProtoPort(a, Proto::Tcp, port)),
+    ]
+}
+
+fn value() -> impl Strategy<Value = Option<Value>> {
+    let v4 = (0u8..4).prop_map(|i| IpAddr::V4(Ipv4Addr::new(10, 1, 0, i)));
+    let v6 = (0u16..4).prop_map(|i| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i)));
+    prop_oneof![
+        6 => (v4, 80u16..82).prop_map(|(a, p)| Some(Value::Endpoint(a, p))),
+        2 => (v6, 80u16..82).prop_map(|(a, p)| Some(Value::Endpoint(a, p))),
+        1 => Just(Some(Value::Verdict(Verdict::Goto("svc".into())))),
+        1 => Just(None),
+    ]
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(Key, Option<Value>),
+    Remove(Key),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (key(), value()).prop_map(|(k, v)| Op::Insert(k, v)),
+        2 => key().prop_map(Op::Remove),
+    ]
+}
+
+fn model(map: &ElementMap) -> Vec<(Key, Option<Value>)> {
+    map.iter().collect()
+}
+
+proptest! {
+    /// Whatever is inserted and removed, the map answers as a `BTreeMap` would: the values
+    /// returned, lookups, the length, iteration in key order and from any key.
+    #[test]
+    fn behaves_as_a_btree_map(ops in prop::collection::vec(op(), 0..300), probes in prop::collection::vec(key(), 1..20)) {
+        let mut map = ElementMap::new();
+        let mut want: BTreeMap<Key, Option<Value>> = BTreeMap::new();
+        for op in &ops {
+            match op {
+                Op::Insert(k, v) => prop_assert_eq!(map.insert(*k, v.clone()), want.insert(*k, v.clone())),
+                Op::Remove(k) => prop_assert_eq!(map.remove(k), want.remove(k)),
+            }
+            prop_assert_eq!(map.len(), want.len());
+        }
+        let all: Vec<_> = want.iter().map(|(k, v)| (*k, v.clone())).collect();
+        prop_assert_eq!(model(&map), all.clone());
+        prop_assert_eq!(map.keys().collect::<Vec<_>>(), want.keys().copied().collect::<Vec<_>>());
+        for probe in &probes {
+            prop_assert_eq!(map.get(probe), want.get(probe).cloned());
+            prop_assert_eq!(map.contains_key(probe), want.contains_key(probe));
+            let from: Vec<_> = want.range(*probe..).map(|(k, v)| (*k, v.clone())).collect();
+            prop_assert_eq!(map.iter_from(*probe).collect::<Vec<_>>(), from);
+        }
+        // Built at once from the same elements, in any order, it is the same map.
+        let mut shuffled = all.clone();
+        shuffled.reverse();
+        let built: ElementMap = shuffled.into_iter().collect();
+        prop_assert_eq!(&built, &map);
+        prop_assert_eq!(model(&built), all);
+        prop_assert_eq!(built.len(), want.len());
+    }
+
+    /// Of two elements with one key, the later stays (as `BTreeMap::from_iter` does).
+    #[test]
+    fn collecting_keeps_the_last_of_one_key(elements in prop::collection::vec((key(), value()), 0..100)) {
+        let map: ElementMap = elements.iter().cloned().collect();
+        let want: BTreeMap<_, _> = elements.into_iter().collect();
+        prop_assert_eq!(model(&map), want.into_iter().collect::<Vec<_>>());
+    }
+}
+
+fn entry(i: u16) -> Key {
+    Key::AddrProtoPortIndex(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), Proto::Tcp, 80, i)
+}
+
+fn endpoint(i: u8) -> Option<Value> {
+    Some(Value::Endpoint(
+        IpAddr::V4(Ipv4Addr::new(10, 1, 0, i)),
+        8080,
+    ))
+}
+
+#[test]
+fn endpoint_lists_are_compact() {
+    let map: ElementMap = (0..200u16).map(|i| (entry(i), endpoint(i as u8))).collect();
+    assert_eq!(map.len(), 200);
+    // One list, an IPv4 entry in 8 bytes; nothing in the B-tree.
+    assert!(map.other.is_empty());
+    assert_eq!(map.lists.len(), 1);
+    match map.lists.values().next() {
+        Some(List::V4(v)) => {
+            assert_eq!(v.len(), 200);
+            assert_eq!(v.capacity(), 200);
+            assert_eq!(std::mem::size_of_val(&v[0]), 8);
+        }
+        other => panic!("not an IPv4 list: {other:?}"),
+    }
+}
+
+#[test]
+fn a_wild_index_does_not_grow_a_list() {
+    let mut map = ElementMap::new();
+    map.insert(entry(0), endpoint(1));
+    map.insert(entry(u16::MAX), endpoint(2));
+    assert_eq!(map.lists.values().map(List::len).sum::<usize>(), 1);
+    assert_eq!(map.other.len(), 1);
+    assert_eq!(map.get(&entry(u16::MAX)), Some(endpoint(2)));
+    assert_eq!(
+        map.keys().collect::<Vec<_>>(),
+        vec![entry(0), entry(u16::MAX)]
+    );
+}
+
+#[test]
+fn removing_the_last_entries_drops_the_list() {
+    let mut map: ElementMap = (0..3u16).map(|i| (entry(i), endpoint(i as u8))).collect();
+    assert_eq!(map.remove(&entry(1)), Some(endpoint(1)));
+    assert_eq!(map.remove(&entry(2)), Some(endpoint(2)));
+    assert_eq!(map.lists.values().next().map(List::len), Some(1));
+    assert_eq!(map.remove(&entry(0)), Some(endpoint(0)));
+    assert!(map.lists.is_empty());
+    assert!(map.is_empty());
+    assert_eq!(map, ElementMap::new());
+}
