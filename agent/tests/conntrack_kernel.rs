@@ -254,9 +254,10 @@ fn udp_cleanup_of_stale_frontend_entries() {
     let mut ct = ns.open();
     // 10.0.0.2 stopped serving; the frontend stays.
     let mut current = Frontends::default();
-    current
-        .addrs
-        .insert((ip("172.30.0.10"), 53), [ip("10.0.0.1")].into());
+    current.addrs.insert(
+        (ip("172.30.0.10"), 53),
+        std::sync::Arc::new([ip("10.0.0.1")].into()),
+    );
     let stats = ct.clean_stale_udp(Family::V4, &current, &current).unwrap();
     assert_eq!((stats.listed, stats.stale, stats.deleted), (7, 4, 4));
     let want: BTreeSet<Entry> = before

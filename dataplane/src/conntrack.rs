@@ -26,8 +26,10 @@
 //!
 //! TCP (and SCTP) entries are never stale: graceful termination relies on existing connections.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::conflicts::{Suppressed, suppressed};
 use crate::decision::{self, Frontend, port_endpoints};
@@ -47,13 +49,18 @@ pub struct Tuple {
     pub dst_port: u16,
 }
 
+/// The IPs of the serving endpoints behind a frontend. Shared: the frontends of one Service
+/// port (its ClusterIP, external and load-balancer IPs, NodePort) have the same ones, and the
+/// index, its union and the cleanup's record of the last sync all hold them.
+pub type Serving = Arc<BTreeSet<IpAddr>>;
+
 /// The UDP frontends of one family and, for each, the IPs of the serving endpoints behind it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Frontends {
     /// `(Service address, Service port)` → serving endpoint IPs.
-    pub addrs: BTreeMap<(IpAddr, u16), BTreeSet<IpAddr>>,
+    pub addrs: BTreeMap<(IpAddr, u16), Serving>,
     /// NodePort (on any address) → serving endpoint IPs.
-    pub node_ports: BTreeMap<u16, BTreeSet<IpAddr>>,
+    pub node_ports: BTreeMap<u16, Serving>,
 }
 
 impl Frontends {
@@ -80,17 +87,18 @@ impl Frontends {
             let frontends = decision::frontends(svc, port, family, suppressed);
             let kept = frontends.iter().filter(|f| f.kept);
             // The node name only decides `local`, which does not matter here.
-            let serving: BTreeSet<IpAddr> = port_endpoints(slices, port, family, "")
-                .into_iter()
-                .filter(|e| e.serving)
-                .map(|e| e.addr)
-                .collect();
+            let serving: Serving = Arc::new(
+                port_endpoints(slices, port, family, "")
+                    .into_iter()
+                    .filter(|e| e.serving)
+                    .map(|e| e.addr)
+                    .collect(),
+            );
             for frontend in kept {
-                let eps = match frontend.frontend {
-                    Frontend::Addr(addr, port) => out.addrs.entry((addr, port)).or_default(),
-                    Frontend::NodePort(np) => out.node_ports.entry(np).or_default(),
-                };
-                eps.extend(&serving);
+                match frontend.frontend {
+                    Frontend::Addr(addr, port) => share(out.addrs.entry((addr, port)), &serving),
+                    Frontend::NodePort(np) => share(out.node_ports.entry(np), &serving),
+                }
             }
         }
         out
@@ -300,14 +308,16 @@ impl FrontendIndex {
     fn union(
         &self,
         key: FrontendKey,
-        get: impl Fn(&Frontends) -> Option<&BTreeSet<IpAddr>>,
-    ) -> Option<BTreeSet<IpAddr>> {
+        get: impl Fn(&Frontends) -> Option<&Serving>,
+    ) -> Option<Serving> {
         let owners = self.owners.get(&key)?;
-        let mut out = BTreeSet::new();
-        for name in owners {
-            if let Some(eps) = self.services.get(name).and_then(&get) {
-                out.extend(eps.iter().copied());
-            }
+        let mut sets = owners
+            .iter()
+            .filter_map(|name| self.services.get(name).and_then(&get));
+        // Almost always one owner: its set is shared, not copied.
+        let mut out = sets.next().cloned().unwrap_or_default();
+        for eps in sets {
+            Arc::make_mut(&mut out).extend(eps.iter().copied());
         }
         Some(out)
     }
@@ -356,12 +366,19 @@ pub fn cleanup_needed(previous: &Frontends, previous_exact: bool, current: &Fron
     }
 }
 
+/// Gives a frontend `serving`'s endpoints too (usually its only ones: then shared).
+fn share<K: Ord>(entry: Entry<'_, K, Serving>, serving: &Serving) {
+    match entry {
+        Entry::Vacant(e) => {
+            e.insert(serving.clone());
+        }
+        Entry::Occupied(mut e) => Arc::make_mut(e.get_mut()).extend(serving.iter()),
+    }
+}
+
 /// Whether `previous` and `current` hold the same frontends, each with the same serving
 /// endpoints or with more than the ones it had (at least one).
-fn only_added<K: Ord>(
-    previous: &BTreeMap<K, BTreeSet<IpAddr>>,
-    current: &BTreeMap<K, BTreeSet<IpAddr>>,
-) -> bool {
+fn only_added<K: Ord>(previous: &BTreeMap<K, Serving>, current: &BTreeMap<K, Serving>) -> bool {
     previous.len() == current.len()
         && previous.iter().zip(current).all(|((k, was), (l, now))| {
             k == l && (was == now || (!was.is_empty() && was.is_subset(now)))

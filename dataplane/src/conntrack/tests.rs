@@ -101,8 +101,8 @@ fn stale(e: &(Tuple, Tuple), current: &Frontends, previous: &Frontends) -> bool 
     is_stale(&e.0, &e.1, current, previous)
 }
 
-fn set(ips: &[&str]) -> BTreeSet<IpAddr> {
-    ips.iter().map(|s| ip(s)).collect()
+fn set(ips: &[&str]) -> Serving {
+    Arc::new(ips.iter().map(|s| ip(s)).collect())
 }
 
 /// kube-proxy's TestCleanStaleEntries layout: a UDP Service with ClusterIP, external IP,
@@ -138,7 +138,7 @@ fn udp_cluster(serving_b: bool) -> Cluster {
 fn frontends_of_a_udp_service() {
     let f = Frontends::of(&udp_cluster(false), Family::V4);
     let a = set(&["10.0.0.1"]);
-    let want_addrs: BTreeMap<(IpAddr, u16), BTreeSet<IpAddr>> = [
+    let want_addrs: BTreeMap<(IpAddr, u16), Serving> = [
         ((ip("172.30.0.10"), 53), a.clone()),
         ((ip("192.0.2.10"), 53), a.clone()),
         ((ip("198.51.100.10"), 53), a.clone()),
@@ -148,13 +148,24 @@ fn frontends_of_a_udp_service() {
     assert_eq!(f.node_ports, [(30053, a)].into());
 
     let f6 = Frontends::of(&udp_cluster(false), Family::V6);
-    let want6: BTreeMap<(IpAddr, u16), BTreeSet<IpAddr>> = [
+    let want6: BTreeMap<(IpAddr, u16), Serving> = [
         ((ip("fd00:172:30::10"), 53), set(&["fd00:10::1"])),
         ((ip("2001:db8::10"), 53), set(&["fd00:10::1"])),
     ]
     .into();
     assert_eq!(f6.addrs, want6);
     assert_eq!(f6.node_ports, [(30053, set(&["fd00:10::1"]))].into());
+}
+
+#[test]
+fn the_frontends_of_a_service_port_share_their_endpoints() {
+    let index = FrontendIndex::build(&udp_cluster(true), Family::V4);
+    let f = index.current();
+    let first = &f.addrs[&(ip("172.30.0.10"), 53)];
+    assert_eq!(**first, *set(&["10.0.0.1", "10.0.0.2"]));
+    for serving in f.addrs.values().chain(f.node_ports.values()) {
+        assert!(Arc::ptr_eq(first, serving));
+    }
 }
 
 #[test]
@@ -243,7 +254,7 @@ fn scale_to_zero_cleans_every_entry() {
     let mut c = udp_cluster(true);
     c.slices.clear();
     let current = Frontends::of(&c, Family::V4);
-    assert_eq!(current.addrs[&(ip("172.30.0.10"), 53)], BTreeSet::new());
+    assert!(current.addrs[&(ip("172.30.0.10"), 53)].is_empty());
     for ep in ["10.0.0.1", "10.0.0.2"] {
         for frontend in [("172.30.0.10", 53), ("192.168.0.2", 30053)] {
             let e = entry(UDP, "10.0.5.5", frontend, (ep, 5353));
@@ -502,10 +513,12 @@ fn arb_frontends() -> impl Strategy<Value = Frontends> {
         proptest::collection::btree_map(0usize..2, eps(), 0..3),
     )
         .prop_map(|(addrs, node_ports)| {
-            let ep = |e: BTreeSet<u8>| -> BTreeSet<IpAddr> {
-                e.into_iter()
-                    .map(|i| IpAddr::from([10, 0, 0, i + 1]))
-                    .collect()
+            let ep = |e: BTreeSet<u8>| -> Serving {
+                Arc::new(
+                    e.into_iter()
+                        .map(|i| IpAddr::from([10, 0, 0, i + 1]))
+                        .collect(),
+                )
             };
             Frontends {
                 addrs: addrs
@@ -543,6 +556,7 @@ fn arb_sync() -> impl Strategy<Value = (Frontends, Frontends)> {
                     .values_mut()
                     .chain(current.node_ports.values_mut());
                 for (eps, (added, removed)) in sets.zip(changes) {
+                    let eps = Arc::make_mut(eps);
                     eps.extend(added.into_iter().map(|i| IpAddr::from([10, 0, 0, i + 1])));
                     if let Some(i) = removed {
                         eps.remove(&IpAddr::from([10, 0, 0, i + 1]));
@@ -674,15 +688,12 @@ fn frontends_from_a_table_read_back() {
     assert_eq!(
         f.addrs,
         [
-            ((ip("172.30.0.10"), 53), BTreeSet::new()),
-            ((ip("172.30.0.11"), 53), BTreeSet::new())
+            ((ip("172.30.0.10"), 53), set(&[])),
+            ((ip("172.30.0.11"), 53), set(&[]))
         ]
         .into()
     );
-    assert_eq!(
-        f.node_ports,
-        [(30053, BTreeSet::new()), (30055, BTreeSet::new())].into()
-    );
+    assert_eq!(f.node_ports, [(30053, set(&[])), (30055, set(&[]))].into());
     assert!(Frontends::from_table_state(None).is_empty());
     // What a restarted agent makes of an entry to a Service deleted meanwhile.
     let e = entry(UDP, "10.0.5.5", ("172.30.0.10", 53), ("10.0.0.1", 5353));
