@@ -557,7 +557,7 @@ fn exit_on_panic() {
 }
 
 fn main() -> ExitCode {
-    nftproxy::memory::tune_allocator();
+    nftproxy::memory::return_large_buffers();
     exit_on_panic();
     let cli = Cli::parse();
     if matches!(

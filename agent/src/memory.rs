@@ -4,30 +4,17 @@
 #[cfg(target_env = "gnu")]
 const MMAP_THRESHOLD: libc::c_int = 128 << 10;
 
-/// Heaps (glibc arenas) the threads share: the main thread's and one for all others.
-#[cfg(target_env = "gnu")]
-const ARENAS: libc::c_int = 2;
-
-/// Sets up the allocator for a process that keeps a large model for long. Call it first
-/// thing, before other threads start.
-///
-/// - Large buffers go back to the kernel when they are freed. glibc serves them from pages of
-///   their own at first, but raises that threshold to the size of each such buffer freed (up
-///   to 32 MiB), after which buffers of that size come from the heap and, once freed, stay
-///   there as free memory: a cold sync's element vectors, the file's pieces and the netlink
-///   batches left 30 MiB of it at 30,000 Services, and set the process's peak RSS. A fixed
-///   threshold keeps them apart.
-/// - Two arenas instead of one per thread (up to 8 per CPU): memory a thread frees (the
-///   file's parsers, the sync thread's temporaries) is reused by the others instead of staying
-///   in an arena of its own. At 100,000 Services this took 15–21 MiB off the RSS after the
-///   first sync; the threads that allocate much at once (decoding, the sync) rarely run
-///   together.
-pub fn tune_allocator() {
+/// Makes large buffers go back to the kernel when they are freed. glibc serves them from
+/// pages of their own at first, but raises that threshold to the size of each such buffer
+/// freed (up to 32 MiB), after which buffers of that size come from the heap and, once freed,
+/// stay there as free memory: a cold sync's element vectors, the file's pieces and the
+/// netlink batches left 30 MiB of it at 30,000 Services, and set the process's peak RSS. A
+/// fixed threshold keeps them apart. Call it first thing, before other threads start.
+pub fn return_large_buffers() {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only changes settings of the allocator; no pointer is passed.
+    // SAFETY: mallopt only changes a setting of the allocator; no pointer is passed.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-        libc::mallopt(libc::M_ARENA_MAX, ARENAS);
     }
 }
 
