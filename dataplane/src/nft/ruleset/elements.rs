@@ -3,15 +3,19 @@
 //! Most of a large cluster's elements are endpoint-list entries (`DEST . i → ENDPOINT`, see
 //! [`Key::list_entry`]): at 100k Services about 85% of both families' 2.3M elements. As B-tree
 //! entries each cost 48 bytes of key and value plus the tree around them; here each list is one
-//! vector indexed by `i`, an IPv4 entry 8 bytes. Every other element (and a list entry this
-//! layout cannot hold: a value other than an endpoint, or an index far past its list's end)
-//! stays in a B-tree. The map behaves as the `BTreeMap<Key, Option<Value>>` it replaces, but
-//! hands out its elements by value.
+//! vector indexed by `i`, an IPv4 entry 8 bytes, and a list of up to two IPv4 entries needs no
+//! heap block of its own. The next most common elements, plain-set IPv4 addresses (ClusterIPs,
+//! hairpin endpoints), are 8-byte numbers in a set of their own. Every other element (and a
+//! list entry this layout cannot hold: a value other than an endpoint, or an index far past its
+//! list's end) stays in a B-tree. The map behaves as the `BTreeMap<Key, Option<Value>>` it
+//! replaces, but hands out its elements by value.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::iter::Peekable;
 use std::net::{IpAddr, Ipv4Addr};
+
+use smallvec::SmallVec;
 
 use crate::nft::ruleset::{Key, Value};
 
@@ -23,10 +27,14 @@ const MAX_GAP: usize = 16;
 /// An endpoint an entry leads to.
 type Target = (IpAddr, u16);
 
+/// IPv4 entries of a list. Most Services have one to three endpoints: up to two are held in
+/// place, without a heap block (the list is 32 bytes either way).
+type V4Entries = SmallVec<[Option<(Ipv4Addr, u16)>; 2]>;
+
 /// One destination's entries by index; `None` is a hole. Never ends in a hole.
 #[derive(Clone, Debug)]
 enum List {
-    V4(Vec<Option<(Ipv4Addr, u16)>>),
+    V4(V4Entries),
     /// IPv6 endpoints, or a mix of families.
     Any(Vec<Option<Target>>),
 }
@@ -34,7 +42,7 @@ enum List {
 impl List {
     fn with_capacity(first: Target, n: usize) -> List {
         match first.0 {
-            IpAddr::V4(_) => List::V4(Vec::with_capacity(n)),
+            IpAddr::V4(_) => List::V4(V4Entries::with_capacity(n)),
             IpAddr::V6(_) => List::Any(Vec::with_capacity(n)),
         }
     }
@@ -83,15 +91,21 @@ impl List {
     /// Takes the entry at `i` out, trimming the holes that end the list.
     fn take(&mut self, i: usize) -> Option<Target> {
         let old = self.get(i)?;
-        fn clear<T>(v: &mut Vec<Option<T>>, i: usize) {
+        fn clear<T>(v: &mut [Option<T>], i: usize) -> usize {
             v[i] = None;
-            while v.last().is_some_and(Option::is_none) {
-                v.pop();
-            }
+            v.iter()
+                .rposition(Option::is_some)
+                .map_or(0, |last| last + 1)
         }
         match self {
-            List::V4(v) => clear(v, i),
-            List::Any(v) => clear(v, i),
+            List::V4(v) => {
+                let len = clear(v, i);
+                v.truncate(len);
+            }
+            List::Any(v) => {
+                let len = clear(v, i);
+                v.truncate(len);
+            }
         }
         Some(old)
     }
@@ -100,8 +114,11 @@ impl List {
 /// A set's elements: key to value (maps) or `None` (sets), in key order.
 #[derive(Clone, Default)]
 pub struct ElementMap {
-    /// Every element the lists do not hold.
+    /// Every element the lists and `addrs` do not hold.
     other: BTreeMap<Key, Option<Value>>,
+    /// Plain-set elements `ADDR` and `ADDR . ADDR` of IPv4 addresses (a cluster's ClusterIPs,
+    /// its hairpin endpoints), as [`addr_code`]s: 8 bytes instead of 48.
+    addrs: BTreeSet<u64>,
     /// Endpoint-list entries with an endpoint as value, by destination
     /// ([`Key::list_destination`]). A key is here or in `other`, never in both.
     lists: BTreeMap<Key, List>,
@@ -114,6 +131,42 @@ fn as_entry(key: &Key, value: &Option<Value>) -> Option<(Key, usize, Target)> {
     match value {
         Some(Value::Endpoint(addr, port)) => Some((dest, usize::from(i), (*addr, *port))),
         _ => None,
+    }
+}
+
+/// `Key::Addr(a)` and `Key::AddrPair(a)` of an IPv4 address as one number, in key order (every
+/// `Addr` sorts below every `AddrPair`, as the variants do).
+fn addr_code(key: &Key) -> Option<u64> {
+    match key {
+        Key::Addr(IpAddr::V4(a)) => Some(u64::from(u32::from(*a))),
+        Key::AddrPair(IpAddr::V4(a)) => Some(1 << 32 | u64::from(u32::from(*a))),
+        _ => None,
+    }
+}
+
+fn code_key(code: u64) -> Key {
+    let addr = IpAddr::V4(Ipv4Addr::from(code as u32));
+    if code >> 32 == 0 {
+        Key::Addr(addr)
+    } else {
+        Key::AddrPair(addr)
+    }
+}
+
+/// The first code whose key is `first` or above.
+fn addr_code_from(first: &Key) -> u64 {
+    if let Some(code) = addr_code(first) {
+        return code;
+    }
+    // Any other key sorts below or above all IPv4 `Addr` keys alike (all IPv4 addresses sort
+    // below all IPv6 ones), and so for `AddrPair`.
+    let max = IpAddr::V4(Ipv4Addr::BROADCAST);
+    if *first <= Key::Addr(max) {
+        0
+    } else if *first <= Key::AddrPair(max) {
+        1 << 32
+    } else {
+        2 << 32
     }
 }
 
@@ -150,15 +203,22 @@ impl ElementMap {
         self.lists.get(&dest)?.get(usize::from(i))
     }
 
+    fn has_addr(&self, key: &Key) -> bool {
+        addr_code(key).is_some_and(|code| self.addrs.contains(&code))
+    }
+
     pub fn get(&self, key: &Key) -> Option<Option<Value>> {
-        match self.listed(key) {
-            Some((addr, port)) => Some(Some(Value::Endpoint(addr, port))),
-            None => self.other.get(key).cloned(),
+        if let Some((addr, port)) = self.listed(key) {
+            return Some(Some(Value::Endpoint(addr, port)));
         }
+        if self.has_addr(key) {
+            return Some(None);
+        }
+        self.other.get(key).cloned()
     }
 
     pub fn contains_key(&self, key: &Key) -> bool {
-        self.listed(key).is_some() || self.other.contains_key(key)
+        self.listed(key).is_some() || self.has_addr(key) || self.other.contains_key(key)
     }
 
     /// Adds or replaces `key`, returning what it was.
@@ -184,12 +244,17 @@ impl ElementMap {
                 _ => {}
             }
         }
-        let listed = self.take_listed(&key);
-        let old = self.other.insert(key, value);
-        if old.is_none() {
-            self.len += 1;
+        let old = self.remove(&key);
+        match addr_code(&key).filter(|_| value.is_none()) {
+            Some(code) => {
+                self.addrs.insert(code);
+            }
+            None => {
+                self.other.insert(key, value);
+            }
         }
-        old.or(listed.map(|(addr, port)| Some(Value::Endpoint(addr, port))))
+        self.len += 1;
+        old
     }
 
     /// Takes `key` out of its list, if a list holds it.
@@ -208,6 +273,12 @@ impl ElementMap {
         if let Some((addr, port)) = self.take_listed(key) {
             return Some(Some(Value::Endpoint(addr, port)));
         }
+        if let Some(code) = addr_code(key)
+            && self.addrs.remove(&code)
+        {
+            self.len -= 1;
+            return Some(None);
+        }
         let old = self.other.remove(key)?;
         self.len -= 1;
         Some(old)
@@ -217,6 +288,7 @@ impl ElementMap {
     pub fn iter(&self) -> Iter<'_> {
         Iter {
             other: self.other.range::<Key, _>(..).peekable(),
+            addrs: self.addrs.range(..).peekable(),
             lists: self.lists.range::<Key, _>(..),
             list: None,
             listed: None,
@@ -227,6 +299,7 @@ impl ElementMap {
     pub fn iter_from(&self, first: Key) -> Iter<'_> {
         let mut iter = Iter {
             other: self.other.range(first..).peekable(),
+            addrs: self.addrs.range(addr_code_from(&first)..).peekable(),
             lists: self.lists.range::<Key, _>(..),
             list: None,
             listed: None,
@@ -276,12 +349,16 @@ impl ElementMap {
         debug_assert!(elements.windows(2).all(|w| w[0].0 < w[1].0));
         let len = elements.len();
         let mut lists: Vec<(Key, List)> = Vec::new();
+        let mut addrs = Vec::new();
         let mut other = Vec::new();
         let mut elements = elements;
         for at in 0..elements.len() {
             let (key, value) = &mut elements[at];
             let Some((dest, i, target)) = as_entry(key, value) else {
-                other.push((*key, value.take()));
+                match addr_code(key).filter(|_| value.is_none()) {
+                    Some(code) => addrs.push(code),
+                    None => other.push((*key, value.take())),
+                }
                 continue;
             };
             match lists.last_mut() {
@@ -307,6 +384,7 @@ impl ElementMap {
         ElementMap {
             // Both built in bulk from sorted keys: densely packed nodes.
             other: other.into_iter().collect(),
+            addrs: addrs.into_iter().collect(),
             lists: lists.into_iter().collect(),
             len,
         }
@@ -370,6 +448,7 @@ impl<'a> IntoIterator for &'a ElementMap {
 /// The elements of an [`ElementMap`] in key order: the B-tree's and the lists' merged.
 pub struct Iter<'a> {
     other: Peekable<std::collections::btree_map::Range<'a, Key, Option<Value>>>,
+    addrs: Peekable<std::collections::btree_set::Range<'a, u64>>,
     lists: std::collections::btree_map::Range<'a, Key, List>,
     /// The list being walked and the next index in it.
     list: Option<(&'a Key, &'a List, usize)>,
@@ -398,6 +477,7 @@ impl Iter<'_> {
 /// The next element as the map holds it.
 enum Raw<'a> {
     Other(&'a Key, &'a Option<Value>),
+    Addr(Key),
     Listed(Key, Target),
 }
 
@@ -406,15 +486,17 @@ impl<'a> Iter<'a> {
         if self.listed.is_none() {
             self.listed = self.next_listed();
         }
-        let listed_first = match (&self.listed, self.other.peek()) {
-            (None, None) => return None,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (Some((key, _)), Some((other, _))) => key < *other,
-        };
-        if listed_first {
-            let (key, target) = self.listed.take().expect("compared above");
+        // The smallest of the three stores' next keys (a key is in one store only).
+        let listed = self.listed.as_ref().map(|(key, _)| *key);
+        let other = self.other.peek().map(|(key, _)| **key);
+        let addr = self.addrs.peek().map(|code| code_key(**code));
+        let smallest = [listed, other, addr].into_iter().flatten().min()?;
+        if listed == Some(smallest) {
+            let (key, target) = self.listed.take().expect("peeked");
             Some(Raw::Listed(key, target))
+        } else if addr == Some(smallest) {
+            self.addrs.next();
+            Some(Raw::Addr(smallest))
         } else {
             self.other.next().map(|(k, v)| Raw::Other(k, v))
         }
@@ -427,6 +509,7 @@ impl Iterator for Iter<'_> {
     fn next(&mut self) -> Option<(Key, Option<Value>)> {
         Some(match self.next_raw()? {
             Raw::Other(key, value) => (*key, value.clone()),
+            Raw::Addr(key) => (key, None),
             Raw::Listed(key, (addr, port)) => (key, Some(Value::Endpoint(addr, port))),
         })
     }
@@ -441,7 +524,7 @@ impl Iterator for Keys<'_> {
     fn next(&mut self) -> Option<Key> {
         Some(match self.0.next_raw()? {
             Raw::Other(key, _) => *key,
-            Raw::Listed(key, _) => key,
+            Raw::Addr(key) | Raw::Listed(key, _) => key,
         })
     }
 }

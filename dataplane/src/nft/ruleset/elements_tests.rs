@@ -7,14 +7,20 @@ use super::*;
 use crate::nft::ruleset::{Proto, Verdict};
 
 /// Keys of a few kinds over small ranges, so that operations meet each other: list entries of
-/// a few destinations (indices far past a list's end included), and plain keys.
+/// a few destinations (indices far past a list's end included), and plain keys of both
+/// families.
 fn key() -> impl Strategy<Value = Key> {
     let addr = (0u8..3).prop_map(|i| IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)));
+    let any_addr = prop_oneof![
+        3 => addr.clone(),
+        1 => (0u16..2).prop_map(|i| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i))),
+    ];
     prop_oneof![
         4 => (addr.clone(), 0u16..2, prop_oneof![0u16..40, 60u16..70, Just(u16::MAX)])
             .prop_map(|(a, port, i)| Key::AddrProtoPortIndex(a, Proto::Tcp, port, i)),
         2 => (0u16..2, 0u16..40).prop_map(|(port, i)| Key::ProtoPortIndex(Proto::Udp, port, i)),
-        1 => addr.clone().prop_map(Key::Addr),
+        1 => any_addr.clone().prop_map(Key::Addr),
+        1 => any_addr.prop_map(Key::AddrPair),
         1 => (addr, 0u16..2).prop_map(|(a, port)| Key::AddrProtoPort(a, Proto::Tcp, port)),
     ]
 }
@@ -140,4 +146,43 @@ fn removing_the_last_entries_drops_the_list() {
     assert!(map.lists.is_empty());
     assert!(map.is_empty());
     assert_eq!(map, ElementMap::new());
+}
+
+#[test]
+fn ipv4_addresses_of_plain_sets_are_numbers() {
+    let a = |i: u8| IpAddr::V4(Ipv4Addr::new(10, 96, 0, i));
+    let six = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    let map: ElementMap = [
+        (Key::AddrPair(a(1)), None),
+        (Key::Addr(six), None),
+        (Key::Addr(a(2)), None),
+        (Key::Addr(a(1)), Some(Value::Verdict(Verdict::Accept))),
+        (Key::AddrPair(six), None),
+    ]
+    .into();
+    assert_eq!(map.addrs.len(), 2);
+    assert_eq!(
+        map.keys().collect::<Vec<_>>(),
+        vec![
+            Key::Addr(a(1)),
+            Key::Addr(a(2)),
+            Key::Addr(six),
+            Key::AddrPair(a(1)),
+            Key::AddrPair(six)
+        ]
+    );
+    assert_eq!(
+        map.keys_from(Key::Addr(six)).collect::<Vec<_>>(),
+        vec![Key::Addr(six), Key::AddrPair(a(1)), Key::AddrPair(six)]
+    );
+}
+
+#[test]
+fn short_lists_hold_their_entries_in_place() {
+    assert_eq!(std::mem::size_of::<List>(), 32);
+    let map: ElementMap = (0..2u16).map(|i| (entry(i), endpoint(i as u8))).collect();
+    match map.lists.values().next() {
+        Some(List::V4(v)) => assert!(!v.spilled()),
+        other => panic!("not an IPv4 list: {other:?}"),
+    }
 }
