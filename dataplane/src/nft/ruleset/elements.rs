@@ -486,20 +486,24 @@ impl<'a> Iter<'a> {
         if self.listed.is_none() {
             self.listed = self.next_listed();
         }
-        // The smallest of the three stores' next keys (a key is in one store only).
-        let listed = self.listed.as_ref().map(|(key, _)| *key);
+        // The smallest of the three stores' next keys (a key is in one store only; most maps
+        // use one store).
         let other = self.other.peek().map(|(key, _)| **key);
         let addr = self.addrs.peek().map(|code| code_key(**code));
-        let smallest = [listed, other, addr].into_iter().flatten().min()?;
-        if listed == Some(smallest) {
-            let (key, target) = self.listed.take().expect("peeked");
-            Some(Raw::Listed(key, target))
-        } else if addr == Some(smallest) {
-            self.addrs.next();
-            Some(Raw::Addr(smallest))
-        } else {
-            self.other.next().map(|(k, v)| Raw::Other(k, v))
+        if let Some((key, _)) = &self.listed
+            && other.is_none_or(|o| *key < o)
+            && addr.is_none_or(|a| *key < a)
+        {
+            let (key, target) = self.listed.take().expect("matched");
+            return Some(Raw::Listed(key, target));
         }
+        if let Some(a) = addr
+            && other.is_none_or(|o| a < o)
+        {
+            self.addrs.next();
+            return Some(Raw::Addr(a));
+        }
+        self.other.next().map(|(k, v)| Raw::Other(k, v))
     }
 }
 
