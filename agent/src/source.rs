@@ -7,14 +7,13 @@
 //! object listed twice the same way: the last copy wins, as a later update would (an invalid
 //! last copy removes the object and is reported).
 
-use std::collections::HashSet;
 use std::path::Path;
 
-use dataplane::convert::{self, Skipped};
+use dataplane::convert::Skipped;
 use std::io::Read as _;
 
 use dataplane::input::{Cutter, Object};
-use dataplane::model::{Cluster, ObjectName};
+use dataplane::model::Cluster;
 use dataplane::tracker::{Kind, Tracker};
 
 /// Reads and converts a file. An unreadable or unparseable file is an error (naming the
@@ -108,18 +107,9 @@ fn relist(tracker: &mut Tracker, input: Input<'_>) -> Result<Vec<Skipped>, Strin
     }
     let mut skipped = Vec::new();
     let mut invalid = Vec::new();
-    let mut seen = HashSet::new();
+    // The tracker warns about an object the file names twice (see `Tracker::begin_list`).
     let mut read = |text: &str| {
         dataplane::input::for_each_object(text, &mut skipped, |object| {
-            let (kind, name) = match &object {
-                Object::Service(o) => (Kind::Service, convert::object_name(&o.metadata)),
-                Object::Slice(o) => (Kind::EndpointSlice, convert::object_name(&o.metadata)),
-                Object::Node(o) => (Kind::Node, convert::object_name(&o.metadata)),
-                Object::ServiceCidr(o) => (Kind::ServiceCidr, convert::object_name(&o.metadata)),
-            };
-            if let Some((kind, name)) = seen.replace((kind, name)) {
-                warn_duplicate(kind, &name);
-            }
             invalid.extend(match &object {
                 Object::Service(o) => tracker.apply_service(o),
                 Object::Slice(o) => tracker.apply_slice(o),
@@ -139,14 +129,6 @@ fn relist(tracker: &mut Tracker, input: Input<'_>) -> Result<Vec<Skipped>, Strin
     }
     skipped.extend(invalid);
     Ok(skipped)
-}
-
-fn warn_duplicate(kind: Kind, name: &ObjectName) {
-    tracing::warn!(
-        kind = kind.name(),
-        %name,
-        "object listed more than once in the file; the last copy wins"
-    );
 }
 
 /// Replaces the tracker's content with the objects of a file (see [`relist`]). A file that

@@ -204,9 +204,17 @@ impl Tracker {
         }
     }
 
+    /// Notes an object of a re-list in progress; warns when the list names it twice (a file
+    /// may: the last copy wins).
     fn seen(&mut self, kind: Kind, name: &ObjectName) {
-        if let Some(set) = self.relisting.get_mut(&kind) {
-            set.insert(name.clone());
+        if let Some(set) = self.relisting.get_mut(&kind)
+            && !set.insert(name.clone())
+        {
+            tracing::warn!(
+                kind = kind.name(),
+                %name,
+                "object listed more than once; the last copy wins"
+            );
         }
     }
 
