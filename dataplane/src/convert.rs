@@ -514,7 +514,7 @@ pub fn endpoint_slice(
             .annotations
             .as_ref()
             .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
-            .cloned(),
+            .map(|t| t.as_str().into()),
     })
 }
 

@@ -189,7 +189,8 @@ pub struct EndpointSlice {
     pub ports: Vec<EndpointPort>,
     pub endpoints: Vec<Endpoint>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, as written.
-    pub trigger_time: Option<String>,
+    /// Shared with the change that reports it to the sync.
+    pub trigger_time: Option<Arc<str>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]

@@ -2,7 +2,7 @@
 //! which Services changed since the last sync. Updates that change nothing the proxy uses are
 //! dropped here, so they never cause a sync.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1 as core;
@@ -52,7 +52,7 @@ pub struct Changes {
     /// Something every Service depends on changed (the Node, ServiceCIDRs): sync everything.
     pub all: bool,
     /// `endpoints.kubernetes.io/last-change-trigger-time` values of the slice changes.
-    pub trigger_times: Vec<(Family, String)>,
+    pub trigger_times: Vec<(Family, Arc<str>)>,
 }
 
 impl Changes {
@@ -79,8 +79,8 @@ pub struct ChangeCounts {
 struct EventStats {
     service_events: u64,
     slice_events: u64,
-    pending_services: BTreeSet<ObjectName>,
-    pending_endpoints: BTreeSet<ObjectName>,
+    pending_services: HashSet<ObjectName>,
+    pending_endpoints: HashSet<ObjectName>,
 }
 
 /// Holds the current cluster model and the changes not yet synced. Cloning is cheap (the model
@@ -96,7 +96,11 @@ pub struct Tracker {
     node_present: bool,
     /// Names, and endpoints' sites, shared by the objects of the model.
     shared: Shared,
+    /// What changed but the Services, which `changed` holds (hash sets: one table each, where
+    /// a B-tree set filled while a whole cluster is listed and freed at the first sync left its
+    /// nodes as holes among the model's allocations).
     changes: Changes,
+    changed: HashSet<ObjectName>,
     /// Kinds whose initial list is complete.
     listed: BTreeSet<Kind>,
     /// Objects seen during a re-list in progress, per kind, in the order seen. A vector, not
@@ -117,6 +121,7 @@ impl Tracker {
             node_present: false,
             shared: Shared::default(),
             changes: Changes::default(),
+            changed: HashSet::new(),
             listed: BTreeSet::new(),
             relisting: BTreeMap::new(),
             invalid: BTreeMap::new(),
@@ -146,14 +151,20 @@ impl Tracker {
     }
 
     pub fn has_changes(&self) -> bool {
-        !self.changes.is_empty()
+        !self.changed.is_empty() || self.changes.all
     }
 
     /// Hands the accumulated changes to the sync and starts a new batch.
     pub fn take_changes(&mut self) -> Changes {
-        self.events.pending_services.clear();
-        self.events.pending_endpoints.clear();
-        std::mem::take(&mut self.changes)
+        // Taken, not cleared: a table sized for a whole cluster would stay.
+        self.events.pending_services = HashSet::new();
+        self.events.pending_endpoints = HashSet::new();
+        let mut services: Vec<ObjectName> = std::mem::take(&mut self.changed).into_iter().collect();
+        services.sort_unstable();
+        Changes {
+            services: services.into_iter().collect(),
+            ..std::mem::take(&mut self.changes)
+        }
     }
 
     /// Events seen so far and changes pending (for metrics).
@@ -271,8 +282,8 @@ impl Tracker {
             .chain(new)
             .flat_map(|svc| neighbours(services, svc));
         for svc in around {
-            if !self.changes.services.contains(&svc.name) {
-                self.changes.services.insert(svc.name.clone());
+            if !self.changed.contains(&svc.name) {
+                self.changed.insert(svc.name.clone());
             }
         }
     }
@@ -303,7 +314,7 @@ impl Tracker {
                 Some(s) => self.cluster.services.insert(name.clone(), Arc::new(s)),
                 None => self.cluster.services.remove(&name),
             };
-            self.changes.services.insert(name.clone());
+            self.changed.insert(name.clone());
             self.events.pending_services.insert(name.clone());
             self.note_neighbours(old.as_deref(), &name);
         }
@@ -339,12 +350,12 @@ impl Tracker {
         };
         if !same {
             if let Some(o) = old {
-                self.changes.services.insert(o.service.clone());
+                self.changed.insert(o.service.clone());
                 self.events.pending_endpoints.insert(o.service.clone());
             }
             match new {
                 Some(s) => {
-                    self.changes.services.insert(s.service.clone());
+                    self.changed.insert(s.service.clone());
                     self.events.pending_endpoints.insert(s.service.clone());
                     if let Some(t) = &s.trigger_time {
                         self.changes.trigger_times.push((s.family, t.clone()));
@@ -408,7 +419,7 @@ impl Tracker {
             Kind::Service => {
                 self.events.service_events += 1;
                 if let Some(old) = self.cluster.services.remove(name) {
-                    self.changes.services.insert(name.clone());
+                    self.changed.insert(name.clone());
                     self.events.pending_services.insert(name.clone());
                     self.note_neighbours(Some(&old), name);
                 }
@@ -417,7 +428,7 @@ impl Tracker {
                 self.events.slice_events += 1;
                 if let Some(s) = self.cluster.slices.remove(name) {
                     self.events.pending_endpoints.insert(s.service.clone());
-                    self.changes.services.insert(s.service.clone());
+                    self.changed.insert(s.service.clone());
                 }
             }
             // The rules keep the last known addresses and labels: a deleted or re-registered
@@ -535,7 +546,7 @@ mod tests {
         t.apply_slice(&slice("a-1", "a", &["10.0.0.2"], "t3"));
         let c = t.take_changes();
         assert_eq!(c.services, [ObjectName::new("ns", "a")].into());
-        assert_eq!(c.trigger_times, vec![(Family::V4, "t3".to_string())]);
+        assert_eq!(c.trigger_times, vec![(Family::V4, "t3".into())]);
     }
 
     #[test]
