@@ -107,7 +107,7 @@ fn relist(tracker: &mut Tracker, input: Input<'_>) -> Result<Vec<Skipped>, Strin
     }
     let mut skipped = Vec::new();
     let mut invalid = Vec::new();
-    // The tracker warns about an object the file names twice (see `Tracker::begin_list`).
+    // The tracker warns about an object the file names twice (see `Tracker::end_list`).
     let mut read = |text: &str| {
         dataplane::input::for_each_object(text, &mut skipped, |object| {
             invalid.extend(match &object {

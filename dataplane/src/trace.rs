@@ -241,10 +241,7 @@ impl Tracer<'_> {
     }
 
     fn lookup(&self, map: &str, key: Key) -> Option<Verdict> {
-        match self.element(map, &key)?? {
-            Value::Verdict(v) => Some(v),
-            Value::Endpoint(..) => None,
-        }
+        self.element(map, &key)??.verdict().cloned()
     }
 
     /// The packet's frontend key with destination `dst`: `dst . proto . port`, or

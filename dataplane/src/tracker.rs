@@ -96,10 +96,11 @@ pub struct Tracker {
     node_present: bool,
     /// Names, and endpoints' sites, shared by the objects of the model.
     shared: Shared,
-    /// What changed but the Services, which `changed` holds (hash sets: one table each, where
-    /// a B-tree set filled while a whole cluster is listed and freed at the first sync left its
-    /// nodes as holes among the model's allocations).
+    /// What changed, but for the Services in `changed`.
     changes: Changes,
+    /// The changed Services (`Changes::services` once taken). A hash set, one table: a B-tree
+    /// set filled while a whole cluster is listed and freed at the first sync left its nodes as
+    /// holes among the model's allocations; so for the pending counts in `events`.
     changed: HashSet<ObjectName>,
     /// Kinds whose initial list is complete.
     listed: BTreeSet<Kind>,
@@ -159,10 +160,8 @@ impl Tracker {
         // Taken, not cleared: a table sized for a whole cluster would stay.
         self.events.pending_services = HashSet::new();
         self.events.pending_endpoints = HashSet::new();
-        let mut services: Vec<ObjectName> = std::mem::take(&mut self.changed).into_iter().collect();
-        services.sort_unstable();
         Changes {
-            services: services.into_iter().collect(),
+            services: std::mem::take(&mut self.changed).into_iter().collect(),
             ..std::mem::take(&mut self.changes)
         }
     }

@@ -49,7 +49,7 @@ pub const ELEMENTS_PER_OP: usize = 200;
 
 /// `elements` in lists of at most [`ELEMENTS_PER_OP`], filled directly: collecting them all
 /// first and then copying out the chunks would hold them twice.
-fn in_chunks(elements: impl Iterator<Item = (Key, Option<Value>)>) -> Vec<Elements> {
+fn in_chunks(elements: impl IntoIterator<Item = (Key, Option<Value>)>) -> Vec<Elements> {
     let mut chunks: Vec<Vec<(Key, Option<Value>)>> = Vec::new();
     for element in elements {
         match chunks.last_mut() {
@@ -89,9 +89,7 @@ enum Committed<'a> {
 
 /// The element operations taking a set from `have` to `want`: the keys to delete (those that
 /// go or change value: the kernel refuses to add an element it holds with other data) and
-/// the elements to add.
-/// The keys to delete from `have` and the elements to add to it to make it `want` (an element
-/// whose value changes is both), in one walk over both in key order.
+/// the elements to add, found in one walk over both in key order.
 fn diff(have: &ElementMap, want: &ElementMap) -> (Vec<Key>, Vec<(Key, Option<Value>)>) {
     let (mut del, mut add) = (Vec::new(), Vec::new());
     let mut have = have.iter().peekable();
@@ -201,12 +199,12 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
             ),
             Some((state::Elements::Read(have), _)) => {
                 let (del, add) = diff(have, &set.elements);
-                (del, in_chunks(add.into_iter()))
+                (del, in_chunks(add))
             }
             Some((state::Elements::Desired, Committed::Sets(old))) => {
                 let have = old.get(name).map_or(&empty, |s| &s.elements);
                 let (del, add) = diff(have, &set.elements);
-                (del, in_chunks(add.into_iter()))
+                (del, in_chunks(add))
             }
             Some((state::Elements::Desired, Committed::Delta(delta))) => {
                 // Only the elements the change touched can differ.
@@ -225,7 +223,7 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
                         add.push((*k, v));
                     }
                 }
-                (del, in_chunks(add.into_iter()))
+                (del, in_chunks(add))
             }
             Some((state::Elements::Desired, Committed::Nothing)) => unreachable!("recreated above"),
         };

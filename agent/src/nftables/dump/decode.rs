@@ -68,7 +68,9 @@ pub fn decode_state(
             continue;
         };
         let decl = raw.decl(family);
-        let mut elements = BTreeMap::new();
+        // Collected once into a set's elements (sorted there; a key listed twice keeps its
+        // last value, as inserting would).
+        let mut elements = Vec::new();
         let mut decodable = decl.is_some();
         if let Some(d) = &decl
             && d.timeout_secs.is_none()

@@ -227,7 +227,7 @@ pub(super) fn decode_elements(
     family: Family,
     decl: &SetDecl,
     msgs: &[Vec<u8>],
-    out: &mut BTreeMap<Key, Option<Value>>,
+    out: &mut Vec<(Key, Option<Value>)>,
 ) -> bool {
     if decl.key == KeyType::Interval {
         let mut bounds = Vec::new();
@@ -275,7 +275,7 @@ pub(super) fn decode_element(
     family: Family,
     decl: &SetDecl,
     element: &[u8],
-    out: &mut BTreeMap<Key, Option<Value>>,
+    out: &mut Vec<(Key, Option<Value>)>,
 ) -> bool {
     let Some((key, value, false)) = raw_element(family, decl.key.holds_endpoints(), element) else {
         return false;
@@ -286,7 +286,7 @@ pub(super) fn decode_element(
     if (decl.is_vmap || decl.key.holds_endpoints()) != value.is_some() {
         return false;
     }
-    out.insert(key, value);
+    out.push((key, value));
     true
 }
 

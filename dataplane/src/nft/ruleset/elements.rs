@@ -308,12 +308,9 @@ impl ElementMap {
             // Lists hold keys in their destinations' order (`list_entry` keeps it).
             Some((dest, i)) => {
                 iter.lists = self.lists.range(dest..);
-                let mut lists = self.lists.range(dest..);
-                if let Some((d, list)) = lists.next()
-                    && *d == dest
-                {
+                if let Some((d, list)) = self.lists.get_key_value(&dest) {
+                    iter.lists.next();
                     iter.list = Some((d, list, usize::from(i)));
-                    iter.lists = lists;
                 }
             }
             // A key of another kind sorts below or above all of a list's entries alike.
@@ -345,13 +342,12 @@ impl ElementMap {
     }
 
     /// Builds the map from elements sorted by key, without two of one key.
-    pub fn from_sorted(elements: Vec<(Key, Option<Value>)>) -> ElementMap {
+    pub fn from_sorted(mut elements: Vec<(Key, Option<Value>)>) -> ElementMap {
         debug_assert!(elements.windows(2).all(|w| w[0].0 < w[1].0));
         let len = elements.len();
         let mut lists: Vec<(Key, List)> = Vec::new();
         let mut addrs = Vec::new();
         let mut other = Vec::new();
-        let mut elements = elements;
         for at in 0..elements.len() {
             let (key, value) = &mut elements[at];
             let Some((dest, i, target)) = as_entry(key, value) else {
