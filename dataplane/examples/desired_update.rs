@@ -90,7 +90,7 @@ fn set_endpoints(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>) {
                 protocol: Proto::Tcp,
                 port: 8080,
             }],
-            endpoints,
+            endpoints: endpoints.into(),
             trigger_time: None,
         },
     );

@@ -13,8 +13,8 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
 
 use crate::model::{
-    Endpoint, EndpointPort, EndpointSlice, Hints, Node, ObjectName, Service, ServicePort,
-    ServiceType, Shared, Slices,
+    Endpoint, EndpointPort, EndpointSlice, Endpoints, Hints, Node, ObjectName, Service,
+    ServicePort, ServiceType, Shared, Slices,
 };
 use crate::net::{Family, Proto};
 
@@ -458,7 +458,7 @@ pub fn endpoint_slice(
             port,
         });
     }
-    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
+    let mut endpoints = Endpoints::with_capacity(slice.endpoints.len());
     for (i, ep) in slice.endpoints.iter().enumerate() {
         let Some(raw) = ep.addresses.first() else {
             continue;

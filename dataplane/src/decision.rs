@@ -214,7 +214,7 @@ pub fn port_endpoints(
                 serving: e.serving,
                 terminating: e.terminating,
                 placement: Placement::of(e.node_name(), node_name),
-                site: e.site.clone(),
+                site: e.site,
             });
         }
     }

@@ -12,9 +12,11 @@ use k8s_openapi::jiff::Timestamp;
 use crate::net::{Family, Proto};
 
 mod by_name;
+mod endpoints;
 mod shared;
 
 use by_name::ByName;
+pub use endpoints::Endpoints;
 pub use shared::Shared;
 
 /// `namespace/name` of a Kubernetes object. Names are copied into many indexes and change
@@ -187,7 +189,7 @@ pub struct EndpointSlice {
     pub service: ObjectName,
     pub family: Family,
     pub ports: Vec<EndpointPort>,
-    pub endpoints: Vec<Endpoint>,
+    pub endpoints: Endpoints,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, as written.
     /// Shared with the change that reports it to the sync.
     pub trigger_time: Option<Arc<str>>,
@@ -685,7 +687,7 @@ mod tests {
             service: ObjectName::new("ns", service),
             family: Family::V4,
             ports: Vec::new(),
-            endpoints: Vec::new(),
+            endpoints: Endpoints::new(),
             trigger_time: None,
         }
     }

@@ -524,7 +524,7 @@ mod tests {
         t.apply_slice(&on("a-22", &["n1"]));
         let site = |slice: &str, i: usize| {
             let s = t.cluster.slices.get(&ObjectName::new("ns", slice)).unwrap();
-            s.endpoints[i].site.clone().unwrap()
+            s.endpoints.get(i).unwrap().site.unwrap()
         };
         assert!(Arc::ptr_eq(&site("a-1", 0), &site("a-22", 0)));
         assert!(!Arc::ptr_eq(&site("a-1", 0), &site("a-1", 1)));

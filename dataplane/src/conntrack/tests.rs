@@ -66,7 +66,7 @@ fn slice(svc: &str, name: &str, ports: &[(&str, Proto, u16)], eps: Vec<Endpoint>
                 port: *port,
             })
             .collect(),
-        endpoints: eps,
+        endpoints: eps.into(),
         trigger_time: None,
     }
 }
@@ -173,8 +173,10 @@ fn serving_counts_not_ready_or_policy() {
     let mut c = udp_cluster(true);
     // Terminating but serving: still a valid target for existing flows.
     let mut s = c.slices.values().next().unwrap().clone();
-    s.endpoints[1].ready = false;
-    s.endpoints[1].terminating = true;
+    s.endpoints.update(1, |e| {
+        e.ready = false;
+        e.terminating = true;
+    });
     c.slices.insert(s.name.clone(), s);
     let mut svc = Service::clone(c.services.values().next().unwrap());
     svc.internal_policy_local = true;
@@ -188,8 +190,10 @@ fn serving_counts_not_ready_or_policy() {
     );
     // Not serving (e.g. failing readiness, not terminating): not a target.
     let mut s = c.slices.values().next().unwrap().clone();
-    s.endpoints[1].serving = false;
-    s.endpoints[1].terminating = false;
+    s.endpoints.update(1, |e| {
+        e.serving = false;
+        e.terminating = false;
+    });
     c.slices.insert(s.name.clone(), s);
     let f = Frontends::of(&c, Family::V4);
     assert_eq!(f.addrs[&(ip("172.30.0.10"), 53)], set(&["10.0.0.1"]));

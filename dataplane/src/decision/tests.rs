@@ -594,7 +594,7 @@ fn service_decisions_read_slices_of_the_family() {
         terminating: false,
         site: Site::new(Some(node), Hints::default()),
     };
-    let slice = |name: &str, family, port_name: &str, eps| EndpointSlice {
+    let slice = |name: &str, family, port_name: &str, eps: Vec<Endpoint>| EndpointSlice {
         name: ObjectName::new("ns1", name),
         service: svc.name.clone(),
         family,
@@ -603,7 +603,7 @@ fn service_decisions_read_slices_of_the_family() {
             protocol: Proto::Tcp,
             port: 8080,
         }],
-        endpoints: eps,
+        endpoints: eps.into(),
         trigger_time: None,
     };
     let a = slice(
@@ -674,7 +674,7 @@ fn health_check_counts_local_ready_endpoint_ips() {
                     protocol: Proto::Tcp,
                     port: 80,
                 }],
-                endpoints: eps,
+                endpoints: eps.into(),
                 trigger_time: None,
             },
         );

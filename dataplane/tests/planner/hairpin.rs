@@ -15,7 +15,14 @@ fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
     // svc2's endpoint is svc1's pod: one hairpin element, claimed twice.
     let slice = ObjectName::new("ns", "svc2-x");
     let mut s = c.slices.get(&slice).unwrap().clone();
-    s.endpoints[0].addr = IpAddr::from([10, 180, 1, 1]);
+    s.endpoints = s
+        .endpoints
+        .iter()
+        .map(|mut e| {
+            e.addr = IpAddr::from([10, 180, 1, 1]);
+            e
+        })
+        .collect();
     c.slices.insert(slice, s);
     let hairpin = |d: &Desired| {
         d.table().sets["hairpin-endpoints"]
@@ -64,9 +71,15 @@ fn hairpin_elements_are_for_endpoints_a_connection_here_can_come_from() {
     ] {
         let name = ObjectName::new("ns", slice);
         let mut s = slices.get(&name).unwrap().clone();
-        for (ep, node) in s.endpoints.iter_mut().zip(nodes) {
-            ep.site = Site::new(*node, Hints::default());
-        }
+        s.endpoints = s
+            .endpoints
+            .iter()
+            .zip(nodes)
+            .map(|(mut ep, node)| {
+                ep.site = Site::new(*node, Hints::default());
+                ep
+            })
+            .collect();
         c.slices.insert(name, s);
     }
     let svc2 = ObjectName::new("ns", "svc2");
