@@ -89,7 +89,8 @@ fn set_endpoints(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>) {
                 name: "p".into(),
                 protocol: Proto::Tcp,
                 port: 8080,
-            }],
+            }]
+            .into(),
             endpoints: endpoints.into(),
             trigger_time: None,
         },

@@ -507,7 +507,7 @@ pub fn endpoint_slice(
         },
         name,
         family,
-        ports,
+        ports: shared.endpoint_ports(&ports),
         endpoints,
         trigger_time: slice
             .metadata

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use imbl::{OrdMap, OrdSet};
 use ipnet::IpNet;
 use k8s_openapi::jiff::Timestamp;
+use smallvec::SmallVec;
 
 use crate::net::{Family, Proto};
 
@@ -174,7 +175,7 @@ pub struct Hints {
     pub nodes: Box<[String]>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointPort {
     /// Shared with every port of that name (see [`Shared`]).
     pub name: Arc<str>,
@@ -188,7 +189,8 @@ pub struct EndpointSlice {
     pub name: ObjectName,
     pub service: ObjectName,
     pub family: Family,
-    pub ports: Vec<EndpointPort>,
+    /// Shared with every slice that lists the same ports (see [`Shared`]).
+    pub ports: Arc<[EndpointPort]>,
     pub endpoints: Endpoints,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, as written.
     /// Shared with the change that reports it to the sync.
@@ -217,9 +219,10 @@ pub struct Slices {
     /// inline slices would cost twice their size; and copying a node on a change (the sync
     /// loop and the desired table hold snapshots) copies pointers instead of whole slices.
     by_name: OrdSet<ByName<EndpointSlice>>,
-    /// Sorted slice names. Most Services have one or two slices; an `OrdSet` would allocate a
-    /// whole B-tree node (about 3 KiB) for each.
-    by_service: OrdMap<ObjectName, Vec<ObjectName>>,
+    /// Each Service's slices, in slice name order: the same allocations as `by_name`'s. Most
+    /// Services have one slice, held in place; an `OrdSet` would allocate a whole B-tree node
+    /// (about 3 KiB) for each.
+    by_service: OrdMap<ObjectName, SmallVec<[Arc<EndpointSlice>; 1]>>,
 }
 
 impl Slices {
@@ -254,16 +257,16 @@ impl Slices {
             slice.name = name.clone();
         }
         let service = slice.service.clone();
-        let old = self.by_name.insert(ByName(Arc::new(slice))).map(|o| o.0);
+        let slice = Arc::new(slice);
+        let old = self.by_name.insert(ByName(slice.clone())).map(|o| o.0);
         if let Some(o) = &old {
             self.unindex(&o.service, &name);
         }
-        let names = self.by_service.entry(service).or_default();
-        if let Err(i) = names.binary_search(&name) {
-            // Most Services have one slice: a vector grown by inserting would hold four.
-            names.reserve_exact(1);
-            names.insert(i, name);
-        }
+        let slices = self.by_service.entry(service).or_default();
+        let i = slices.partition_point(|s| s.name < name);
+        // A vector grown by inserting would hold four.
+        slices.reserve_exact(1);
+        slices.insert(i, slice);
         old
     }
 
@@ -274,12 +277,12 @@ impl Slices {
     }
 
     fn unindex(&mut self, service: &ObjectName, name: &ObjectName) {
-        if let Some(names) = self.by_service.get_mut(service) {
-            if let Ok(i) = names.binary_search(name) {
-                names.remove(i);
+        if let Some(slices) = self.by_service.get_mut(service) {
+            if let Ok(i) = slices.binary_search_by(|s| s.name.cmp(name)) {
+                slices.remove(i);
             }
             // Drop empty entries so that `services()` lists only Services with slices.
-            if names.is_empty() {
+            if slices.is_empty() {
                 self.by_service.remove(service);
             }
         }
@@ -329,7 +332,7 @@ impl Slices {
             .get(service)
             .into_iter()
             .flatten()
-            .filter_map(|name| self.get(name))
+            .map(|s| &**s)
     }
 }
 
@@ -686,7 +689,7 @@ mod tests {
             name: ObjectName::new("ns", name),
             service: ObjectName::new("ns", service),
             family: Family::V4,
-            ports: Vec::new(),
+            ports: Arc::new([]),
             endpoints: Endpoints::new(),
             trigger_time: None,
         }

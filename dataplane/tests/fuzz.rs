@@ -97,7 +97,7 @@ fn convert_endpoint_slice() {
             for e in &s.endpoints {
                 assert_eq!(Family::of(&e.addr), s.family);
             }
-            for p in &s.ports {
+            for p in s.ports.iter() {
                 assert_ne!(p.port, 0);
             }
         },

@@ -602,7 +602,8 @@ fn service_decisions_read_slices_of_the_family() {
             name: port_name.into(),
             protocol: Proto::Tcp,
             port: 8080,
-        }],
+        }]
+        .into(),
         endpoints: eps.into(),
         trigger_time: None,
     };
@@ -673,7 +674,8 @@ fn health_check_counts_local_ready_endpoint_ips() {
                     name: "p80".into(),
                     protocol: Proto::Tcp,
                     port: 80,
-                }],
+                }]
+                .into(),
                 endpoints: eps.into(),
                 trigger_time: None,
             },

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use super::{Hints, Site};
+use super::{EndpointPort, Hints, Site};
 
 /// Values that many objects repeat, one shared allocation each. Values nothing holds any more
 /// are swept once the set has doubled, so values that come and go (nodes, namespaces) do not
@@ -63,11 +63,13 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
 /// What the objects converted into one model share, one allocation each: names (the node
 /// names endpoints refer to, as a cluster has far fewer nodes than endpoints, the namespaces
 /// of objects and the names of ports: a string per endpoint or per object was a heap block
-/// each) and the sites of endpoints, one [`Site`] for each node and set of hints.
+/// each), the sites of endpoints, one [`Site`] for each node and set of hints, and the port
+/// lists of slices (most workloads serve the same few ports).
 #[derive(Clone, Debug, Default)]
 pub struct Shared {
     names: Interner<str>,
     sites: Interner<Site>,
+    endpoint_ports: Interner<[EndpointPort]>,
 }
 
 impl Shared {
@@ -83,6 +85,12 @@ impl Shared {
             hints,
         };
         (site != Site::default()).then(|| self.sites.get(&site, |s| Arc::new(s.clone())))
+    }
+
+    /// The shared list equal to `ports`.
+    pub fn endpoint_ports(&mut self, ports: &[EndpointPort]) -> Arc<[EndpointPort]> {
+        self.endpoint_ports
+            .get(ports, |p: &[EndpointPort]| Arc::from(p))
     }
 }
 
@@ -101,6 +109,22 @@ mod tests {
         }
         assert!(names.names.len() < 200, "{} names kept", names.names.len());
         assert!(Arc::ptr_eq(&a, &names.name("node-a")));
+    }
+
+    #[test]
+    fn equal_port_lists_are_shared() {
+        let mut shared = Shared::default();
+        let port = |name: &str, port: u16| EndpointPort {
+            name: name.into(),
+            protocol: crate::net::Proto::Tcp,
+            port,
+        };
+        let a = shared.endpoint_ports(&[port("http", 8080), port("metrics", 9090)]);
+        let b = shared.endpoint_ports(&[port("http", 8080), port("metrics", 9090)]);
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = shared.endpoint_ports(&[port("http", 8080)]);
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(&*c, &[port("http", 8080)]);
     }
 
     #[test]

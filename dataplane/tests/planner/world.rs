@@ -79,7 +79,8 @@ pub fn cluster(specs: &[SvcSpec]) -> Cluster {
                     name: "p".into(),
                     protocol,
                     port: 8080,
-                }],
+                }]
+                .into(),
                 endpoints: s
                     .endpoints
                     .iter()
