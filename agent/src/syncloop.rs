@@ -165,7 +165,7 @@ pub struct SyncRun<'a> {
     pub cluster: &'a Cluster,
     pub config: &'a BuildConfig,
     /// `endpoints.kubernetes.io/last-change-trigger-time` of the slice changes it carried.
-    pub trigger_times: &'a [(Family, std::sync::Arc<str>)],
+    pub trigger_times: &'a [(Family, SystemTime)],
     /// The families synced (a family waiting to retry after a failure is left out).
     pub families: &'a BTreeMap<Family, FamilyRun>,
     /// Services kept out of the rules because the kernel refused them.

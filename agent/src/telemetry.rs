@@ -14,7 +14,7 @@ use crate::config::{HEALTHZ_PORT, METRICS_PORT};
 use crate::config::{ProxyMode, Settings};
 use crate::http::health::SyncFailure;
 use crate::http::service_health::ServiceHealth;
-use crate::http::{self, parse_bind_address, parse_rfc3339, spawn_server};
+use crate::http::{self, parse_bind_address, spawn_server};
 use crate::syncloop::{Observer, Shared, SyncRun};
 
 /// The sync loop's observer: metrics, health, health-check node ports.
@@ -144,18 +144,15 @@ impl Observer for Telemetry {
         }
         let succeeded =
             |family: &Family| run.families.get(family).is_some_and(|fr| fr.result.is_ok());
-        for (family, raw) in run.trigger_times {
-            if !succeeded(family) {
+        for &(family, t) in run.trigger_times {
+            if !succeeded(&family) {
                 continue;
             }
-            let Some(t) = parse_rfc3339(raw) else {
-                continue;
-            };
             if t < self.started {
                 continue;
             }
             if let Ok(latency) = now.duration_since(t) {
-                m.observe_network_programming(*family, latency);
+                m.observe_network_programming(family, latency);
             }
         }
         if run.families.keys().any(succeeded) {

@@ -6,11 +6,13 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, Endpoints, Hints, Node, ObjectName, Service,
@@ -514,8 +516,16 @@ pub fn endpoint_slice(
             .annotations
             .as_ref()
             .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
-            .map(|t| t.as_str().into()),
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .and_then(since_epoch),
     })
+}
+
+/// A time at or after 1970 (a trigger time before it would be before any sync anyway).
+fn since_epoch(t: Timestamp) -> Option<SystemTime> {
+    let secs = u64::try_from(t.as_second()).ok()?;
+    let nanos = u32::try_from(t.subsec_nanosecond()).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::new(secs, nanos))
 }
 
 pub fn node(node: &core::Node) -> Result<Node, Skip> {

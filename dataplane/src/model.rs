@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use imbl::{OrdMap, OrdSet};
 use ipnet::IpNet;
@@ -192,9 +193,9 @@ pub struct EndpointSlice {
     /// Shared with every slice that lists the same ports (see [`Shared`]).
     pub ports: Arc<[EndpointPort]>,
     pub endpoints: Endpoints,
-    /// `endpoints.kubernetes.io/last-change-trigger-time`, as written.
-    /// Shared with the change that reports it to the sync.
-    pub trigger_time: Option<Arc<str>>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`; None without one or when it is not
+    /// an RFC 3339 time (then no programming latency is reported for it, as by kube-proxy).
+    pub trigger_time: Option<SystemTime>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]

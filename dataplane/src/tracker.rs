@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -52,7 +53,7 @@ pub struct Changes {
     /// Something every Service depends on changed (the Node, ServiceCIDRs): sync everything.
     pub all: bool,
     /// `endpoints.kubernetes.io/last-change-trigger-time` values of the slice changes.
-    pub trigger_times: Vec<(Family, Arc<str>)>,
+    pub trigger_times: Vec<(Family, SystemTime)>,
 }
 
 impl Changes {
@@ -357,7 +358,7 @@ impl Tracker {
                     self.changed.insert(s.service.clone());
                     self.events.pending_endpoints.insert(s.service.clone());
                     if let Some(t) = &s.trigger_time {
-                        self.changes.trigger_times.push((s.family, t.clone()));
+                        self.changes.trigger_times.push((s.family, *t));
                     }
                     self.cluster.slices.insert(name.clone(), s);
                 }
@@ -535,17 +536,28 @@ mod tests {
     fn no_op_updates_are_dropped() {
         let mut t = Tracker::new("node", "");
         t.apply_service(&svc("a", "172.30.0.1", 80));
-        t.apply_slice(&slice("a-1", "a", &["10.0.0.1"], "t1"));
+        t.apply_slice(&slice("a-1", "a", &["10.0.0.1"], "2026-12-05T10:00:01Z"));
         assert_eq!(t.take_changes().services.len(), 1);
         let mut again = svc("a", "172.30.0.1", 80);
         again.metadata.resource_version = Some("2".into());
         t.apply_service(&again);
-        t.apply_slice(&slice("a-1", "a", &["10.0.0.1"], "t2"));
+        t.apply_slice(&slice("a-1", "a", &["10.0.0.1"], "2026-12-05T10:00:02Z"));
         assert!(t.take_changes().is_empty());
-        t.apply_slice(&slice("a-1", "a", &["10.0.0.2"], "t3"));
+        t.apply_slice(&slice(
+            "a-1",
+            "a",
+            &["10.0.0.2"],
+            "2026-12-05T10:00:03.5+01:00",
+        ));
         let c = t.take_changes();
         assert_eq!(c.services, [ObjectName::new("ns", "a")].into());
-        assert_eq!(c.trigger_times, vec![(Family::V4, "t3".into())]);
+        let t3 = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_796_461_203_500);
+        assert_eq!(c.trigger_times, vec![(Family::V4, t3)]);
+        // A trigger time that is not an RFC 3339 time is none.
+        t.apply_slice(&slice("a-1", "a", &["10.0.0.3"], "yesterday"));
+        let c = t.take_changes();
+        assert_eq!(c.services.len(), 1);
+        assert!(c.trigger_times.is_empty());
     }
 
     #[test]
