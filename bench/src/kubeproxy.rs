@@ -171,7 +171,7 @@ fn service_text(
         .chain(&svc.load_balancer_ips)
         .filter(|ip| ip.is_ipv4())
         .collect();
-    for port in &svc.ports {
+    for port in svc.ports.iter() {
         let proto = port.protocol;
         let p = port.port;
         let comment = format!("{}:{}", svc.name, port.name);

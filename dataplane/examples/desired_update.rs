@@ -62,15 +62,16 @@ fn add_service(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>, node_port: boo
             },
             cluster_ips: vec![IpAddr::from(std::net::Ipv4Addr::from(
                 u32::from_be_bytes([172, 16, 0, 0]) + i,
-            ))],
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
+            ))]
+            .into(),
+            external_ips: vec![].into(),
+            load_balancer_ips: vec![].into(),
+            load_balancer_source_ranges: vec![].into(),
             external_policy_local: false,
             internal_policy_local: false,
             health_check_node_port: None,
             affinity_timeout: None,
-            ports: vec![port],
+            ports: vec![port].into(),
             creation_timestamp: None,
         }),
     );

@@ -258,7 +258,7 @@ pub fn suppressed(services: &Services, svc: &Service) -> Suppressed {
             out.addrs.push(*ip);
             continue;
         }
-        for port in &svc.ports {
+        for port in svc.ports.iter() {
             let key = (*ip, port.protocol, port.port);
             let winner = claimants
                 .iter()
@@ -338,7 +338,7 @@ pub fn conflicts(services: &Services) -> Vec<Conflict> {
             if s.load_balancer_ips.contains(ip) {
                 kinds.push(ConflictKind::LoadBalancerIp);
             }
-            for port in &s.ports {
+            for port in s.ports.iter() {
                 for kind in &kinds {
                     let list = claims.entry((port.protocol, port.port)).or_default();
                     if !list.contains(&(s, *kind)) {

@@ -256,7 +256,7 @@ pub fn service(
         return Err(Skip::Ignored("headless"));
     }
     // Vectors are sized up front (a vector grown by pushing starts at four), here and below:
-    // the model holds one per Service and field.
+    // the model holds each as a boxed slice, which a spare capacity would cost a copy.
     let mut cluster_ips = Vec::with_capacity(raw_ips.len());
     for raw in raw_ips {
         let Some(ip) = parse_ip_sloppy(raw) else {
@@ -401,15 +401,15 @@ pub fn service(
     Ok(Service {
         name,
         service_type,
-        cluster_ips,
-        external_ips,
-        load_balancer_ips,
-        load_balancer_source_ranges,
+        cluster_ips: cluster_ips.into(),
+        external_ips: external_ips.into(),
+        load_balancer_ips: load_balancer_ips.into(),
+        load_balancer_source_ranges: load_balancer_source_ranges.into(),
         external_policy_local,
         internal_policy_local,
         health_check_node_port,
         affinity_timeout,
-        ports,
+        ports: shared.service_ports(&ports),
         creation_timestamp: svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
     })
 }

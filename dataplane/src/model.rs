@@ -48,7 +48,7 @@ impl fmt::Display for ObjectName {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ServicePort {
     /// The port's name (may be empty for a single unnamed port), shared with every port of
     /// that name (see [`Shared`]).
@@ -70,18 +70,21 @@ pub enum ServiceType {
 pub struct Service {
     pub name: ObjectName,
     pub service_type: ServiceType,
+    // Boxed slices, not vectors: a Service is kept as long as it exists, and 100k of them
+    // are 100k times the capacity word.
     /// At most one per family.
-    pub cluster_ips: Vec<IpAddr>,
-    pub external_ips: Vec<IpAddr>,
+    pub cluster_ips: Box<[IpAddr]>,
+    pub external_ips: Box<[IpAddr]>,
     /// `status.loadBalancer.ingress[].ip` whose `ipMode` is `VIP` or unset.
-    pub load_balancer_ips: Vec<IpAddr>,
-    pub load_balancer_source_ranges: Vec<IpNet>,
+    pub load_balancer_ips: Box<[IpAddr]>,
+    pub load_balancer_source_ranges: Box<[IpNet]>,
     pub external_policy_local: bool,
     pub internal_policy_local: bool,
     pub health_check_node_port: Option<u16>,
     /// ClientIP session affinity timeout in seconds.
     pub affinity_timeout: Option<u32>,
-    pub ports: Vec<ServicePort>,
+    /// Shared with every Service that has the same ports (see [`Shared`]).
+    pub ports: Arc<[ServicePort]>,
     /// `metadata.creationTimestamp`: among Services claiming one frontend the oldest wins (see
     /// [`crate::conflicts`]); a Service without one loses to every Service with one.
     pub creation_timestamp: Option<Timestamp>,

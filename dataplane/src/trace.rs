@@ -107,7 +107,7 @@ impl Trace {
                 continue;
             }
             let sup = std::cell::LazyCell::new(|| suppressed(&cluster.services, svc));
-            for port in &svc.ports {
+            for port in svc.ports.iter() {
                 let kept: Vec<Frontend> = decision::frontends(svc, port, family, &sup)
                     .into_iter()
                     .filter(|f| f.kept)

@@ -59,10 +59,10 @@ fn convert_service() {
             harness::note("convert_service", "converted");
             assert!(!s.name.name.is_empty());
             assert!(!s.cluster_ips.is_empty() && s.cluster_ips.len() <= 2);
-            if let [a, b] = s.cluster_ips.as_slice() {
+            if let [a, b] = &*s.cluster_ips {
                 assert_ne!(Family::of(a), Family::of(b), "two ClusterIPs of one family");
             }
-            for p in &s.ports {
+            for p in s.ports.iter() {
                 assert_ne!(p.port, 0);
                 assert_ne!(p.node_port, Some(0));
             }

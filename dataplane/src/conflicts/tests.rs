@@ -469,7 +469,7 @@ fn the_address_index_follows_inserts_updates_and_removals() {
     let before = c.clone();
     // The tenant drops the external IP.
     let mut evil = Service::clone(&c.services[&name("tenant/evil")]);
-    evil.external_ips.clear();
+    evil.external_ips = Box::default();
     c.services.insert(evil.name.clone(), evil);
     assert_eq!(claimants(&c), ["kube-system/kube-dns"]);
     assert!(!c.services.is_shared(&dns) && c.services.shared_addrs().next().is_none());
@@ -510,7 +510,7 @@ fn neighbours_are_the_other_claimants() {
         !claims_differ(Some(dns), Some(&moved)),
         "affinity decides no conflict"
     );
-    moved.ports.pop();
+    moved.ports = moved.ports[1..].into();
     assert!(claims_differ(Some(dns), Some(&moved)));
     assert!(claims_differ(None, Some(dns)));
 }

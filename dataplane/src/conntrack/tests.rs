@@ -22,9 +22,9 @@ fn service(name: &str, cluster_ips: &[&str], ports: &[(&str, Proto, u16, Option<
         name: ObjectName::new("ns", name),
         service_type: ServiceType::ClusterIp,
         cluster_ips: cluster_ips.iter().map(|s| ip(s)).collect(),
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
+        external_ips: vec![].into(),
+        load_balancer_ips: vec![].into(),
+        load_balancer_source_ranges: vec![].into(),
         external_policy_local: false,
         internal_policy_local: false,
         health_check_node_port: None,
@@ -117,8 +117,8 @@ fn udp_cluster(serving_b: bool) -> Cluster {
         ],
     );
     svc.service_type = ServiceType::LoadBalancer;
-    svc.external_ips = vec![ip("192.0.2.10"), ip("2001:db8::10")];
-    svc.load_balancer_ips = vec![ip("198.51.100.10")];
+    svc.external_ips = vec![ip("192.0.2.10"), ip("2001:db8::10")].into();
+    svc.load_balancer_ips = vec![ip("198.51.100.10")].into();
     let ports = [("dns", Proto::Udp, 5353), ("dns-tcp", Proto::Tcp, 5353)];
     cluster(
         vec![svc],
@@ -323,9 +323,9 @@ fn address_frontend_decides_over_an_equal_node_port() {
 #[test]
 fn a_shared_frontend_is_the_winners() {
     let mut a = service("a", &["172.30.0.10"], &[("p", Proto::Udp, 53, None)]);
-    a.external_ips = vec![ip("192.0.2.10")];
+    a.external_ips = vec![ip("192.0.2.10")].into();
     let mut b = service("b", &["172.30.0.11"], &[("p", Proto::Udp, 53, None)]);
-    b.external_ips = vec![ip("192.0.2.10")];
+    b.external_ips = vec![ip("192.0.2.10")].into();
     let c = cluster(
         vec![a, b],
         vec![
@@ -708,7 +708,7 @@ fn frontends_from_a_table_read_back() {
 fn index_updates_like_a_rebuild() {
     let shared = |name: &str, cip: &str| {
         let mut s = service(name, &[cip], &[("p", Proto::Udp, 53, Some(30053))]);
-        s.external_ips = vec![ip("192.0.2.10")];
+        s.external_ips = vec![ip("192.0.2.10")].into();
         s
     };
     let one_slice = |svc: &str, eps: &[&str]| {

@@ -102,8 +102,8 @@ items:
         vec!["ns/good"]
     );
     assert_eq!(
-        cluster.services[&ObjectName::new("ns", "good")].cluster_ips,
-        vec!["172.30.0.41".parse::<IpAddr>().unwrap()]
+        *cluster.services[&ObjectName::new("ns", "good")].cluster_ips,
+        ["172.30.0.41".parse::<IpAddr>().unwrap()]
     );
     let mut names: Vec<String> = skipped.iter().map(|s| s.name.clone()).collect();
     names.sort();

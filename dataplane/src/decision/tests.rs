@@ -33,10 +33,10 @@ fn service(cluster_ip: &str, service_type: ServiceType) -> Service {
     Service {
         name: ObjectName::new("ns1", "svc1"),
         service_type,
-        cluster_ips: vec![ip(cluster_ip)],
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
+        cluster_ips: vec![ip(cluster_ip)].into(),
+        external_ips: vec![].into(),
+        load_balancer_ips: vec![].into(),
+        load_balancer_source_ranges: vec![].into(),
         external_policy_local: false,
         internal_policy_local: false,
         health_check_node_port: None,
@@ -46,7 +46,8 @@ fn service(cluster_ip: &str, service_type: ServiceType) -> Service {
             protocol: Proto::Tcp,
             port: 80,
             node_port: None,
-        }],
+        }]
+        .into(),
         creation_timestamp: None,
     }
 }
@@ -91,9 +92,9 @@ fn reached(d: &PortDecision<'_>, target: Target) -> Option<Vec<u8>> {
 fn no_endpoints_reject_everywhere() {
     // TestNoEndpointsReject: every frontend of a LoadBalancer without endpoints rejects.
     let mut svc = service("172.30.0.41", ServiceType::LoadBalancer);
-    svc.ports[0].node_port = Some(3001);
-    svc.external_ips = vec![ip("192.168.99.11")];
-    svc.load_balancer_ips = vec![ip("1.2.3.4")];
+    Arc::make_mut(&mut svc.ports)[0].node_port = Some(3001);
+    svc.external_ips = vec![ip("192.168.99.11")].into();
+    svc.load_balancer_ips = vec![ip("1.2.3.4")].into();
     let d = decide_one(&svc, &[]);
     assert_eq!(d.internal, Some(Target::Reject));
     assert_eq!(d.external.map(|e| e.target), Some(Target::Reject));
@@ -161,7 +162,7 @@ fn internal_traffic_policy() {
     ];
     for (i, (local, eps, target, expected)) in cases.iter().enumerate() {
         let mut svc = service("172.30.1.1", ServiceType::ClusterIp);
-        svc.ports[0].name = "".into();
+        Arc::make_mut(&mut svc.ports)[0].name = "".into();
         svc.internal_policy_local = *local;
         let eps: Vec<PortEndpoint> = eps.iter().map(|(l, n)| ep(*l, "RS", Some(n))).collect();
         let d = decide_one(&svc, &eps);
@@ -196,8 +197,8 @@ struct TerminatingCase {
 
 fn terminating(external_local: bool, cases: Vec<TerminatingCase>) {
     let mut svc = service("172.30.1.1", ServiceType::LoadBalancer);
-    svc.ports[0].name = "".into();
-    svc.load_balancer_ips = vec![ip("1.2.3.4")];
+    Arc::make_mut(&mut svc.ports)[0].name = "".into();
+    svc.load_balancer_ips = vec![ip("1.2.3.4")].into();
     svc.external_policy_local = external_local;
     svc.health_check_node_port = external_local.then_some(30000);
     for case in cases {
@@ -340,9 +341,9 @@ fn external_traffic_policy_frontends() {
     // only the local one with Local, both (masqueraded) with Cluster.
     for local in [true, false] {
         let mut svc = service("172.30.0.41", ServiceType::LoadBalancer);
-        svc.ports[0].node_port = Some(3001);
-        svc.external_ips = vec![ip("192.168.99.11")];
-        svc.load_balancer_ips = vec![ip("1.2.3.4")];
+        Arc::make_mut(&mut svc.ports)[0].node_port = Some(3001);
+        svc.external_ips = vec![ip("192.168.99.11")].into();
+        svc.load_balancer_ips = vec![ip("1.2.3.4")].into();
         svc.external_policy_local = local;
         let eps = vec![ep(1, "RS", None), ep(2, "RS", Some(NODE))];
         let d = decide_one(&svc, &eps);
@@ -394,7 +395,7 @@ fn no_local_endpoints_metric() {
         svc.internal_policy_local = *itp;
         if *etp {
             svc.service_type = ServiceType::NodePort;
-            svc.ports[0].node_port = Some(123);
+            Arc::make_mut(&mut svc.ports)[0].node_port = Some(123);
             svc.external_policy_local = true;
         }
         let eps: Vec<PortEndpoint> = (1u8..)
@@ -419,14 +420,15 @@ fn load_balancer_source_ranges() {
     // TestLoadBalancer: the ranges hold the node's IP, so the LB IPs are allowed as sources
     // too; the NodePort is not subject to them (the firewall covers LB IPs only).
     let mut svc = service("172.30.0.41", ServiceType::LoadBalancer);
-    svc.ports[0].node_port = Some(3001);
-    svc.load_balancer_ips = vec![ip("1.2.3.4"), ip("5.6.7.8")];
+    Arc::make_mut(&mut svc.ports)[0].node_port = Some(3001);
+    svc.load_balancer_ips = vec![ip("1.2.3.4"), ip("5.6.7.8")].into();
     svc.load_balancer_source_ranges = vec![
         "192.168.0.0/24".parse().unwrap(),
         "203.0.113.0/25".parse().unwrap(),
         "2001:db8::/64".parse().unwrap(),
         "0.0.0.0/0".parse().unwrap(),
-    ];
+    ]
+    .into();
     let eps = [ep(1, "RS", None)];
     let d = decide_one(&svc, &eps);
     assert_eq!(
@@ -442,11 +444,11 @@ fn load_balancer_source_ranges() {
     let e = d.external.unwrap();
     assert_eq!((e.target, e.masquerade), (Target::Cluster, true));
     // Without the node's IP in a range, only the ranges.
-    svc.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap()];
+    svc.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap()].into();
     assert!(!decide_one(&svc, &eps).firewall.unwrap().allow_lb_ips);
     // No endpoints: rejected before any firewall; no LB IP: nothing to guard.
     assert_eq!(decide_one(&svc, &[]).firewall, None);
-    svc.load_balancer_ips.clear();
+    svc.load_balancer_ips = Box::default();
     assert_eq!(decide_one(&svc, &eps).firewall, None);
 }
 
@@ -502,10 +504,10 @@ fn conflicting_frontends_are_not_kept() {
     dns.name = ObjectName::new("kube-system", "kube-dns");
     let mut evil = service("172.30.0.99", ServiceType::ClusterIp);
     evil.name = ObjectName::new("tenant", "evil");
-    evil.external_ips = vec![ip("172.30.0.10")];
+    evil.external_ips = vec![ip("172.30.0.10")].into();
     let mut twin = service("172.30.0.10", ServiceType::NodePort);
     twin.name = ObjectName::new("tenant", "twin");
-    twin.ports[0].node_port = Some(30080);
+    Arc::make_mut(&mut twin.ports)[0].node_port = Some(30080);
     let mut services = Services::new();
     dns.creation_timestamp = Some("2020-01-01T00:00:00Z".parse().unwrap());
     for s in [&dns, &evil, &twin] {
@@ -555,7 +557,7 @@ fn topology_hints_and_session_affinity() {
     // Zone hints decide the cluster endpoints when every ready endpoint has one; the local
     // list ignores them. Session affinity is the Service's.
     let mut svc = service("172.30.0.41", ServiceType::NodePort);
-    svc.ports[0].node_port = Some(3001);
+    Arc::make_mut(&mut svc.ports)[0].node_port = Some(3001);
     svc.external_policy_local = true;
     svc.affinity_timeout = Some(10800);
     let mut a = ep(1, "RS", None);

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use super::{EndpointPort, Hints, Site};
+use super::{EndpointPort, Hints, ServicePort, Site};
 
 /// Values that many objects repeat, one shared allocation each. Values nothing holds any more
 /// are swept once the set has doubled, so values that come and go (nodes, namespaces) do not
@@ -64,11 +64,12 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
 /// names endpoints refer to, as a cluster has far fewer nodes than endpoints, the namespaces
 /// of objects and the names of ports: a string per endpoint or per object was a heap block
 /// each), the sites of endpoints, one [`Site`] for each node and set of hints, and the port
-/// lists of slices (most workloads serve the same few ports).
+/// lists of Services and slices (most workloads serve the same few ports).
 #[derive(Clone, Debug, Default)]
 pub struct Shared {
     names: Interner<str>,
     sites: Interner<Site>,
+    service_ports: Interner<[ServicePort]>,
     endpoint_ports: Interner<[EndpointPort]>,
 }
 
@@ -85,6 +86,12 @@ impl Shared {
             hints,
         };
         (site != Site::default()).then(|| self.sites.get(&site, |s| Arc::new(s.clone())))
+    }
+
+    /// The shared list equal to `ports`.
+    pub fn service_ports(&mut self, ports: &[ServicePort]) -> Arc<[ServicePort]> {
+        self.service_ports
+            .get(ports, |p: &[ServicePort]| Arc::from(p))
     }
 
     /// The shared list equal to `ports`.
@@ -125,6 +132,18 @@ mod tests {
         let c = shared.endpoint_ports(&[port("http", 8080)]);
         assert!(!Arc::ptr_eq(&a, &c));
         assert_eq!(&*c, &[port("http", 8080)]);
+
+        let service_port = |node_port| ServicePort {
+            name: "http".into(),
+            protocol: crate::net::Proto::Tcp,
+            port: 80,
+            node_port,
+        };
+        let a = shared.service_ports(&[service_port(None)]);
+        assert!(Arc::ptr_eq(&a, &shared.service_ports(&[service_port(None)])));
+        // A NodePort makes a list of its own.
+        let b = shared.service_ports(&[service_port(Some(30080))]);
+        assert!(!Arc::ptr_eq(&a, &b));
     }
 
     #[test]

@@ -45,10 +45,10 @@ pub fn cluster(specs: &[SvcSpec]) -> Cluster {
                 } else {
                     ServiceType::ClusterIp
                 },
-                cluster_ips: vec![IpAddr::from([172, 30, 0, s.cluster_ip.unwrap_or(s.id)])],
-                external_ips: s.external_ips.clone(),
-                load_balancer_ips: s.load_balancer_ips.clone(),
-                load_balancer_source_ranges: vec![],
+                cluster_ips: vec![IpAddr::from([172, 30, 0, s.cluster_ip.unwrap_or(s.id)])].into(),
+                external_ips: s.external_ips.clone().into(),
+                load_balancer_ips: s.load_balancer_ips.clone().into(),
+                load_balancer_source_ranges: vec![].into(),
                 external_policy_local: false,
                 internal_policy_local: false,
                 health_check_node_port: None,
@@ -62,7 +62,8 @@ pub fn cluster(specs: &[SvcSpec]) -> Cluster {
                     protocol,
                     port: s.port.unwrap_or(80),
                     node_port: s.node_port.then_some(30000 + u16::from(s.id)),
-                }],
+                }]
+                .into(),
                 creation_timestamp: s
                     .created
                     .map(|t| Timestamp::from_second(1_577_836_800 + i64::from(t)).unwrap()),
