@@ -256,7 +256,7 @@ pub fn service(
         return Err(Skip::Ignored("headless"));
     }
     // Vectors are sized up front (a vector grown by pushing starts at four), here and below:
-    // the model holds each as a boxed slice, which a spare capacity would cost a copy.
+    // each becomes a boxed slice, and one with spare capacity would be copied into it.
     let mut cluster_ips = Vec::with_capacity(raw_ips.len());
     for raw in raw_ips {
         let Some(ip) = parse_ip_sloppy(raw) else {

@@ -223,7 +223,7 @@ pub struct Slices {
     /// inline slices would cost twice their size; and copying a node on a change (the sync
     /// loop and the desired table hold snapshots) copies pointers instead of whole slices.
     by_name: OrdSet<ByName<EndpointSlice>>,
-    /// Each Service's slices, in slice name order: the same allocations as `by_name`'s. Most
+    /// Each Service's slices, in slice name order: the `Arc`s `by_name` holds. Most
     /// Services have one slice, held in place; an `OrdSet` would allocate a whole B-tree node
     /// (about 3 KiB) for each.
     by_service: OrdMap<ObjectName, SmallVec<[Arc<EndpointSlice>; 1]>>,

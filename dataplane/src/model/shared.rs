@@ -140,7 +140,10 @@ mod tests {
             node_port,
         };
         let a = shared.service_ports(&[service_port(None)]);
-        assert!(Arc::ptr_eq(&a, &shared.service_ports(&[service_port(None)])));
+        assert!(Arc::ptr_eq(
+            &a,
+            &shared.service_ports(&[service_port(None)])
+        ));
         // A NodePort makes a list of its own.
         let b = shared.service_ports(&[service_port(Some(30080))]);
         assert!(!Arc::ptr_eq(&a, &b));
