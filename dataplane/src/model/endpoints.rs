@@ -234,6 +234,8 @@ impl fmt::Debug for Endpoints {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn ep(addr: &str, ready: bool, serving: bool, terminating: bool) -> Endpoint {
@@ -315,5 +317,74 @@ mod tests {
         assert_eq!(seen.len(), 5);
         let left: Vec<String> = eps.iter().map(|e| e.addr.to_string()).collect();
         assert_eq!(left, ["10.0.0.1", "10.0.0.2", "10.0.0.4", "10.0.0.5"]);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push(Endpoint),
+        Update(usize, Endpoint),
+        RetainNot(IpAddr),
+    }
+
+    fn endpoint() -> impl Strategy<Value = Endpoint> {
+        // Few addresses, so that retains hit; IPv6 rarely, as in a dual-stack cluster's
+        // IPv4 slices (where it cannot occur) and IPv6 ones.
+        let addr = prop_oneof![
+            9 => (0u8..6).prop_map(|i| IpAddr::from([10, 0, 0, i])),
+            1 => (0u16..3).prop_map(|i| IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, i])),
+        ];
+        let site = prop_oneof![Just(None), Just(Some("node-a")), Just(Some("node-b"))];
+        (addr, any::<[bool; 3]>(), site).prop_map(|(addr, [ready, serving, terminating], node)| {
+            Endpoint {
+                addr,
+                ready,
+                serving,
+                terminating,
+                site: Site::new(node, Default::default()),
+            }
+        })
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => endpoint().prop_map(Op::Push),
+            2 => (0usize..12, endpoint()).prop_map(|(i, e)| Op::Update(i, e)),
+            1 => endpoint().prop_map(|e| Op::RetainNot(e.addr)),
+        ]
+    }
+
+    proptest! {
+        /// Whatever is pushed, changed and removed, the list holds what a vector would, in
+        /// the same order, whichever way it stores it.
+        #[test]
+        fn behaves_as_a_vector(start in prop::collection::vec(endpoint(), 0..8), ops in prop::collection::vec(op(), 0..40)) {
+            let mut eps = Endpoints::from(start.clone());
+            let mut want = start;
+            for op in ops {
+                match op {
+                    Op::Push(e) => {
+                        eps.push(e.clone());
+                        want.push(e);
+                    }
+                    Op::Update(i, e) => {
+                        eps.update(i, |x| *x = e.clone());
+                        if let Some(x) = want.get_mut(i) {
+                            *x = e;
+                        }
+                    }
+                    Op::RetainNot(addr) => {
+                        eps.retain(|e| e.addr != addr);
+                        want.retain(|e| e.addr != addr);
+                    }
+                }
+                prop_assert_eq!(eps.len(), want.len());
+                prop_assert_eq!(eps.iter().collect::<Vec<_>>(), want.clone());
+            }
+            for (i, e) in want.iter().enumerate() {
+                prop_assert_eq!(eps.get(i), Some(e.clone()));
+            }
+            prop_assert_eq!(&eps, &Endpoints::from(want.clone()));
+            prop_assert_eq!(eps.into_iter().collect::<Vec<_>>(), want);
+        }
     }
 }
