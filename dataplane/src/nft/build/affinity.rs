@@ -215,9 +215,12 @@ pub fn cleanup_needed<'a>(
     touched: impl IntoIterator<Item = (&'a str, &'a Key, &'a Option<Option<Value>>)>,
 ) -> bool {
     let now = |set: &str, key: &Key| table.sets.get(set)?.elements.get(key);
-    // Per destination with affinity: the endpoints its touched entries held, and hold now.
+    // Per destination: None without affinity (looked up once: a Service of thousands of
+    // endpoints touches thousands of keys of one destination), else the endpoints its touched
+    // entries held, and hold now.
     type Endpoints = HashSet<(IpAddr, u16)>;
-    let mut lists: HashMap<Key, (Endpoints, Endpoints)> = HashMap::new();
+    let mut lists: HashMap<Key, Option<(Endpoints, Endpoints)>, foldhash::fast::RandomState> =
+        HashMap::default();
     for (set, key, was) in touched {
         if set == AFFINITY_SERVICES || set == AFFINITY_NODEPORTS {
             if was.is_none() && now(set, key).is_some() {
@@ -228,19 +231,22 @@ pub fn cleanup_needed<'a>(
         let Some((dest, _)) = key.list_destination() else {
             continue;
         };
-        if !has_affinity(table, &dest) {
+        let lists = lists
+            .entry(dest)
+            .or_insert_with(|| has_affinity(table, &dest).then(Default::default));
+        let Some((before, after)) = lists else {
             continue;
-        }
+        };
         let endpoint = |v: Option<Option<Value>>| match v {
             Some(Some(Value::Endpoint(addr, port))) => Some((addr, port)),
             _ => None,
         };
-        let (before, after) = lists.entry(dest).or_default();
         before.extend(endpoint(was.clone()));
         after.extend(endpoint(now(set, key)));
     }
     lists
         .values()
+        .flatten()
         .any(|(before, after)| !before.is_subset(after))
 }
 
