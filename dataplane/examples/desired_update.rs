@@ -169,7 +169,7 @@ fn main() {
         let name = ObjectName::new("ns", &format!("svc{i}"));
         let base: Vec<Endpoint> = c
             .slices_of(&name)
-            .flat_map(|s| s.endpoints.clone())
+            .flat_map(|s| s.endpoints.iter())
             .collect();
         let mut times: [[Vec<f64>; 2]; 2] = Default::default();
         let mut touched = [0usize; 2];

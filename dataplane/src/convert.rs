@@ -460,7 +460,7 @@ pub fn endpoint_slice(
             port,
         });
     }
-    let mut endpoints = Endpoints::with_capacity(slice.endpoints.len());
+    let mut endpoints = Endpoints::with_capacity(family, slice.endpoints.len());
     for (i, ep) in slice.endpoints.iter().enumerate() {
         let Some(raw) = ep.addresses.first() else {
             continue;

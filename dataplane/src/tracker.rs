@@ -97,12 +97,13 @@ pub struct Tracker {
     node_present: bool,
     /// Names, and endpoints' sites, shared by the objects of the model.
     shared: Shared,
-    /// What changed, but for the Services in `changed`.
-    changes: Changes,
     /// The changed Services (`Changes::services` once taken). A hash set, one table: a B-tree
     /// set filled while a whole cluster is listed and freed at the first sync left its nodes as
     /// holes among the model's allocations; so for the pending counts in `events`.
     changed: HashSet<ObjectName>,
+    /// `Changes::all` and `Changes::trigger_times` to come.
+    all_changed: bool,
+    trigger_times: Vec<(Family, SystemTime)>,
     /// Kinds whose initial list is complete.
     listed: BTreeSet<Kind>,
     /// Objects seen during a re-list in progress, per kind, in the order seen. A vector, not
@@ -122,8 +123,9 @@ impl Tracker {
             cluster: Cluster::default(),
             node_present: false,
             shared: Shared::default(),
-            changes: Changes::default(),
             changed: HashSet::new(),
+            all_changed: false,
+            trigger_times: Vec::new(),
             listed: BTreeSet::new(),
             relisting: BTreeMap::new(),
             invalid: BTreeMap::new(),
@@ -153,7 +155,7 @@ impl Tracker {
     }
 
     pub fn has_changes(&self) -> bool {
-        !self.changed.is_empty() || self.changes.all
+        !self.changed.is_empty() || self.all_changed
     }
 
     /// Hands the accumulated changes to the sync and starts a new batch.
@@ -163,7 +165,8 @@ impl Tracker {
         self.events.pending_endpoints = HashSet::new();
         Changes {
             services: std::mem::take(&mut self.changed).into_iter().collect(),
-            ..std::mem::take(&mut self.changes)
+            all: std::mem::take(&mut self.all_changed),
+            trigger_times: std::mem::take(&mut self.trigger_times),
         }
     }
 
@@ -358,7 +361,7 @@ impl Tracker {
                     self.changed.insert(s.service.clone());
                     self.events.pending_endpoints.insert(s.service.clone());
                     if let Some(t) = &s.trigger_time {
-                        self.changes.trigger_times.push((s.family, *t));
+                        self.trigger_times.push((s.family, *t));
                     }
                     self.cluster.slices.insert(name.clone(), s);
                 }
@@ -387,7 +390,7 @@ impl Tracker {
         };
         if new.is_some() && self.cluster.node != new {
             self.cluster.node = new;
-            self.changes.all = true;
+            self.all_changed = true;
         }
         self.note_invalid(Kind::Node, &name, skip)
     }
@@ -407,7 +410,7 @@ impl Tracker {
                     .insert(name.name.to_string(), nets),
                 None => self.cluster.service_cidrs.remove(&*name.name),
             };
-            self.changes.all = true;
+            self.all_changed = true;
         }
         self.note_invalid(Kind::ServiceCidr, &name, skip)
     }
@@ -440,7 +443,7 @@ impl Tracker {
             }
             Kind::ServiceCidr => {
                 if self.cluster.service_cidrs.remove(&*name.name).is_some() {
-                    self.changes.all = true;
+                    self.all_changed = true;
                 }
             }
         }

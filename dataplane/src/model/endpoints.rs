@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use super::{Endpoint, Site};
+use crate::net::Family;
 
 /// The endpoints of one slice, in order. An IPv4 endpoint is held in 16 bytes (address,
 /// conditions as bits, site), half of an [`Endpoint`]; a list holding any IPv6 endpoint keeps
@@ -64,8 +65,12 @@ impl Endpoints {
         Endpoints::default()
     }
 
-    pub fn with_capacity(n: usize) -> Endpoints {
-        Endpoints(Store::V4(Vec::with_capacity(n)))
+    /// Room for `n` endpoints of `family` (a slice's endpoints are of its address type).
+    pub fn with_capacity(family: Family, n: usize) -> Endpoints {
+        Endpoints(match family {
+            Family::V4 => Store::V4(Vec::with_capacity(n)),
+            Family::V6 => Store::Any(Vec::with_capacity(n)),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -96,14 +101,7 @@ impl Endpoints {
     pub fn push(&mut self, e: Endpoint) {
         match (&mut self.0, e.addr) {
             (Store::V4(v), IpAddr::V4(addr)) => v.push(Packed4::new(addr, e)),
-            (Store::V4(v), IpAddr::V6(_)) => {
-                // Keeps the capacity asked for: a list sized for an IPv6 slice starts here.
-                let mut all = Vec::with_capacity(v.capacity().max(v.len() + 1));
-                all.extend(v.iter().map(Packed4::unpack));
-                all.push(e);
-                self.0 = Store::Any(all);
-            }
-            (Store::Any(v), _) => v.push(e),
+            _ => self.whole().push(e),
         }
     }
 
@@ -115,12 +113,20 @@ impl Endpoints {
         change(&mut e);
         match (&mut self.0, e.addr) {
             (Store::V4(v), IpAddr::V4(addr)) => v[i] = Packed4::new(addr, e),
-            (Store::V4(v), IpAddr::V6(_)) => {
-                let mut all: Vec<Endpoint> = v.iter().map(Packed4::unpack).collect();
-                all[i] = e;
-                self.0 = Store::Any(all);
-            }
-            (Store::Any(v), _) => v[i] = e,
+            _ => self.whole()[i] = e,
+        }
+    }
+
+    /// The endpoints as whole ones, converting packed ones first (an IPv6 endpoint joins).
+    fn whole(&mut self) -> &mut Vec<Endpoint> {
+        if let Store::V4(v) = &self.0 {
+            let mut all = Vec::with_capacity(v.capacity().max(v.len() + 1));
+            all.extend(v.iter().map(Packed4::unpack));
+            self.0 = Store::Any(all);
+        }
+        match &mut self.0 {
+            Store::Any(v) => v,
+            Store::V4(_) => unreachable!("converted above"),
         }
     }
 
@@ -129,14 +135,6 @@ impl Endpoints {
         match &mut self.0 {
             Store::V4(v) => v.retain(|p| keep(&p.unpack())),
             Store::Any(v) => v.retain(keep),
-        }
-    }
-
-    /// Frees unused capacity: a slice's endpoints are kept for as long as the slice is.
-    pub fn shrink_to_fit(&mut self) {
-        match &mut self.0 {
-            Store::V4(v) => v.shrink_to_fit(),
-            Store::Any(v) => v.shrink_to_fit(),
         }
     }
 }
@@ -178,26 +176,10 @@ impl<'a> IntoIterator for &'a Endpoints {
     }
 }
 
-impl IntoIterator for Endpoints {
-    type Item = Endpoint;
-    type IntoIter = std::vec::IntoIter<Endpoint>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        match self.0 {
-            Store::V4(v) => v
-                .into_iter()
-                .map(|p| p.unpack())
-                .collect::<Vec<_>>()
-                .into_iter(),
-            Store::Any(v) => v.into_iter(),
-        }
-    }
-}
-
 impl FromIterator<Endpoint> for Endpoints {
     fn from_iter<I: IntoIterator<Item = Endpoint>>(iter: I) -> Endpoints {
         let iter = iter.into_iter();
-        let mut out = Endpoints::with_capacity(iter.size_hint().0);
+        let mut out = Endpoints::with_capacity(Family::V4, iter.size_hint().0);
         for e in iter {
             out.push(e);
         }
@@ -207,12 +189,6 @@ impl FromIterator<Endpoint> for Endpoints {
 
 impl From<Vec<Endpoint>> for Endpoints {
     fn from(v: Vec<Endpoint>) -> Endpoints {
-        v.into_iter().collect()
-    }
-}
-
-impl<const N: usize> From<[Endpoint; N]> for Endpoints {
-    fn from(v: [Endpoint; N]) -> Endpoints {
         v.into_iter().collect()
     }
 }
@@ -272,12 +248,11 @@ mod tests {
         assert_eq!(eps.iter().collect::<Vec<_>>(), all);
         assert_eq!(eps.get(5), Some(all[5].clone()));
         assert_eq!(eps.get(8), None);
-        assert_eq!(eps.clone().into_iter().collect::<Vec<_>>(), all);
     }
 
     #[test]
     fn an_ipv6_endpoint_keeps_whole_endpoints() {
-        let mut eps = Endpoints::from([ep("10.0.0.1", true, true, false)]);
+        let mut eps = Endpoints::from(vec![ep("10.0.0.1", true, true, false)]);
         eps.push(ep("fd00::1", false, true, true));
         assert!(matches!(eps.0, Store::Any(_)));
         let addrs: Vec<String> = eps.iter().map(|e| e.addr.to_string()).collect();
@@ -286,13 +261,16 @@ mod tests {
 
         // Equal whichever way they are stored.
         eps.retain(|e| e.addr.is_ipv4());
-        assert_eq!(eps, Endpoints::from([ep("10.0.0.1", true, true, false)]));
+        assert_eq!(
+            eps,
+            Endpoints::from(vec![ep("10.0.0.1", true, true, false)])
+        );
         assert_ne!(eps, Endpoints::new());
     }
 
     #[test]
     fn update_changes_one_endpoint() {
-        let mut eps = Endpoints::from([
+        let mut eps = Endpoints::from(vec![
             ep("10.0.0.1", true, true, false),
             ep("10.0.0.2", true, true, false),
         ]);
@@ -384,7 +362,6 @@ mod tests {
                 prop_assert_eq!(eps.get(i), Some(e.clone()));
             }
             prop_assert_eq!(&eps, &Endpoints::from(want.clone()));
-            prop_assert_eq!(eps.into_iter().collect::<Vec<_>>(), want);
         }
     }
 }
