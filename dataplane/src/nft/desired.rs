@@ -35,7 +35,8 @@ use ipnet::IpNet;
 use crate::conflicts::{Suppressed, claims_differ, neighbours, suppressed};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::nft::build::{
-    BuildConfig, BuildEnv, Fragment, NoLocalEndpoints, affinity, base_table, diff, service_fragment,
+    BuildConfig, BuildEnv, Fragment, HAIRPIN_ENDPOINTS, NoLocalEndpoints, affinity, base_table,
+    diff, service_fragment,
 };
 use crate::nft::regions::{RegionSource, Regions};
 use crate::nft::ruleset::{
@@ -74,32 +75,63 @@ impl Scope {
     /// Records what the elements `part` touches are in `table` now, unless an earlier step of
     /// the same change recorded them already: call before `part` is added or taken out.
     fn note(&mut self, table: &Table, part: &Fragment) {
-        let mut note = |set: &str, key: Key| {
-            let was = || table.sets.get(set).and_then(|s| s.elements.get(&key));
-            match self.elements.get_mut(set) {
-                Some(keys) => {
-                    keys.entry(key).or_insert_with(was);
-                }
+        // Gathered per set and put in sorted: a large Service's part is thousands of keys of
+        // one map, which the scope's B-trees take in bulk far faster than one by one.
+        let mut by_set: Vec<(&'static str, Vec<Key>)> = Vec::new();
+        fn keys_of<'v>(
+            by_set: &'v mut Vec<(&'static str, Vec<Key>)>,
+            set: &'static str,
+        ) -> &'v mut Vec<Key> {
+            let at = match by_set.iter().rposition(|(s, _)| *s == set) {
+                Some(at) => at,
                 None => {
-                    let w = was();
-                    self.elements
-                        .insert(set.to_string(), BTreeMap::from([(key, w)]));
+                    by_set.push((set, Vec::new()));
+                    by_set.len() - 1
                 }
-            }
-        };
-        for (set, key, _) in part.all_elements() {
-            note(set, key);
+            };
+            &mut by_set[at].1
+        }
+        for (set, key) in part.elements.keys() {
+            keys_of(&mut by_set, set).push(*key);
+        }
+        for list in &part.lists {
+            let entries = (0..list.endpoints.len()).map(|i| list.entry(i as u16));
+            keys_of(&mut by_set, list.map).extend(entries);
+        }
+        keys_of(&mut by_set, HAIRPIN_ENDPOINTS)
+            .extend(part.hairpin.iter().map(|ip| Key::AddrPair(*ip)));
+        for (set, keys) in by_set {
+            self.note_keys(table, set, keys);
         }
         // A Service's own sets are replaced whole.
         for (name, set) in &part.sets {
             let now = table.sets.get(name).into_iter();
-            for key in set
+            let keys = set
                 .elements
                 .keys()
                 .chain(now.flat_map(|s| s.elements.keys()))
-            {
-                note(name, key);
-            }
+                .collect();
+            self.note_keys(table, name, keys);
+        }
+    }
+
+    /// Records what `keys` of `set` are in `table` now, but for those recorded already.
+    fn note_keys(&mut self, table: &Table, set: &str, mut keys: Vec<Key>) {
+        if keys.is_empty() {
+            return;
+        }
+        let now = table.sets.get(set).map(|s| &*s.elements);
+        let was = |key: &Key| now.and_then(|elements| elements.get(key));
+        keys.sort_unstable();
+        keys.dedup();
+        let noted = self.elements.entry(set.to_string()).or_default();
+        if noted.is_empty() {
+            // Sorted input: built in bulk.
+            *noted = keys.into_iter().map(|key| (key, was(&key))).collect();
+            return;
+        }
+        for key in keys {
+            noted.entry(key).or_insert_with(|| was(&key));
         }
     }
 }

@@ -330,11 +330,17 @@ pub fn plan_scope(current: &TableState, desired: &Table, scope: &Scope) -> Trans
             );
         }
         if let Some(s) = desired.sets.get(name) {
+            // A set the state marks as the desired table's is planned from the scope's keys
+            // alone (`Committed::Delta`), which look the desired elements up where they are.
+            let elements = match current.sets.get(name).map(|s| &s.elements) {
+                Some(state::Elements::Desired) => s.elements.clone(),
+                _ => Arc::new(pick(&s.elements)),
+            };
             want.sets.insert(
                 name.clone(),
                 Set {
                     decl: s.decl.clone(),
-                    elements: Arc::new(pick(&s.elements)),
+                    elements,
                 },
             );
         }

@@ -254,7 +254,9 @@ impl KeyType {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Ordered as a derived `Ord` would order it (variants in declaration order, then fields in
+/// order), but by integers: see `key_order`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Key {
     Addr(IpAddr),
     AddrProtoPort(IpAddr, Proto, u16),
@@ -483,6 +485,7 @@ pub fn set_size_fits(size: u32, n: usize) -> bool {
 }
 
 pub mod elements;
+mod key_order;
 
 pub use elements::ElementMap;
 

@@ -2,6 +2,7 @@
 //! key and data types, the `typeof` user data nft reads back, keys, verdicts and attributes.
 
 use super::*;
+use smallvec::SmallVec;
 
 pub(in crate::nftables) fn nfproto(family: Family) -> NetfilterProtoFamily {
     match family {
@@ -90,12 +91,24 @@ pub(in crate::nftables) fn endpoint_data(
     family: Family,
     addr: &IpAddr,
     port: u16,
-) -> Result<Vec<u8>, String> {
+) -> Result<ElementBytes, String> {
     check_family(family, addr)?;
-    let mut out = addr_bytes(addr);
+    let mut out = ElementBytes::new();
+    push_addr(&mut out, addr);
     out.extend_from_slice(&port.to_be_bytes());
     out.extend_from_slice(&[0, 0]);
     Ok(out)
+}
+
+/// An element's key or data: at most 32 bytes (two IPv6 addresses), kept off the heap as
+/// encoding writes one of each per element.
+pub(in crate::nftables) type ElementBytes = SmallVec<[u8; 32]>;
+
+fn push_addr(out: &mut ElementBytes, addr: &IpAddr) {
+    match addr {
+        IpAddr::V4(a) => out.extend_from_slice(&a.octets()),
+        IpAddr::V6(a) => out.extend_from_slice(&a.octets()),
+    }
 }
 
 /// One libnftnl user-data TLV.
@@ -238,33 +251,33 @@ pub(super) fn check_family(family: Family, addr: &IpAddr) -> Result<(), String> 
 }
 
 /// The bytes of a set element key: fields in order, protocol and port each padded to 4 bytes.
-pub(in crate::nftables) fn key_bytes(family: Family, key: &Key) -> Result<Vec<u8>, String> {
-    let proto_port = |out: &mut Vec<u8>, proto: dataplane::nft::ruleset::Proto, port: u16| {
+pub(in crate::nftables) fn key_bytes(family: Family, key: &Key) -> Result<ElementBytes, String> {
+    let proto_port = |out: &mut ElementBytes, proto: dataplane::nft::ruleset::Proto, port: u16| {
         out.extend_from_slice(&[proto.number(), 0, 0, 0]);
         out.extend_from_slice(&port.to_be_bytes());
         out.extend_from_slice(&[0, 0]);
     };
-    let mut out = Vec::with_capacity(24);
+    let mut out = ElementBytes::new();
     match key {
         Key::Addr(a) => {
             check_family(family, a)?;
-            out.extend(addr_bytes(a));
+            push_addr(&mut out, a);
         }
         Key::AddrProtoPort(a, proto, port) => {
             check_family(family, a)?;
-            out.extend(addr_bytes(a));
+            push_addr(&mut out, a);
             proto_port(&mut out, *proto, *port);
         }
         Key::ProtoPort(proto, port) => proto_port(&mut out, *proto, *port),
         Key::AddrPair(a) => {
             check_family(family, a)?;
-            out.extend(addr_bytes(a));
-            out.extend(addr_bytes(a));
+            push_addr(&mut out, a);
+            push_addr(&mut out, a);
         }
         Key::Interval { at, .. } => out.extend_from_slice(&at.to_be_bytes()),
         Key::AddrProtoPortIndex(a, proto, port, i) => {
             check_family(family, a)?;
-            out.extend(addr_bytes(a));
+            push_addr(&mut out, a);
             proto_port(&mut out, *proto, *port);
             out.extend_from_slice(&u32::from(*i).to_ne_bytes());
         }

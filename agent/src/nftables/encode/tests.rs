@@ -16,7 +16,7 @@ fn keys_are_padded_per_field() {
         80,
     );
     assert_eq!(
-        key_bytes(Family::V4, &k).unwrap(),
+        key_bytes(Family::V4, &k).unwrap().to_vec(),
         vec![10, 0, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0]
     );
     assert!(key_bytes(Family::V6, &k).is_err());
@@ -125,7 +125,7 @@ fn elements_are_written_as_the_crate_would() {
             Key::AddrProtoPort(addr, Proto::Sctp, 80),
         ];
         for key in &keys {
-            let bytes = key_bytes(family, key).unwrap();
+            let bytes = key_bytes(family, key).unwrap().to_vec();
             let want = crate_bytes(&[element(bytes.clone(), None)]);
             assert_eq!(written(family, key, None, false), want, "{key:?}");
             assert_eq!(written(family, key, None, true), want, "{key:?}");
@@ -137,12 +137,12 @@ fn elements_are_written_as_the_crate_would() {
             }
         }
         let endpoint = Value::Endpoint(addr, 8080);
-        let data = endpoint_data(family, &addr, 8080).unwrap();
+        let data = endpoint_data(family, &addr, 8080).unwrap().to_vec();
         for key in [
             Key::AddrProtoPortIndex(addr, Proto::Tcp, 80, 4),
             Key::ProtoPortIndex(Proto::Tcp, 30080, 0),
         ] {
-            let bytes = key_bytes(family, &key).unwrap();
+            let bytes = key_bytes(family, &key).unwrap().to_vec();
             let want = crate_bytes(&[element(
                 bytes.clone(),
                 Some(DataAttribute::Value(data.clone())),
@@ -190,7 +190,9 @@ fn slot_elements_are_big_endian_keys_with_padded_ports() {
     );
     assert_eq!(deleted, crate_bytes(&[start(0x0048_cc40, None), end]));
     assert_eq!(
-        endpoint_data(Family::V4, &"10.0.0.2".parse().unwrap(), 8080).unwrap(),
+        endpoint_data(Family::V4, &"10.0.0.2".parse().unwrap(), 8080)
+            .unwrap()
+            .to_vec(),
         hex("0a 00 00 02 1f 90 00 00")
     );
     assert!(endpoint_data(Family::V6, &"10.0.0.2".parse().unwrap(), 8080).is_err());

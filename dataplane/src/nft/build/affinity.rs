@@ -218,9 +218,11 @@ pub fn cleanup_needed<'a>(
     // Per destination: None without affinity (looked up once: a Service of thousands of
     // endpoints touches thousands of keys of one destination), else the endpoints its touched
     // entries held, and hold now.
-    type Endpoints = HashSet<(IpAddr, u16)>;
+    type Endpoints = HashSet<(IpAddr, u16), foldhash::fast::RandomState>;
     let mut lists: HashMap<Key, Option<(Endpoints, Endpoints)>, foldhash::fast::RandomState> =
         HashMap::default();
+    // The last destination found without affinity: a list's keys come in a run.
+    let mut plain: Option<Key> = None;
     for (set, key, was) in touched {
         if set == AFFINITY_SERVICES || set == AFFINITY_NODEPORTS {
             if was.is_none() && now(set, key).is_some() {
@@ -231,10 +233,14 @@ pub fn cleanup_needed<'a>(
         let Some((dest, _)) = key.list_destination() else {
             continue;
         };
+        if plain == Some(dest) {
+            continue;
+        }
         let lists = lists
             .entry(dest)
             .or_insert_with(|| has_affinity(table, &dest).then(Default::default));
         let Some((before, after)) = lists else {
+            plain = Some(dest);
             continue;
         };
         let endpoint = |v: Option<Option<Value>>| match v {
