@@ -120,18 +120,20 @@ impl Scope {
         if keys.is_empty() {
             return;
         }
-        let now = table.sets.get(set).map(|s| &*s.elements);
-        let was = |key: &Key| now.and_then(|elements| elements.get(key));
         keys.sort_unstable();
         keys.dedup();
+        let was: Vec<Was> = match table.sets.get(set) {
+            Some(s) => s.elements.get_each(&keys).collect(),
+            None => vec![None; keys.len()],
+        };
         let noted = self.elements.entry(set.to_string()).or_default();
         if noted.is_empty() {
             // Sorted input: built in bulk.
-            *noted = keys.into_iter().map(|key| (key, was(&key))).collect();
+            *noted = keys.into_iter().zip(was).collect();
             return;
         }
-        for key in keys {
-            noted.entry(key).or_insert_with(|| was(&key));
+        for (key, was) in keys.into_iter().zip(was) {
+            noted.entry(key).or_insert(was);
         }
     }
 }

@@ -209,10 +209,10 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
             Some((state::Elements::Desired, Committed::Delta(delta))) => {
                 // Only the elements the change touched can differ.
                 let touched = delta.get(name).into_iter().flatten();
+                let nows = set.elements.get_each(touched.clone().map(|(k, _)| k));
                 let mut del = Vec::new();
                 let mut add = Vec::new();
-                for (k, was) in touched {
-                    let now = set.elements.get(k);
+                for ((k, was), now) in touched.zip(nows) {
                     if now.as_ref() == was.as_ref() {
                         continue;
                     }

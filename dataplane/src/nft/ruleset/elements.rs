@@ -217,6 +217,32 @@ impl ElementMap {
         self.other.get(key).cloned()
     }
 
+    /// [`ElementMap::get`] of each of `keys`, in order. A run of one destination's list entries
+    /// (a large Service's keys, sorted) finds its list once instead of once per key.
+    pub fn get_each<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k Key>,
+    ) -> impl Iterator<Item = Option<Option<Value>>> {
+        let mut last: Option<(Key, Option<&List>)> = None;
+        keys.into_iter().map(move |key| {
+            let Some((dest, i)) = key.list_destination() else {
+                return self.get(key);
+            };
+            let list = match last {
+                Some((d, list)) if d == dest => list,
+                _ => {
+                    let list = self.lists.get(&dest);
+                    last = Some((dest, list));
+                    list
+                }
+            };
+            match list.and_then(|l| l.get(usize::from(i))) {
+                Some((addr, port)) => Some(Some(Value::Endpoint(addr, port))),
+                None => self.other.get(key).cloned(),
+            }
+        })
+    }
+
     pub fn contains_key(&self, key: &Key) -> bool {
         self.listed(key).is_some() || self.has_addr(key) || self.other.contains_key(key)
     }

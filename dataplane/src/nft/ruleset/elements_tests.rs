@@ -76,6 +76,14 @@ proptest! {
             let from: Vec<_> = want.range(*probe..).map(|(k, v)| (*k, v.clone())).collect();
             prop_assert_eq!(map.iter_from(*probe).collect::<Vec<_>>(), from);
         }
+        // Looked up together, sorted (runs of one destination) and as they come.
+        let mut sorted = probes.clone();
+        sorted.sort();
+        for keys in [&probes, &sorted] {
+            let each: Vec<_> = map.get_each(keys.iter()).collect();
+            let one_by_one: Vec<_> = keys.iter().map(|k| want.get(k).cloned()).collect();
+            prop_assert_eq!(each, one_by_one);
+        }
         // Built at once from the same elements, in any order, it is the same map.
         let mut shuffled = all.clone();
         shuffled.reverse();
