@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::nft::build::{BuildConfig, LIST_MAX_ENDPOINTS};
 use dataplane::nft::ruleset::Family;
-use nftproxy::proxier::{ChangedServices, Syncer};
+use nftproxy::proxier::{ChangedServices, Phase, Probe, Syncer};
 use serde::Serialize;
 
 use crate::measure::{median, ms};
@@ -41,6 +41,8 @@ pub const OPS: [&str; 4] = [
 pub struct ProbeOp {
     pub median_ms: f64,
     pub max_ms: f64,
+    /// Median of the commits' part of each sync (encoding, the kernel, its answer).
+    pub commit_ms: f64,
     /// Netlink messages and planned operations (both families), medians.
     pub messages: usize,
     pub ops: usize,
@@ -114,33 +116,74 @@ impl Alloc {
 
 struct Run {
     wall_ms: f64,
+    /// Of `wall_ms`, the commits: encoding the batch, the kernel's work, its answer.
+    commit_ms: f64,
     messages: usize,
     ops: usize,
 }
 
-/// One sync of both families through the Syncer: full, or partial for `changed`.
+/// The wall time a sync spends committing ([`Phase::Commit`]), read with the clock alone: a
+/// probe's sync takes tens of microseconds, which CPU-time system calls would distort.
+#[derive(Default)]
+struct CommitClock {
+    since: Option<Instant>,
+    commit_ms: f64,
+}
+
+impl Probe for CommitClock {
+    fn enter(&mut self, _: Family, phase: Phase) {
+        let now = Instant::now();
+        if let Some(since) = self.since.take() {
+            self.commit_ms += ms(now - since);
+        }
+        if phase == Phase::Commit {
+            self.since = Some(now);
+        }
+    }
+}
+
+/// One sync of both families: full (through `Syncer::sync_families`, which may sync the
+/// families at once), or partial for `changed` (each family in turn, as the `Syncer` does,
+/// with the commits timed).
 fn timed_sync(
     syncer: &mut Syncer,
     cluster: &Cluster,
     config: &BuildConfig,
     changed: Option<&BTreeSet<ObjectName>>,
 ) -> Result<Run> {
-    let full = changed.is_none();
-    let both = Family::ALL.iter().map(|f| (*f, full)).collect();
-    let changed = changed.map_or(ChangedServices::All, ChangedServices::Services);
-    let t = Instant::now();
-    let results = syncer.sync_families(cluster, config, &both, changed);
-    let wall_ms = ms(t.elapsed());
     let mut run = Run {
-        wall_ms,
+        wall_ms: 0.0,
+        commit_ms: 0.0,
         messages: 0,
         ops: 0,
     };
-    for (family, r) in results {
-        let r = r.with_context(|| format!("{family:?} sync"))?;
+    let Some(changed) = changed else {
+        let both = Family::ALL.iter().map(|f| (*f, true)).collect();
+        let t = Instant::now();
+        let results = syncer.sync_families(cluster, config, &both, ChangedServices::All);
+        run.wall_ms = ms(t.elapsed());
+        for (family, r) in results {
+            let r = r.with_context(|| format!("{family:?} sync"))?;
+            run.messages += r.messages;
+            run.ops += r.ops;
+        }
+        return Ok(run);
+    };
+    let mut clock = CommitClock::default();
+    let t = Instant::now();
+    for family in Family::ALL {
+        let Some(proxier) = syncer.proxier(family) else {
+            continue;
+        };
+        let changed = ChangedServices::Services(changed);
+        let r = proxier
+            .sync(cluster, config, false, changed, &mut clock)
+            .with_context(|| format!("{family:?} sync"))?;
         run.messages += r.messages;
         run.ops += r.ops;
     }
+    run.wall_ms = ms(t.elapsed());
+    run.commit_ms = clock.commit_ms;
     Ok(run)
 }
 
@@ -171,6 +214,7 @@ impl Recorder {
             let med = |g: fn(&Run) -> f64| median(runs.iter().map(g).collect());
             let entry = ProbeOp {
                 median_ms: med(|r| r.wall_ms),
+                commit_ms: med(|r| r.commit_ms),
                 max_ms: runs.iter().map(|r| r.wall_ms).fold(0.0, f64::max),
                 messages: med(|r| r.messages as f64) as usize,
                 ops: med(|r| r.ops as f64) as usize,

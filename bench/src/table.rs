@@ -494,7 +494,7 @@ pub(super) fn render_table(sizes: &[&SizeReport], cli: &Cli, shape: Shape) -> St
 
     if sizes.iter().any(|s| s.probes.is_some()) {
         t.section(&format!(
-            "Partial syncs by Service shape (probe Services added to the cluster; Syncer::sync, full=false), median / max of {} after a warm-up round: ms / messages",
+            "Partial syncs by Service shape (probe Services added to the cluster; each family's partial sync, as Syncer::sync runs them), median / max of {} after a warm-up round, then the commits' median (encoding, the kernel's work, its answer): ms / messages",
             cli.probe_reps
         ));
         t.row(
@@ -529,9 +529,10 @@ pub(super) fn render_table(sizes: &[&SizeReport], cli: &Cli, shape: Shape) -> St
                     col(&|s| {
                         let r = s.probes.as_ref()?.probes.get(probe)?.get(&op)?;
                         Some(format!(
-                            "{} / {} / {}",
+                            "{} / {} / {} / {}",
                             f(r.median_ms),
                             f(r.max_ms),
+                            f(r.commit_ms),
                             r.messages
                         ))
                     }),
