@@ -209,7 +209,8 @@ pub fn clients_decl() -> SetDecl {
 /// before: absent, or present with this value) may have left entries of `table`'s map stale:
 /// a destination got affinity (entries from an earlier time may lead anywhere), or an endpoint
 /// left the endpoint lists of a destination that has it. Adding endpoints makes nothing stale,
-/// and listing the map costs O(clients), so a scale-up lists nothing.
+/// and listing the map costs O(clients), so a scale-up lists nothing. It answers at the first
+/// destination found to have got affinity, so callers pass those sets' elements first.
 pub fn cleanup_needed<'a>(
     table: &Table,
     touched: impl IntoIterator<Item = (&'a str, &'a Key, &'a Option<Option<Value>>)>,
