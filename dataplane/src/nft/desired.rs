@@ -559,13 +559,18 @@ impl Desired {
             elements,
             ..
         } = self;
+        // The set of the last element: a part's elements come in runs of one set.
+        let mut run: Option<(&str, Option<&mut ElementMap>)> = None;
         for (name, key, value) in part.all_elements() {
+            if run.as_ref().is_none_or(|(set, _)| *set != name) {
+                run = Some((name, table.sets.get_mut(name).map(Set::elements_mut)));
+            }
             // Elements of maps the table lacks are ignored, as by `merge_into`.
-            let Some(set) = table.sets.get_mut(name) else {
+            let Some((_, Some(set))) = run.as_mut() else {
                 continue;
             };
             let has_value = value.is_some();
-            match set.elements_mut().insert(key, value) {
+            match set.insert(key, value) {
                 Some(_) => {
                     *shared.entry((name, key)).or_insert(0) += 1;
                     // Plain-set elements (e.g. an endpoint shared by two Services) carry no
@@ -598,33 +603,51 @@ impl Desired {
                 self.elements -= s.elements.len();
             }
         }
-        for (set, key, _) in part.all_elements() {
-            let key = (set, key);
-            match self.shared.get_mut(&key) {
+        let Desired {
+            table,
+            shared,
+            elements,
+            ..
+        } = self;
+        // The set of the last element, as in `insert`; endpoint maps left empty.
+        let mut run: Option<(&str, Option<&mut ElementMap>)> = None;
+        let mut emptied = Vec::new();
+        for (name, key, _) in part.all_elements() {
+            if run.as_ref().is_none_or(|(set, _)| *set != name) {
+                run = Some((name, table.sets.get_mut(name).map(Set::elements_mut)));
+            }
+            let set = match run.as_mut() {
+                Some((_, Some(set))) => Some(set),
+                _ => None,
+            };
+            match shared.get_mut(&(name, key)) {
                 Some(others) => {
                     *others -= 1;
                     if *others == 0 {
-                        self.shared.remove(&key);
+                        shared.remove(&(name, key));
                     }
-                    contested |= self
-                        .table
-                        .sets
-                        .get(key.0)
-                        .and_then(|s| s.elements.get(&key.1))
+                    contested |= set
+                        .and_then(|s| s.get(&key))
                         .is_some_and(|value| value.is_some());
                 }
                 None => {
-                    let Some(set) = self.table.sets.get_mut(key.0) else {
+                    let Some(set) = set else {
                         continue;
                     };
-                    if set.elements_mut().remove(&key.1).is_some() {
-                        self.elements -= 1;
+                    if set.remove(&key).is_some() {
+                        *elements -= 1;
                     }
-                    // An endpoint map exists while it has elements, as in a full build.
-                    if key.1.key_type() == KeyType::Interval && set.elements.is_empty() {
-                        self.table.sets.remove(key.0);
+                    if key.key_type() == KeyType::Interval && set.is_empty() {
+                        emptied.push(name);
                     }
                 }
+            }
+        }
+        drop(run);
+        // An endpoint map exists while it has elements, as in a full build.
+        for name in emptied {
+            if table.sets.get(name).is_some_and(|s| s.elements.is_empty()) {
+                table.sets.remove(name);
             }
         }
         self.rules -= rules_of(part);
