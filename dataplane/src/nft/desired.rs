@@ -643,7 +643,6 @@ impl Desired {
                 }
             }
         }
-        drop(run);
         // An endpoint map exists while it has elements, as in a full build.
         for name in emptied {
             if table.sets.get(name).is_some_and(|s| s.elements.is_empty()) {
