@@ -559,15 +559,10 @@ impl Desired {
             elements,
             ..
         } = self;
-        // The set of the last element: a part's elements come in runs of one set.
-        let mut run: Option<(&str, Option<&mut ElementMap>)> = None;
-        for (name, key, value) in part.all_elements() {
-            if run.as_ref().is_none_or(|(set, _)| *set != name) {
-                run = Some((name, table.sets.get_mut(name).map(Set::elements_mut)));
-            }
+        each_in_its_set(&mut table.sets, part, |name, key, value, set| {
             // Elements of maps the table lacks are ignored, as by `merge_into`.
-            let Some((_, Some(set))) = run.as_mut() else {
-                continue;
+            let Some(set) = set else {
+                return;
             };
             let has_value = value.is_some();
             match set.insert(key, value) {
@@ -579,7 +574,7 @@ impl Desired {
                 }
                 None => *elements += 1,
             }
-        }
+        });
         contested
     }
 
@@ -609,17 +604,9 @@ impl Desired {
             elements,
             ..
         } = self;
-        // The set of the last element, as in `insert`; endpoint maps left empty.
-        let mut run: Option<(&str, Option<&mut ElementMap>)> = None;
+        // Endpoint maps left empty.
         let mut emptied = Vec::new();
-        for (name, key, _) in part.all_elements() {
-            if run.as_ref().is_none_or(|(set, _)| *set != name) {
-                run = Some((name, table.sets.get_mut(name).map(Set::elements_mut)));
-            }
-            let set = match run.as_mut() {
-                Some((_, Some(set))) => Some(set),
-                _ => None,
-            };
+        each_in_its_set(&mut table.sets, part, |name, key, _, set| {
             match shared.get_mut(&(name, key)) {
                 Some(others) => {
                     *others -= 1;
@@ -632,7 +619,7 @@ impl Desired {
                 }
                 None => {
                     let Some(set) = set else {
-                        continue;
+                        return;
                     };
                     if set.remove(&key).is_some() {
                         *elements -= 1;
@@ -642,7 +629,7 @@ impl Desired {
                     }
                 }
             }
-        }
+        });
         // An endpoint map exists while it has elements, as in a full build.
         for name in emptied {
             if table.sets.get(name).is_some_and(|s| s.elements.is_empty()) {
@@ -652,6 +639,28 @@ impl Desired {
         self.rules -= rules_of(part);
         self.no_local_endpoints.sub(part.no_local_endpoints);
         contested
+    }
+}
+
+/// Calls `f` with each element of `part` (set, key, value) and its set's elements in `sets`
+/// (`None` if there is no such set). A part's elements come in runs of one set, which is found
+/// once per run.
+fn each_in_its_set(
+    sets: &mut BTreeMap<String, Set>,
+    part: &Fragment,
+    mut f: impl FnMut(&'static str, Key, Option<Value>, Option<&mut ElementMap>),
+) {
+    let mut run: Option<(&str, Option<&mut ElementMap>)> = None;
+    for (name, key, value) in part.all_elements() {
+        if run.as_ref().is_none_or(|(set, _)| *set != name) {
+            run = Some((name, sets.get_mut(name).map(Set::elements_mut)));
+        }
+        f(
+            name,
+            key,
+            value,
+            run.as_mut().and_then(|(_, set)| set.as_deref_mut()),
+        );
     }
 }
 
