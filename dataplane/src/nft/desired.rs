@@ -35,8 +35,7 @@ use ipnet::IpNet;
 use crate::conflicts::{Suppressed, claims_differ, neighbours, suppressed};
 use crate::model::{Cluster, Node, ObjectName};
 use crate::nft::build::{
-    BuildConfig, BuildEnv, Fragment, HAIRPIN_ENDPOINTS, NoLocalEndpoints, affinity, base_table,
-    diff, service_fragment,
+    BuildConfig, BuildEnv, Fragment, NoLocalEndpoints, affinity, base_table, diff, service_fragment,
 };
 use crate::nft::regions::{RegionSource, Regions};
 use crate::nft::ruleset::{
@@ -78,28 +77,12 @@ impl Scope {
         // Gathered per set and put in sorted: a large Service's part is thousands of keys of
         // one map, which the scope's B-trees take in bulk far faster than one by one.
         let mut by_set: Vec<(&'static str, Vec<Key>)> = Vec::new();
-        fn keys_of<'v>(
-            by_set: &'v mut Vec<(&'static str, Vec<Key>)>,
-            set: &'static str,
-        ) -> &'v mut Vec<Key> {
-            let at = match by_set.iter().rposition(|(s, _)| *s == set) {
-                Some(at) => at,
-                None => {
-                    by_set.push((set, Vec::new()));
-                    by_set.len() - 1
-                }
-            };
-            &mut by_set[at].1
+        for (set, key, _) in part.all_elements() {
+            match by_set.iter_mut().rev().find(|(s, _)| *s == set) {
+                Some((_, keys)) => keys.push(key),
+                None => by_set.push((set, vec![key])),
+            }
         }
-        for (set, key) in part.elements.keys() {
-            keys_of(&mut by_set, set).push(*key);
-        }
-        for list in &part.lists {
-            let entries = (0..list.endpoints.len()).map(|i| list.entry(i as u16));
-            keys_of(&mut by_set, list.map).extend(entries);
-        }
-        keys_of(&mut by_set, HAIRPIN_ENDPOINTS)
-            .extend(part.hairpin.iter().map(|ip| Key::AddrPair(*ip)));
         for (set, keys) in by_set {
             self.note_keys(table, set, keys);
         }
