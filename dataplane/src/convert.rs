@@ -521,7 +521,8 @@ pub fn endpoint_slice(
     })
 }
 
-/// A time at or after 1970 (a trigger time before it would be before any sync anyway).
+/// A time at or after 1970 (a trigger time before it would be before any sync anyway). Not
+/// `SystemTime::from`: that needs jiff's `std` feature, which this crate alone does not enable.
 fn since_epoch(t: Timestamp) -> Option<SystemTime> {
     let secs = u64::try_from(t.as_second()).ok()?;
     let nanos = u32::try_from(t.subsec_nanosecond()).ok()?;

@@ -2,9 +2,7 @@
 //! map whose endpoint left their destination are deleted, as kube-proxy deletes an endpoint's
 //! affinity set with its chain (see `dataplane::nft::build::affinity`).
 
-use dataplane::nft::build::affinity::{
-    AFFINITY_NODEPORTS, AFFINITY_SERVICES, cleanup_needed, stale_entries,
-};
+use dataplane::nft::build::affinity::{cleanup_needed, stale_entries};
 use dataplane::nft::desired::Scope;
 use dataplane::nft::ruleset::{Family, Table};
 
@@ -28,18 +26,7 @@ impl AffinityCleanup {
     /// After a commit that made the kernel's table `table`: `scope` is what the sync changed
     /// (`None`: anything). Failures are logged and retried at the next sync.
     pub fn synced<K: NftKernel>(&mut self, kernel: &mut K, table: &Table, scope: Option<&Scope>) {
-        let needed = self.pending
-            || scope.is_none_or(|s| {
-                // The sets of destinations with affinity first: one that got affinity decides
-                // at once, before a large Service's thousands of list entries are compared.
-                let (first, rest): (Vec<_>, Vec<_>) = s.elements.iter().partition(|(set, _)| {
-                    [AFFINITY_SERVICES, AFFINITY_NODEPORTS].contains(&set.as_str())
-                });
-                let touched = first.into_iter().chain(rest).flat_map(|(set, keys)| {
-                    keys.iter().map(move |(k, was)| (set.as_str(), k, was))
-                });
-                cleanup_needed(table, touched)
-            });
+        let needed = self.pending || scope.is_none_or(|s| cleanup_needed(table, &s.elements));
         if !needed {
             return;
         }

@@ -109,14 +109,17 @@ impl Scope {
             Some(s) => s.elements.get_each(&keys).collect(),
             None => vec![None; keys.len()],
         };
-        let noted = self.elements.entry(set.to_string()).or_default();
-        if noted.is_empty() {
+        let keys = keys.into_iter().zip(was);
+        match self.elements.get_mut(set) {
+            Some(noted) => {
+                for (key, was) in keys {
+                    noted.entry(key).or_insert(was);
+                }
+            }
             // Sorted input: built in bulk.
-            *noted = keys.into_iter().zip(was).collect();
-            return;
-        }
-        for (key, was) in keys.into_iter().zip(was) {
-            noted.entry(key).or_insert(was);
+            None => {
+                self.elements.insert(set.to_string(), keys.collect());
+            }
         }
     }
 }

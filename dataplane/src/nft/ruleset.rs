@@ -255,7 +255,7 @@ impl KeyType {
 }
 
 /// Ordered as a derived `Ord` would order it (variants in declaration order, then fields in
-/// order), but by integers: see `key_order`.
+/// order), with addresses compared as numbers: see `key_order`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Key {
     Addr(IpAddr),

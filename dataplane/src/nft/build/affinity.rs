@@ -18,7 +18,7 @@
 //! Affinity is per destination rather than per Service port: a client that reaches one Service
 //! port through its ClusterIP and through a node port is remembered for each separately.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{LazyLock, Mutex, PoisonError};
 
@@ -205,17 +205,26 @@ pub fn clients_decl() -> SetDecl {
     }
 }
 
-/// Whether a sync that touched the elements `touched` (set, key, and what the element was
-/// before: absent, or present with this value) may have left entries of `table`'s map stale:
-/// a destination got affinity (entries from an earlier time may lead anywhere), or an endpoint
-/// left the endpoint lists of a destination that has it. Adding endpoints makes nothing stale,
-/// and listing the map costs O(clients), so a scale-up lists nothing. It answers at the first
-/// destination found to have got affinity, so callers pass those sets' elements first.
-pub fn cleanup_needed<'a>(
+/// Whether a sync that touched `touched` (per set, each element's key and what it was before:
+/// absent, or present with this value; a change's [`crate::nft::desired::Delta`]) may have
+/// left entries of `table`'s map stale: a destination got affinity (entries from an earlier
+/// time may lead anywhere), or an endpoint left the endpoint lists of a destination that has
+/// it. Adding endpoints makes nothing stale, and listing the map costs O(clients), so a
+/// scale-up lists nothing.
+pub fn cleanup_needed(
     table: &Table,
-    touched: impl IntoIterator<Item = (&'a str, &'a Key, &'a Option<Option<Value>>)>,
+    touched: &BTreeMap<String, BTreeMap<Key, Option<Option<Value>>>>,
 ) -> bool {
     let now = |set: &str, key: &Key| table.sets.get(set)?.elements.get(key);
+    // A destination that got affinity decides alone: looked for first, before a large
+    // Service's thousands of list entries are compared.
+    let affinity_sets = [AFFINITY_SERVICES, AFFINITY_NODEPORTS];
+    for set in affinity_sets {
+        let mut keys = touched.get(set).into_iter().flatten();
+        if keys.any(|(key, was)| was.is_none() && now(set, key).is_some()) {
+            return true;
+        }
+    }
     // Per destination: None without affinity (looked up once: a Service of thousands of
     // endpoints touches thousands of keys of one destination), else the endpoints its touched
     // entries held, and hold now.
@@ -224,13 +233,11 @@ pub fn cleanup_needed<'a>(
         HashMap::default();
     // The last destination found without affinity: a list's keys come in a run.
     let mut plain: Option<Key> = None;
-    for (set, key, was) in touched {
-        if set == AFFINITY_SERVICES || set == AFFINITY_NODEPORTS {
-            if was.is_none() && now(set, key).is_some() {
-                return true;
-            }
-            continue;
-        }
+    let entries = touched
+        .iter()
+        .filter(|(set, _)| !affinity_sets.contains(&set.as_str()))
+        .flat_map(|(set, keys)| keys.iter().map(move |(key, was)| (set, key, was)));
+    for (set, key, was) in entries {
         let Some((dest, _)) = key.list_destination() else {
             continue;
         };

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use serde_json::json;
@@ -128,10 +129,19 @@ fn a_cleanup_follows_endpoints_leaving_destinations_with_affinity() {
     let ep = |s: &str| Some(Some(Value::Endpoint(ip(s), 8080)));
     let absent: Option<Option<Value>> = None;
     let list = "cluster-endpoints-3";
+    let touched = |elements: &[(&str, Key, Option<Option<Value>>)]| {
+        let mut out: BTreeMap<String, BTreeMap<Key, _>> = BTreeMap::new();
+        for (set, key, was) in elements {
+            out.entry(set.to_string())
+                .or_default()
+                .insert(*key, was.clone());
+        }
+        out
+    };
     // An endpoint that left (index 2 held 10.0.0.9).
     assert!(cleanup_needed(
         &t,
-        [(list, &entry(cip, 2), &ep("10.0.0.9"))]
+        &touched(&[(list, entry(cip, 2), ep("10.0.0.9"))])
     ));
     // The list grew from two (in `cluster-endpoints-2`) to three: nothing left.
     let grew = [
@@ -141,30 +151,30 @@ fn a_cleanup_follows_endpoints_leaving_destinations_with_affinity() {
         (list, entry(cip, 1), absent.clone()),
         (list, entry(cip, 2), absent.clone()),
     ];
-    assert!(!cleanup_needed(&t, grew.iter().map(|(s, k, w)| (*s, k, w))));
+    assert!(!cleanup_needed(&t, &touched(&grew)));
     // The same endpoints moved between indices: nothing left.
     let moved = [
         (list, entry(cip, 0), ep("10.0.0.3")),
         (list, entry(cip, 1), ep("10.0.0.2")),
     ];
-    assert!(!cleanup_needed(
-        &t,
-        moved.iter().map(|(s, k, w)| (*s, k, w))
-    ));
+    assert!(!cleanup_needed(&t, &touched(&moved)));
     // A destination that gets affinity, not one that loses it.
-    assert!(cleanup_needed(&t, [(AFFINITY_SERVICES, &cip, &absent)]));
+    assert!(cleanup_needed(
+        &t,
+        &touched(&[(AFFINITY_SERVICES, cip, absent.clone())])
+    ));
     assert!(!cleanup_needed(
         &t,
-        [(AFFINITY_SERVICES, &other, &Some(None))]
+        &touched(&[(AFFINITY_SERVICES, other, Some(None))])
     ));
     // Destinations without affinity never call for one.
     assert!(!cleanup_needed(
         &t,
-        [(list, &entry(other, 2), &ep("10.0.0.9"))]
+        &touched(&[(list, entry(other, 2), ep("10.0.0.9"))])
     ));
     assert!(!cleanup_needed(
         &table(3, None),
-        [(list, &entry(cip, 2), &ep("10.0.0.9"))]
+        &touched(&[(list, entry(cip, 2), ep("10.0.0.9"))])
     ));
 }
 
