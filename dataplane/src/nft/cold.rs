@@ -3,14 +3,19 @@
 //!
 //! While any process listens to nf_tables notifications (`nft monitor`, a CNI agent, a
 //! monitoring tool), the kernel builds one notification per element of a transaction inside the
-//! commit and holds them all until the commit ends. With the
-//! 400k elements of a 30k-Service cold start in one transaction that cost grows faster than
-//! the elements. Committing 400k map elements with `nft -f` (kernel 6.18, 2 CPUs), the kernel's
-//! system time was 0.8–1.1 s without a listener whatever the split; with one it was 2.0–5.6 s
-//! as one transaction, 2.4–2.9 s as two, 1.3–1.5 s as eight and 1.34 s as 32
-//! (docs/performance.md, "Live mode"). What remains is about 1.3 µs per notified element,
-//! which no split removes. Parts also let the encoder work on the next part while
-//! the kernel commits the current one.
+//! commit, each in a buffer of its own (about 4 KiB), and holds them all until the commit ends.
+//! With the 400k elements of a 30k-Service cold start in one transaction that cost grows faster
+//! than the elements. Committing 400k map elements with `nft -f` (kernel 6.18, 2 CPUs), the
+//! kernel's system time was 0.8–1.1 s without a listener whatever the split; with one it was
+//! 2.0–5.6 s as one transaction, 2.4–2.9 s as two, 1.3–1.5 s as eight and 1.34 s as 32
+//! (docs/performance.md, "Live mode"). Smaller parts still help: the buffers of a part of a
+//! few thousand elements come from the slabs the previous part freed, where those of 50,000
+//! take fresh pages from the page allocator. `run --once` of 30k Services × 5 endpoints with
+//! a process reading every notification took 1.40 s in parts of 50,000 elements, 1.29 s in
+//! parts of 10,000 and 1.20–1.23 s in parts of 250 to 5,000, against 1.05 s with no listener
+//! (which the part size does not change; docs/performance.md, "Smaller cold-start parts").
+//! What remains, about 0.8 µs per notified element, no split removes. Parts also let the
+//! encoder work on the next part while the kernel commits the current one.
 
 use std::collections::HashSet;
 
@@ -19,7 +24,7 @@ use super::state::TableState;
 use super::transaction::{Op, Transaction};
 
 /// Set elements per transaction when [`split_cold_elements`] cuts one.
-pub const ELEMENTS_PER_STAGE: usize = 50_000;
+pub const ELEMENTS_PER_STAGE: usize = 2_000;
 
 /// When the table does not exist yet (`current` is `None`), moves the set elements of `parts`
 /// (the planner's transaction, possibly split already by `plan::split_new_chains`) into
