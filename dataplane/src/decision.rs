@@ -176,12 +176,12 @@ pub fn frontends(
 
 /// The endpoints of one Service port in one family, merged across slices (the first of an
 /// address and port wins).
-pub fn port_endpoints(
-    slices: &[&EndpointSlice],
+pub fn port_endpoints<'a>(
+    slices: &[&'a EndpointSlice],
     port: &ServicePort,
     family: Family,
     node_name: &str,
-) -> Vec<PortEndpoint> {
+) -> Vec<PortEndpoint<'a>> {
     // Hashed: a B-tree of a 5,000-endpoint Service's endpoints cost more than all the rest of
     // its decisions.
     let n = slices.iter().map(|s| s.endpoints.len()).sum();
@@ -203,7 +203,7 @@ pub fn port_endpoints(
         else {
             continue;
         };
-        for e in &slice.endpoints {
+        for e in slice.endpoints.refs() {
             if !seen.insert(key(e.addr, sp.port)) {
                 continue;
             }
@@ -327,7 +327,7 @@ pub struct PortDecision<'a> {
     pub usage: Usage,
     /// The endpoints by use (kube-proxy's `CategorizeEndpoints`: ready first, serving
     /// terminating as fallback, topology hints all-or-nothing).
-    pub endpoints: Categorized,
+    pub endpoints: Categorized<'a>,
     /// Traffic to the ClusterIP; `None` when another Service keeps it.
     pub internal: Option<Target>,
     /// Traffic to the external frontends; `None` when the port is not externally accessible.
@@ -392,13 +392,13 @@ impl<'a> PortDecision<'a> {
     }
 
     /// Endpoints for Cluster-policy traffic (empty when the port does not need them).
-    pub fn cluster_endpoints(&self) -> &[PortEndpoint] {
+    pub fn cluster_endpoints(&self) -> &[PortEndpoint<'a>] {
         &self.endpoints.cluster
     }
 
     /// Endpoints for Local-policy traffic (empty when the port does not need them, or this
     /// node has none).
-    pub fn local_endpoints(&self) -> &[PortEndpoint] {
+    pub fn local_endpoints(&self) -> &[PortEndpoint<'a>] {
         &self.endpoints.local
     }
 
@@ -419,7 +419,7 @@ impl<'a> PortDecision<'a> {
 pub fn decide<'a>(
     svc: &'a Service,
     port: &'a ServicePort,
-    endpoints: Vec<PortEndpoint>,
+    endpoints: Vec<PortEndpoint<'a>>,
     suppressed: &Suppressed,
     env: &DecisionEnv,
 ) -> PortDecision<'a> {
@@ -508,7 +508,7 @@ pub fn decide<'a>(
 /// ([`crate::conflicts::suppressed`]).
 pub fn service_decisions<'a>(
     svc: &'a Service,
-    slices: &[&EndpointSlice],
+    slices: &[&'a EndpointSlice],
     suppressed: &Suppressed,
     env: &DecisionEnv,
 ) -> Vec<PortDecision<'a>> {

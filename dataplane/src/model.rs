@@ -18,7 +18,7 @@ mod endpoints;
 mod shared;
 
 use by_name::ByName;
-pub use endpoints::Endpoints;
+pub use endpoints::{EndpointRef, Endpoints};
 pub use shared::Shared;
 
 /// `namespace/name` of a Kubernetes object. Names are copied into many indexes and change

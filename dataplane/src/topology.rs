@@ -3,21 +3,20 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use crate::model::Site;
 
 /// One endpoint of one Service port, as the proxy sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PortEndpoint {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortEndpoint<'a> {
     pub addr: IpAddr,
     pub port: u16,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
     pub placement: Placement,
-    /// Shared with the endpoint of the model (its hints are read here).
-    pub site: Option<Arc<Site>>,
+    /// The endpoint's in the model (its hints are read here).
+    pub site: Option<&'a Site>,
 }
 
 /// Where an endpoint runs, as its EndpointSlice says.
@@ -43,7 +42,7 @@ impl Placement {
     }
 }
 
-impl PortEndpoint {
+impl PortEndpoint<'_> {
     /// On this node.
     pub fn local(&self) -> bool {
         self.placement == Placement::Here
@@ -55,12 +54,12 @@ impl PortEndpoint {
 
     /// `hints.forZones`: the zones whose traffic should go to this endpoint.
     pub fn zone_hints(&self) -> &[String] {
-        self.site.as_deref().map_or(&[], |s| &s.hints.zones)
+        self.site.map_or(&[], |s| &s.hints.zones)
     }
 
     /// `hints.forNodes`: the nodes whose traffic should go to this endpoint.
     pub fn node_hints(&self) -> &[String] {
-        self.site.as_deref().map_or(&[], |s| &s.hints.nodes)
+        self.site.map_or(&[], |s| &s.hints.nodes)
     }
 }
 
@@ -89,12 +88,12 @@ pub struct NodeTopology<'a> {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Categorized {
+pub struct Categorized<'a> {
     /// Endpoints for Cluster-policy traffic.
-    pub cluster: Vec<PortEndpoint>,
+    pub cluster: Vec<PortEndpoint<'a>>,
     /// Endpoints for Local-policy traffic.
-    pub local: Vec<PortEndpoint>,
-    reachable: Reachable,
+    pub local: Vec<PortEndpoint<'a>>,
+    reachable: Reachable<'a>,
     /// Some endpoint anywhere is usable (ready, or serving while terminating).
     pub has_any: bool,
 }
@@ -102,17 +101,17 @@ pub struct Categorized {
 /// Which list holds every endpoint any rule may send traffic to. Mostly one of the two does:
 /// a copy would cost a large Service's every sync a pass over its endpoints.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-enum Reachable {
+enum Reachable<'a> {
     #[default]
     Cluster,
     Local,
     /// Neither: cluster ∪ local.
-    Both(Vec<PortEndpoint>),
+    Both(Vec<PortEndpoint<'a>>),
 }
 
-impl Categorized {
+impl<'a> Categorized<'a> {
     /// Every endpoint any rule may send traffic to (cluster ∪ local), in a stable order.
-    pub fn all_reachable(&self) -> &[PortEndpoint] {
+    pub fn all_reachable(&self) -> &[PortEndpoint<'a>] {
         match &self.reachable {
             Reachable::Cluster => &self.cluster,
             Reachable::Local => &self.local,
@@ -128,7 +127,7 @@ enum TopologyMode {
     SameZone,
 }
 
-fn topology_mode(endpoints: &[PortEndpoint], topo: &NodeTopology<'_>) -> TopologyMode {
+fn topology_mode(endpoints: &[PortEndpoint<'_>], topo: &NodeTopology<'_>) -> TopologyMode {
     let ready = || endpoints.iter().filter(|e| e.ready);
     if ready().next().is_none() {
         return TopologyMode::None;
@@ -147,7 +146,7 @@ fn topology_mode(endpoints: &[PortEndpoint], topo: &NodeTopology<'_>) -> Topolog
     TopologyMode::None
 }
 
-fn available(e: &PortEndpoint, mode: TopologyMode, topo: &NodeTopology<'_>) -> bool {
+fn available(e: &PortEndpoint<'_>, mode: TopologyMode, topo: &NodeTopology<'_>) -> bool {
     match mode {
         TopologyMode::None => true,
         TopologyMode::SameNode => e.node_hints().iter().any(|n| n == topo.node_name),
@@ -159,11 +158,11 @@ fn available(e: &PortEndpoint, mode: TopologyMode, topo: &NodeTopology<'_>) -> b
 
 /// kube-proxy's `CategorizeEndpoints`. Takes the endpoints by value: when every one of them
 /// serves Cluster-policy traffic (the usual case), they become that list without a copy.
-pub fn categorize(
-    endpoints: Vec<PortEndpoint>,
+pub fn categorize<'a>(
+    endpoints: Vec<PortEndpoint<'a>>,
     usage: Usage,
     topo: &NodeTopology<'_>,
-) -> Categorized {
+) -> Categorized<'a> {
     let mut out = Categorized::default();
     if endpoints.is_empty() {
         return out;
@@ -185,13 +184,13 @@ pub fn categorize(
             out.local = endpoints
                 .iter()
                 .filter(|e| e.local() && e.ready)
-                .cloned()
+                .copied()
                 .collect();
         } else if has_local_serving_terminating {
             out.local = endpoints
                 .iter()
                 .filter(|e| e.local() && e.serving_terminating())
-                .cloned()
+                .copied()
                 .collect();
             use_serving_terminating = true;
         }
@@ -199,12 +198,12 @@ pub fn categorize(
     let mut mode = TopologyMode::None;
     if usage.uses_cluster {
         mode = topology_mode(&endpoints, topo);
-        let usable = |e: &PortEndpoint| e.ready && available(e, mode, topo);
+        let usable = |e: &PortEndpoint<'_>| e.ready && available(e, mode, topo);
         out.cluster = if endpoints.iter().all(usable) {
             endpoints
         } else {
-            let ready: Vec<PortEndpoint> =
-                endpoints.iter().filter(|e| usable(e)).cloned().collect();
+            let ready: Vec<PortEndpoint<'a>> =
+                endpoints.iter().filter(|e| usable(e)).copied().collect();
             if ready.is_empty() {
                 endpoints
                     .into_iter()
@@ -231,7 +230,7 @@ pub fn categorize(
                 .iter()
                 .chain(out.local.iter())
                 .filter(|e| seen.insert((e.addr, e.port)))
-                .cloned()
+                .copied()
                 .collect(),
         )
     };
@@ -243,7 +242,13 @@ mod tests {
     use super::*;
     use crate::model::Hints;
 
-    fn ep(last: u8, ready: bool, serving: bool, terminating: bool, local: bool) -> PortEndpoint {
+    fn ep(
+        last: u8,
+        ready: bool,
+        serving: bool,
+        terminating: bool,
+        local: bool,
+    ) -> PortEndpoint<'static> {
         PortEndpoint {
             addr: IpAddr::from([10, 0, 1, last]),
             port: 80,
@@ -315,26 +320,24 @@ mod tests {
     #[test]
     fn zone_hints_are_all_or_nothing() {
         let mut a = ep(1, true, true, false, false);
-        a.site = Site::new(
-            None,
-            Hints {
+        let site_a = Site {
+            node_name: None,
+            hints: Hints {
                 zones: ["zone-a".into()].into(),
                 nodes: [].into(),
             },
-        );
+        };
+        a.site = Some(&site_a);
         let mut b = ep(2, true, true, false, false);
-        b.site = Site::new(
-            None,
-            Hints {
+        let site_b = Site {
+            node_name: None,
+            hints: Hints {
                 zones: ["zone-b".into()].into(),
                 nodes: [].into(),
             },
-        );
-        let c = categorize(
-            vec![a.clone(), b.clone()],
-            Usage::new(false, false, false),
-            &TOPO,
-        );
+        };
+        b.site = Some(&site_b);
+        let c = categorize(vec![a, b], Usage::new(false, false, false), &TOPO);
         assert_eq!(addrs(&c.cluster), vec![1]);
         let unhinted = ep(3, true, true, false, false);
         let c = categorize(vec![a, b, unhinted], Usage::new(false, false, false), &TOPO);

@@ -54,7 +54,7 @@ fn service(cluster_ip: &str, service_type: ServiceType) -> Service {
 
 /// Endpoint 10.0.1.`last`:80 with conditions written as kube-proxy's tables do: `R`eady,
 /// `S`erving, `T`erminating (a missing letter is false), on `node` (None: no nodeName).
-fn ep(last: u8, conditions: &str, node: Option<&str>) -> PortEndpoint {
+fn ep(last: u8, conditions: &str, node: Option<&str>) -> PortEndpoint<'static> {
     PortEndpoint {
         addr: IpAddr::from([10, 0, 1, last]),
         port: 80,
@@ -75,7 +75,7 @@ fn last_octets(eps: &[PortEndpoint]) -> Vec<u8> {
         .collect()
 }
 
-fn decide_one<'a>(svc: &'a Service, eps: &[PortEndpoint]) -> PortDecision<'a> {
+fn decide_one<'a>(svc: &'a Service, eps: &[PortEndpoint<'a>]) -> PortDecision<'a> {
     decide(svc, &svc.ports[0], eps.to_vec(), &Suppressed::NONE, &env())
 }
 
@@ -190,7 +190,7 @@ fn internal_traffic_policy() {
 /// DROP/REJECT, and the target.
 struct TerminatingCase {
     name: &'static str,
-    endpoints: Vec<PortEndpoint>,
+    endpoints: Vec<PortEndpoint<'static>>,
     pod: (Target, &'static [u8]),
     external: (Target, &'static [u8]),
 }
@@ -561,21 +561,23 @@ fn topology_hints_and_session_affinity() {
     svc.external_policy_local = true;
     svc.affinity_timeout = Some(10800);
     let mut a = ep(1, "RS", None);
-    a.site = Site::new(
-        None,
-        Hints {
+    let site_a = Site {
+        node_name: None,
+        hints: Hints {
             zones: ["zone-a".into()].into(),
             nodes: [].into(),
         },
-    );
+    };
+    a.site = Some(&site_a);
     let mut b = ep(2, "RS", Some(NODE));
-    b.site = Site::new(
-        None,
-        Hints {
+    let site_b = Site {
+        node_name: None,
+        hints: Hints {
             zones: ["zone-b".into()].into(),
             nodes: [].into(),
         },
-    );
+    };
+    b.site = Some(&site_b);
     let d = decide_one(&svc, &[a, b]);
     assert_eq!(last_octets(d.cluster_endpoints()), [1]);
     assert_eq!(last_octets(d.local_endpoints()), [2]);

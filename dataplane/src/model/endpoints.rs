@@ -91,6 +91,31 @@ impl Endpoints {
         }
     }
 
+    /// The endpoints in place, their sites borrowed. Handing an endpoint out by value shares
+    /// its site once more (an atomic count, and another to drop it): per endpoint of a large
+    /// Service, on every build of its part.
+    pub fn refs(&self) -> impl Iterator<Item = EndpointRef<'_>> {
+        let (v4, any) = match &self.0 {
+            Store::V4(v) => (v.as_slice(), &[][..]),
+            Store::Any(v) => (&[][..], v.as_slice()),
+        };
+        let v4 = v4.iter().map(|p| EndpointRef {
+            addr: IpAddr::V4(p.addr),
+            ready: p.conditions & READY != 0,
+            serving: p.conditions & SERVING != 0,
+            terminating: p.conditions & TERMINATING != 0,
+            site: p.site.as_deref(),
+        });
+        let any = any.iter().map(|e| EndpointRef {
+            addr: e.addr,
+            ready: e.ready,
+            serving: e.serving,
+            terminating: e.terminating,
+            site: e.site.as_deref(),
+        });
+        v4.chain(any)
+    }
+
     pub fn iter(&self) -> Iter<'_> {
         Iter(match &self.0 {
             Store::V4(v) => IterStore::V4(v.iter()),
@@ -136,6 +161,23 @@ impl Endpoints {
             Store::V4(v) => v.retain(|p| keep(&p.unpack())),
             Store::Any(v) => v.retain(keep),
         }
+    }
+}
+
+/// An endpoint as a slice holds it, its site borrowed ([`Endpoints::refs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointRef<'a> {
+    pub addr: IpAddr,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub site: Option<&'a Site>,
+}
+
+impl<'a> EndpointRef<'a> {
+    /// `nodeName`.
+    pub fn node_name(&self) -> Option<&'a str> {
+        self.site?.node_name.as_deref()
     }
 }
 
@@ -357,6 +399,19 @@ mod tests {
                 }
                 prop_assert_eq!(eps.len(), want.len());
                 prop_assert_eq!(eps.iter().collect::<Vec<_>>(), want.clone());
+                // Seen in place, the same endpoints with the same sites.
+                let seen: Vec<EndpointRef<'_>> = eps.refs().collect();
+                let by_value: Vec<EndpointRef<'_>> = want
+                    .iter()
+                    .map(|e| EndpointRef {
+                        addr: e.addr,
+                        ready: e.ready,
+                        serving: e.serving,
+                        terminating: e.terminating,
+                        site: e.site.as_deref(),
+                    })
+                    .collect();
+                prop_assert_eq!(seen, by_value);
             }
             for (i, e) in want.iter().enumerate() {
                 prop_assert_eq!(eps.get(i), Some(e.clone()));

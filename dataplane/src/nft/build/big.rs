@@ -176,19 +176,8 @@ pub(super) fn add_elements(
 }
 
 /// The values `elements` (a flat-path map's) holds for `dest . 0` … `dest . n-1`, by index.
-/// One range of the B-tree, rather than a lookup per entry.
 pub fn list_in(elements: &ElementMap, dest: Key, n: usize) -> Vec<Option<Value>> {
-    let mut out = vec![None; n];
-    let (Some(first), Some(last)) = (dest.list_entry(0), dest.list_entry(u16::MAX)) else {
-        return out;
-    };
-    for (key, value) in elements.between(first, last) {
-        match key.list_destination() {
-            Some((_, i)) if usize::from(i) < n => out[usize::from(i)] = value,
-            _ => break,
-        }
-    }
-    out
+    elements.list_values(dest, n)
 }
 
 impl Fragment {

@@ -243,6 +243,29 @@ impl ElementMap {
         })
     }
 
+    /// The values of `dest`'s list entries `dest . 0` … `dest . n-1`, by index (`None` where
+    /// there is no entry): [`ElementMap::get`] of each, read straight from the list, which is a
+    /// large Service's whole endpoint list at the cost of a copy.
+    pub fn list_values(&self, dest: Key, n: usize) -> Vec<Option<Value>> {
+        let mut out = vec![None; n];
+        let (Some(first), Some(last)) = (dest.list_entry(0), dest.list_entry(u16::MAX)) else {
+            return out;
+        };
+        if let Some(list) = self.lists.get(&dest) {
+            for (i, value) in out.iter_mut().enumerate().take(list.len()) {
+                *value = list.get(i).map(|(addr, port)| Value::Endpoint(addr, port));
+            }
+        }
+        // Entries the list cannot hold (see `insert`); a key is never in both.
+        for (key, value) in self.other.range(first..=last) {
+            match key.list_destination() {
+                Some((_, i)) if usize::from(i) < n => out[usize::from(i)] = value.clone(),
+                _ => break,
+            }
+        }
+        out
+    }
+
     pub fn contains_key(&self, key: &Key) -> bool {
         self.listed(key).is_some() || self.has_addr(key) || self.other.contains_key(key)
     }

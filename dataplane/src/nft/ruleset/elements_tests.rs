@@ -84,6 +84,17 @@ proptest! {
             let one_by_one: Vec<_> = keys.iter().map(|k| want.get(k).cloned()).collect();
             prop_assert_eq!(each, one_by_one);
         }
+        // A destination's list, read whole, is its entries' lookups.
+        for probe in &probes {
+            if let Some((dest, _)) = probe.list_destination() {
+                for n in [0, 1, 5, 40, 80] {
+                    let one_by_one: Vec<_> = (0..n)
+                        .map(|i| want.get(&dest.list_entry(i).expect("a destination")).cloned().flatten())
+                        .collect();
+                    prop_assert_eq!(map.list_values(dest, usize::from(n)), one_by_one);
+                }
+            }
+        }
         // Built at once from the same elements, in any order, it is the same map.
         let mut shuffled = all.clone();
         shuffled.reverse();
