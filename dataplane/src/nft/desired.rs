@@ -545,13 +545,12 @@ impl Desired {
             elements,
             ..
         } = self;
-        each_in_its_set(&mut table.sets, part, |name, key, value, set| {
+        each_run_in_its_set(&mut table.sets, part, |name, set, run| {
             // Elements of maps the table lacks are ignored, as by `merge_into`.
             let Some(set) = set else {
                 return;
             };
-            let has_value = value.is_some();
-            match set.insert(key, value) {
+            set.insert_each(run.drain(..), |key, has_value, was| match was {
                 Some(_) => {
                     *shared.entry((name, key)).or_insert(0) += 1;
                     // Plain-set elements (e.g. an endpoint shared by two Services) carry no
@@ -559,7 +558,7 @@ impl Desired {
                     contested |= has_value;
                 }
                 None => *elements += 1,
-            }
+            });
         });
         contested
     }
@@ -592,28 +591,33 @@ impl Desired {
         } = self;
         // Endpoint maps left empty.
         let mut emptied = Vec::new();
-        each_in_its_set(&mut table.sets, part, |name, key, _, set| {
-            match shared.get_mut(&(name, key)) {
-                Some(others) => {
-                    *others -= 1;
-                    if *others == 0 {
-                        shared.remove(&(name, key));
-                    }
-                    contested |= set
-                        .and_then(|s| s.get(&key))
-                        .is_some_and(|value| value.is_some());
+        each_run_in_its_set(&mut table.sets, part, |name, set, run| {
+            // An element another Service claims too stays, with one claimant fewer.
+            run.retain(|(key, _)| {
+                let Some(others) = shared.get_mut(&(name, *key)) else {
+                    return true;
+                };
+                *others -= 1;
+                if *others == 0 {
+                    shared.remove(&(name, *key));
                 }
-                None => {
-                    let Some(set) = set else {
-                        return;
-                    };
-                    if set.remove(&key).is_some() {
-                        *elements -= 1;
-                    }
-                    if key.key_type() == KeyType::Interval && set.is_empty() {
-                        emptied.push(name);
-                    }
-                }
+                contested |= set
+                    .as_deref()
+                    .and_then(|s| s.get(key))
+                    .is_some_and(|value| value.is_some());
+                false
+            });
+            let Some(set) = set else {
+                return;
+            };
+            let endpoint_map = run
+                .first()
+                .is_some_and(|(key, _)| key.key_type() == KeyType::Interval);
+            set.remove_each(run.drain(..).map(|(key, _)| key), |_, was| {
+                *elements -= usize::from(was.is_some());
+            });
+            if endpoint_map && set.is_empty() {
+                emptied.push(name);
             }
         });
         // An endpoint map exists while it has elements, as in a full build.
@@ -628,25 +632,23 @@ impl Desired {
     }
 }
 
-/// Calls `f` with each element of `part` (set, key, value) and its set's elements in `sets`
-/// (`None` if there is no such set). A part's elements come in runs of one set, which is found
-/// once per run.
-fn each_in_its_set(
+/// Calls `f` with each run of `part`'s elements of one set (in `run`, to be taken out), the
+/// set's name and its elements in `sets` (`None` if there is no such set). A part's elements
+/// come in runs of one set, which is found once per run.
+fn each_run_in_its_set(
     sets: &mut BTreeMap<String, Set>,
     part: &Fragment,
-    mut f: impl FnMut(&'static str, Key, Option<Value>, Option<&mut ElementMap>),
+    mut f: impl FnMut(&'static str, Option<&mut ElementMap>, &mut Vec<(Key, Option<Value>)>),
 ) {
-    let mut run: Option<(&str, Option<&mut ElementMap>)> = None;
-    for (name, key, value) in part.all_elements() {
-        if run.as_ref().is_none_or(|(set, _)| *set != name) {
-            run = Some((name, sets.get_mut(name).map(Set::elements_mut)));
+    let mut run = Vec::new();
+    let mut elements = part.all_elements().peekable();
+    while let Some((name, key, value)) = elements.next() {
+        run.push((key, value));
+        while let Some((_, key, value)) = elements.next_if(|(set, _, _)| *set == name) {
+            run.push((key, value));
         }
-        f(
-            name,
-            key,
-            value,
-            run.as_mut().and_then(|(_, set)| set.as_deref_mut()),
-        );
+        f(name, sets.get_mut(name).map(Set::elements_mut), &mut run);
+        run.clear();
     }
 }
 

@@ -306,6 +306,84 @@ impl ElementMap {
         old
     }
 
+    /// [`ElementMap::insert`] of each of `elements`, in order, calling `was` with each key,
+    /// whether its new value is `Some` and what it was. A run of one destination's list entries
+    /// (a large Service's list) finds its list once, not once per entry.
+    pub fn insert_each(
+        &mut self,
+        elements: impl IntoIterator<Item = (Key, Option<Value>)>,
+        mut was: impl FnMut(Key, bool, Option<Option<Value>>),
+    ) {
+        let as_value = |t: Option<Target>| t.map(|(addr, port)| Some(Value::Endpoint(addr, port)));
+        let mut elements = elements.into_iter().peekable();
+        while let Some((key, value)) = elements.next() {
+            let listed = as_entry(&key, &value).filter(|_| !self.other.contains_key(&key));
+            let Some((dest, i, target)) = listed else {
+                let has_value = value.is_some();
+                was(key, has_value, self.insert(key, value));
+                continue;
+            };
+            let Some(list) = self.lists.get_mut(&dest).filter(|l| i < l.len() + MAX_GAP) else {
+                was(key, true, self.insert(key, value));
+                continue;
+            };
+            let old = list.set(i, target);
+            self.len += usize::from(old.is_none());
+            was(key, true, as_value(old));
+            // The rest of the run, where `insert` would put them in this list too.
+            let other = &self.other;
+            while let Some((key, value)) = elements.next_if(|(k, v)| {
+                matches!(as_entry(k, v), Some((d, j, _)) if d == dest && j < list.len() + MAX_GAP)
+                    && !other.contains_key(k)
+            }) {
+                let Some((_, i, target)) = as_entry(&key, &value) else {
+                    unreachable!("checked above")
+                };
+                let old = list.set(i, target);
+                self.len += usize::from(old.is_none());
+                was(key, true, as_value(old));
+            }
+        }
+    }
+
+    /// [`ElementMap::remove`] of each of `keys`, in order, calling `was` with each key and what
+    /// it was. A run of one destination's list entries finds its list once.
+    pub fn remove_each(
+        &mut self,
+        keys: impl IntoIterator<Item = Key>,
+        mut was: impl FnMut(Key, Option<Option<Value>>),
+    ) {
+        let mut keys = keys.into_iter().peekable();
+        while let Some(key) = keys.next() {
+            let Some((dest, _)) = key.list_destination() else {
+                was(key, self.remove(&key));
+                continue;
+            };
+            let Some(list) = self.lists.get_mut(&dest) else {
+                was(key, self.remove(&key));
+                continue;
+            };
+            let mut run = std::iter::once(key).chain(std::iter::from_fn(|| {
+                keys.next_if(|k| k.list_destination().is_some_and(|(d, _)| d == dest))
+            }));
+            for key in &mut run {
+                let Some((_, i)) = key.list_destination() else {
+                    unreachable!("a run of list entries")
+                };
+                // Not in the list: in `other`, if anywhere (`insert` keeps it out of both).
+                let old = match list.take(usize::from(i)) {
+                    Some((addr, port)) => Some(Some(Value::Endpoint(addr, port))),
+                    None => self.other.remove(&key),
+                };
+                self.len -= usize::from(old.is_some());
+                was(key, old);
+            }
+            if list.len() == 0 {
+                self.lists.remove(&dest);
+            }
+        }
+    }
+
     /// Takes `key` out of its list, if a list holds it.
     fn take_listed(&mut self, key: &Key) -> Option<Target> {
         let (dest, i) = key.list_destination()?;

@@ -49,6 +49,42 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Keys for a batch: any keys, or a run of one destination's entries (in index order or
+/// another), as a large Service's list comes.
+fn batch_keys() -> impl Strategy<Value = Vec<Key>> {
+    let run = (0u8..3, 0u16..2, 0u16..40, 1u16..40, any::<bool>()).prop_map(
+        |(a, port, start, len, reverse)| {
+            let a = IpAddr::V4(Ipv4Addr::new(10, 0, 0, a));
+            let mut keys: Vec<Key> = (start..start + len)
+                .map(|i| Key::AddrProtoPortIndex(a, Proto::Tcp, port, i))
+                .collect();
+            if reverse {
+                keys.reverse();
+            }
+            keys
+        },
+    );
+    prop_oneof![run, prop::collection::vec(key(), 0..20)]
+}
+
+#[derive(Clone, Debug)]
+enum Batch {
+    Insert(Vec<(Key, Option<Value>)>),
+    Remove(Vec<Key>),
+}
+
+fn batch() -> impl Strategy<Value = Batch> {
+    prop_oneof![
+        3 => batch_keys()
+            .prop_flat_map(|keys| {
+                let n = keys.len();
+                (Just(keys), prop::collection::vec(value(), n))
+            })
+            .prop_map(|(keys, values)| Batch::Insert(keys.into_iter().zip(values).collect())),
+        2 => batch_keys().prop_map(Batch::Remove),
+    ]
+}
+
 fn model(map: &ElementMap) -> Vec<(Key, Option<Value>)> {
     map.iter().collect()
 }
@@ -104,6 +140,37 @@ proptest! {
         prop_assert_eq!(built.len(), want.len());
     }
 
+    /// Inserted or removed in batches, the map answers as a `BTreeMap` one element at a time.
+    #[test]
+    fn batches_behave_as_single_changes(batches in prop::collection::vec(batch(), 0..30)) {
+        let mut map = ElementMap::new();
+        let mut want: BTreeMap<Key, Option<Value>> = BTreeMap::new();
+        for batch in batches {
+            let mut got = Vec::new();
+            let mut expected = Vec::new();
+            match batch {
+                Batch::Insert(elements) => {
+                    for (k, v) in &elements {
+                        expected.push((*k, v.is_some(), want.insert(*k, v.clone())));
+                    }
+                    map.insert_each(elements, |k, has_value, was| got.push((k, has_value, was)));
+                }
+                Batch::Remove(keys) => {
+                    for k in &keys {
+                        expected.push((*k, false, want.remove(k)));
+                    }
+                    map.remove_each(keys, |k, was| got.push((k, false, was)));
+                }
+            }
+            prop_assert_eq!(got, expected);
+            prop_assert_eq!(map.len(), want.len());
+        }
+        let all: Vec<_> = want.into_iter().collect();
+        prop_assert_eq!(model(&map), all.clone());
+        // Its lists are as an element-by-element build would leave them.
+        prop_assert_eq!(&map, &all.into_iter().collect::<ElementMap>());
+    }
+
     /// Of two elements with one key, the later stays (as `BTreeMap::from_iter` does).
     #[test]
     fn collecting_keeps_the_last_of_one_key(elements in prop::collection::vec((key(), value()), 0..100)) {
@@ -153,6 +220,33 @@ fn a_wild_index_does_not_grow_a_list() {
         map.keys().collect::<Vec<_>>(),
         vec![entry(0), entry(u16::MAX)]
     );
+}
+
+#[test]
+fn a_wild_index_in_a_run_does_not_grow_a_list() {
+    let mut map = ElementMap::new();
+    let run = [
+        (entry(0), endpoint(1)),
+        (entry(1), endpoint(2)),
+        (entry(u16::MAX), endpoint(3)),
+    ];
+    map.insert_each(run, |_, _, was| assert_eq!(was, None));
+    assert_eq!(map.lists.values().map(List::len).sum::<usize>(), 2);
+    assert_eq!(map.other.len(), 1);
+    let mut gone = Vec::new();
+    map.remove_each([entry(0), entry(u16::MAX), entry(1)], |key, was| {
+        gone.push((key, was))
+    });
+    assert_eq!(
+        gone,
+        [
+            (entry(0), endpoint(1)),
+            (entry(u16::MAX), endpoint(3)),
+            (entry(1), endpoint(2))
+        ]
+        .map(|(key, value)| (key, Some(value)))
+    );
+    assert!(map.is_empty() && map.lists.is_empty() && map.other.is_empty());
 }
 
 #[test]
