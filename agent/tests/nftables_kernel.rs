@@ -728,3 +728,37 @@ fn a_cold_start_cut_by_elements_is_inert_until_its_last_part() {
     );
     assert_listing(&ns, &t, false);
 }
+
+/// A cold start commits in small parts only while another process listens to nf_tables
+/// notifications: the agent sees `nft monitor` in its namespace, and only there.
+#[test]
+fn another_process_listening_is_seen_in_the_namespace_only() {
+    use nftproxy::nftables::kernel::{Netlink, NftKernel};
+    use std::process::{Command, Stdio};
+    nftproxy_tests::require_root!();
+    let ns = Netns::new("heard");
+    let other = Netns::new("quiet");
+    let listens = |ns: &Netns| ns.run(|| Netlink::open().expect("netlink").others_listen());
+    assert!(!listens(&ns), "nobody listens yet");
+    let mut monitor = Command::new("ip")
+        .args(["netns", "exec", &ns.name, "nft", "monitor"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start nft monitor");
+    // `nft monitor` subscribes as it starts.
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    while !listens(&ns) && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let heard = listens(&ns);
+    let heard_elsewhere = listens(&other);
+    // Stopped by its PID.
+    monitor.kill().ok();
+    monitor.wait().ok();
+    assert!(heard, "nft monitor not seen");
+    assert!(!heard_elsewhere, "a listener in another namespace was seen");
+    // The agent's own monitor does not count.
+    let portid = ns.open().portid();
+    let _own = ns.run(move || Monitor::open(portid).expect("open the monitor"));
+    assert!(!listens(&ns), "our own monitor counted as another process");
+}

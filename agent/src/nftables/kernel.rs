@@ -43,6 +43,12 @@ pub trait NftKernel: Send {
         Ok(0)
     }
 
+    /// Whether another process in the namespace listens to nf_tables notifications (see
+    /// `dataplane::nft::cold`). A kernel that cannot tell (the fake) says no.
+    fn others_listen(&mut self) -> bool {
+        false
+    }
+
     /// Runs `commit` with the drift monitor's notifications paused, when there is a monitor
     /// (see [`Quieter`]).
     fn quietly<T>(&mut self, commit: impl FnOnce(&mut Self) -> T) -> T
@@ -123,6 +129,10 @@ impl NftKernel for Netlink {
         stale: &[Entry],
     ) -> Result<usize, NftError> {
         self.lock().nft.delete_affinity_entries(family, stale)
+    }
+
+    fn others_listen(&mut self) -> bool {
+        super::listeners::others_listen()
     }
 
     fn quietly<T>(&mut self, commit: impl FnOnce(&mut Self) -> T) -> T {

@@ -39,6 +39,7 @@ mod dump;
 mod encode;
 pub mod fake;
 pub mod kernel;
+mod listeners;
 pub mod monitor;
 mod socket;
 

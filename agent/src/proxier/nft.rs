@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use dataplane::conntrack::Frontends;
 use dataplane::model::Cluster;
 use dataplane::nft::build::BuildConfig;
-use dataplane::nft::cold::{ELEMENTS_PER_STAGE, split_cold_elements};
+use dataplane::nft::cold::{ELEMENTS_PER_STAGE, ELEMENTS_PER_STAGE_HEARD, split_cold_elements};
 use dataplane::nft::desired::{Before, Desired, Scope, Updated};
 use dataplane::nft::plan::{
     RULES_PER_STAGE, plan, plan_cleanup, plan_cleanup_scope, plan_scope, split_new_chains,
@@ -104,8 +104,19 @@ impl<K: NftKernel> NftProxier<K> {
         let big = tx.ops.len() >= QUIET_MIN_OPS;
         let parts = split_new_chains(current.as_ref(), tx, RULES_PER_STAGE);
         // A new table's elements go in parts, which a process listening to nf_tables
-        // notifications slows much less than one large transaction.
-        let parts = split_cold_elements(current.as_ref(), parts, ELEMENTS_PER_STAGE);
+        // notifications slows much less than one large transaction; smaller ones while one
+        // listens (every commit costs a walk of every chain in the namespace).
+        let per_part = if current.is_none() && self.kernel.others_listen() {
+            tracing::info!(
+                family = family.k8s_name(),
+                elements = ELEMENTS_PER_STAGE_HEARD,
+                "another process listens to nf_tables notifications: the new table goes in smaller parts"
+            );
+            ELEMENTS_PER_STAGE_HEARD
+        } else {
+            ELEMENTS_PER_STAGE
+        };
+        let parts = split_cold_elements(current.as_ref(), parts, per_part);
         let mut state = current.unwrap_or_default();
         // Once `parts` commit, every set holds the desired table's elements; the elements
         // read back are no longer needed (should a part fail, the state is read back again).

@@ -12,9 +12,14 @@
 //! few thousand elements come from the slabs the previous part freed, where those of 50,000
 //! take fresh pages from the page allocator. `run --once` of 30k Services × 5 endpoints with
 //! a process reading every notification took 1.40 s in parts of 50,000 elements, 1.29 s in
-//! parts of 10,000 and 1.20–1.23 s in parts of 250 to 5,000, against 1.05 s with no listener
-//! (which the part size does not change; docs/performance.md, "Smaller cold-start parts").
-//! What remains, about 0.8 µs per notified element, no split removes. Parts also let the
+//! parts of 10,000 and 1.20–1.23 s in parts of 250 to 5,000, against 1.05 s with no listener.
+//! What remains, about 0.8 µs per notified element, no split removes.
+//!
+//! Parts are not free either: every commit walks every chain of every table in the namespace,
+//! so with another program's table of 30,000 chains beside ours the same cold start took
+//! 1.05 s in parts of 50,000 and 1.13–1.23 s in parts of 2,000 (docs/performance.md, "Smaller
+//! cold-start parts"). So the parts are small ([`ELEMENTS_PER_STAGE_HEARD`]) only while
+//! another process listens, and large otherwise ([`ELEMENTS_PER_STAGE`]). Parts also let the
 //! encoder work on the next part while the kernel commits the current one.
 
 use std::collections::HashSet;
@@ -24,7 +29,10 @@ use super::state::TableState;
 use super::transaction::{Op, Transaction};
 
 /// Set elements per transaction when [`split_cold_elements`] cuts one.
-pub const ELEMENTS_PER_STAGE: usize = 2_000;
+pub const ELEMENTS_PER_STAGE: usize = 50_000;
+
+/// Set elements per transaction while another process listens to nf_tables notifications.
+pub const ELEMENTS_PER_STAGE_HEARD: usize = 2_000;
 
 /// When the table does not exist yet (`current` is `None`), moves the set elements of `parts`
 /// (the planner's transaction, possibly split already by `plan::split_new_chains`) into
