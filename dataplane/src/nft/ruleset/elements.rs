@@ -331,14 +331,15 @@ impl ElementMap {
             self.len += usize::from(old.is_none());
             was(key, true, as_value(old));
             // The rest of the run, where `insert` would put them in this list too.
-            let other = &self.other;
-            while let Some((key, value)) = elements.next_if(|(k, v)| {
-                matches!(as_entry(k, v), Some((d, j, _)) if d == dest && j < list.len() + MAX_GAP)
-                    && !other.contains_key(k)
-            }) {
-                let Some((_, i, target)) = as_entry(&key, &value) else {
-                    unreachable!("checked above")
+            while let Some((key, value)) = elements.peek() {
+                let Some((d, i, target)) = as_entry(key, value) else {
+                    break;
                 };
+                if d != dest || i >= list.len() + MAX_GAP || self.other.contains_key(key) {
+                    break;
+                }
+                let key = *key;
+                elements.next();
                 let old = list.set(i, target);
                 self.len += usize::from(old.is_none());
                 was(key, true, as_value(old));
@@ -363,15 +364,14 @@ impl ElementMap {
                 was(key, self.remove(&key));
                 continue;
             };
-            let mut run = std::iter::once(key).chain(std::iter::from_fn(|| {
-                keys.next_if(|k| k.list_destination().is_some_and(|(d, _)| d == dest))
-            }));
-            for key in &mut run {
-                let Some((_, i)) = key.list_destination() else {
-                    unreachable!("a run of list entries")
-                };
+            let same_list = |k: &Key| k.list_destination().is_some_and(|(d, _)| d == dest);
+            let run = std::iter::once(key).chain(std::iter::from_fn(|| keys.next_if(same_list)));
+            for key in run {
+                let taken = key
+                    .list_destination()
+                    .and_then(|(_, i)| list.take(usize::from(i)));
                 // Not in the list: in `other`, if anywhere (`insert` keeps it out of both).
-                let old = match list.take(usize::from(i)) {
+                let old = match taken {
                     Some((addr, port)) => Some(Some(Value::Endpoint(addr, port))),
                     None => self.other.remove(&key),
                 };
