@@ -17,8 +17,12 @@ pub fn others_listen() -> bool {
     let Ok(table) = fs::read_to_string("/proc/thread-self/net/netlink") else {
         return false;
     };
-    let own = own_sockets();
-    nftables_listeners(&table).any(|inode| !own.contains(&inode))
+    let listeners: Vec<u64> = nftables_listeners(&table).collect();
+    // Our own sockets are read only when there is a listener to tell apart.
+    !listeners.is_empty() && {
+        let own = own_sockets();
+        listeners.iter().any(|inode| !own.contains(inode))
+    }
 }
 
 /// The inodes of the sockets `/proc/net/netlink` (`table`) shows subscribed to nf_tables

@@ -351,6 +351,23 @@ impl Fragment {
         elements.chain(lists).chain(hairpin)
     }
 
+    /// [`Fragment::all_elements`] in runs of one map, as they come (a map may have more than
+    /// one run): the map's name and its run's (key, value) pairs. Whoever changes a map for a
+    /// run finds it once per run, and a large Service's list is one run.
+    pub fn element_runs(
+        &self,
+    ) -> impl Iterator<Item = (&'static str, Vec<(Key, Option<Value>)>)> + '_ {
+        let mut elements = self.all_elements().peekable();
+        std::iter::from_fn(move || {
+            let (set, key, value) = elements.next()?;
+            let mut run = vec![(key, value)];
+            while let Some((_, key, value)) = elements.next_if(|(s, _, _)| *s == set) {
+                run.push((key, value));
+            }
+            Some((set, run))
+        })
+    }
+
     /// The session-affinity timeouts this part's destinations use (see [`affinity`]).
     pub fn affinity_timeouts(&self) -> impl Iterator<Item = u32> + '_ {
         self.elements

@@ -43,13 +43,7 @@ use crate::nft::ruleset::{
 };
 use crate::nft::state::TableState;
 
-/// What an element of a set was before a change: absent (`None`), or present with this value.
-pub type Was = Option<Option<Value>>;
-
-/// The elements a change touched, per set, with what each was before it (the same everywhere
-/// else). Recorded as the change is made, it is what a planner needs to plan the change
-/// without a copy of the table as it was.
-pub type Delta = BTreeMap<String, BTreeMap<Key, Was>>;
+pub use crate::nft::ruleset::{Delta, Was};
 
 /// What an incremental update touched: everything a planner must compare.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -74,17 +68,10 @@ impl Scope {
     /// Records what the elements `part` touches are in `table` now, unless an earlier step of
     /// the same change recorded them already: call before `part` is added or taken out.
     fn note(&mut self, table: &Table, part: &Fragment) {
-        // Gathered per set and put in sorted: a large Service's part is thousands of keys of
-        // one map, which the scope's B-trees take in bulk far faster than one by one.
-        let mut by_set: Vec<(&'static str, Vec<Key>)> = Vec::new();
-        for (set, key, _) in part.all_elements() {
-            match by_set.iter_mut().rev().find(|(s, _)| *s == set) {
-                Some((_, keys)) => keys.push(key),
-                None => by_set.push((set, vec![key])),
-            }
-        }
-        for (set, keys) in by_set {
-            self.note_keys(table, set, keys);
+        // Put in per run of one set, sorted: a large Service's part is thousands of keys of one
+        // map, which the scope's B-trees take in bulk far faster than one by one.
+        for (set, run) in part.element_runs() {
+            self.note_keys(table, set, run.into_iter().map(|(key, _)| key).collect());
         }
         // A Service's own sets are replaced whole.
         for (name, set) in &part.sets {
@@ -545,21 +532,22 @@ impl Desired {
             elements,
             ..
         } = self;
-        each_run_in_its_set(&mut table.sets, part, |name, set, run| {
+        for (name, run) in part.element_runs() {
             // Elements of maps the table lacks are ignored, as by `merge_into`.
-            let Some(set) = set else {
-                return;
+            let Some(set) = table.sets.get_mut(name) else {
+                continue;
             };
-            set.insert_each(run.drain(..), |key, has_value, was| match was {
-                Some(_) => {
-                    *shared.entry((name, key)).or_insert(0) += 1;
-                    // Plain-set elements (e.g. an endpoint shared by two Services) carry no
-                    // value to disagree on; map elements do.
-                    contested |= has_value;
-                }
-                None => *elements += 1,
-            });
-        });
+            set.elements_mut()
+                .insert_each(run, |key, has_value, was| match was {
+                    Some(_) => {
+                        *shared.entry((name, key)).or_insert(0) += 1;
+                        // Plain-set elements (e.g. an endpoint shared by two Services) carry no
+                        // value to disagree on; map elements do.
+                        contested |= has_value;
+                    }
+                    None => *elements += 1,
+                });
+        }
         contested
     }
 
@@ -589,9 +577,7 @@ impl Desired {
             elements,
             ..
         } = self;
-        // Endpoint maps left empty.
-        let mut emptied = Vec::new();
-        each_run_in_its_set(&mut table.sets, part, |name, set, run| {
+        for (name, mut run) in part.element_runs() {
             // An element another Service claims too stays, with one claimant fewer.
             run.retain(|(key, _)| {
                 let Some(others) = shared.get_mut(&(name, *key)) else {
@@ -601,54 +587,31 @@ impl Desired {
                 if *others == 0 {
                     shared.remove(&(name, *key));
                 }
-                contested |= set
-                    .as_deref()
-                    .and_then(|s| s.get(key))
+                contested |= table
+                    .sets
+                    .get(name)
+                    .and_then(|s| s.elements.get(key))
                     .is_some_and(|value| value.is_some());
                 false
             });
-            let Some(set) = set else {
-                return;
+            let Some(set) = table.sets.get_mut(name) else {
+                continue;
             };
             let endpoint_map = run
                 .first()
                 .is_some_and(|(key, _)| key.key_type() == KeyType::Interval);
-            set.remove_each(run.drain(..).map(|(key, _)| key), |_, was| {
-                *elements -= usize::from(was.is_some());
-            });
-            if endpoint_map && set.is_empty() {
-                emptied.push(name);
-            }
-        });
-        // An endpoint map exists while it has elements, as in a full build.
-        for name in emptied {
-            if table.sets.get(name).is_some_and(|s| s.elements.is_empty()) {
+            set.elements_mut()
+                .remove_each(run.into_iter().map(|(key, _)| key), |_, was| {
+                    *elements -= usize::from(was.is_some());
+                });
+            // An endpoint map exists while it has elements, as in a full build.
+            if endpoint_map && set.elements.is_empty() {
                 table.sets.remove(name);
             }
         }
         self.rules -= rules_of(part);
         self.no_local_endpoints.sub(part.no_local_endpoints);
         contested
-    }
-}
-
-/// Calls `f` with each run of `part`'s elements of one set (in `run`, to be taken out), the
-/// set's name and its elements in `sets` (`None` if there is no such set). A part's elements
-/// come in runs of one set, which is found once per run.
-fn each_run_in_its_set(
-    sets: &mut BTreeMap<String, Set>,
-    part: &Fragment,
-    mut f: impl FnMut(&'static str, Option<&mut ElementMap>, &mut Vec<(Key, Option<Value>)>),
-) {
-    let mut run = Vec::new();
-    let mut elements = part.all_elements().peekable();
-    while let Some((name, key, value)) = elements.next() {
-        run.push((key, value));
-        while let Some((_, key, value)) = elements.next_if(|(set, _, _)| *set == name) {
-            run.push((key, value));
-        }
-        f(name, sets.get_mut(name).map(Set::elements_mut), &mut run);
-        run.clear();
     }
 }
 

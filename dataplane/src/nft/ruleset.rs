@@ -511,6 +511,14 @@ impl Set {
     }
 }
 
+/// What an element of a set was before a change: absent (`None`), or present with this value.
+pub type Was = Option<Option<Value>>;
+
+/// The elements a change touched, per set, with what each was before it (the same everywhere
+/// else). Recorded as the change is made, it is what a planner needs to plan the change
+/// without a copy of the table as it was.
+pub type Delta = BTreeMap<String, BTreeMap<Key, Was>>;
+
 /// One family's complete desired table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Table {

@@ -18,13 +18,13 @@
 //! Affinity is per destination rather than per Service port: a client that reaches one Service
 //! port through its ClusterIP and through a node port is remembered for each separately.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{LazyLock, Mutex, PoisonError};
 
 use super::{EndpointLists, LIST_MAX_ENDPOINTS};
 use crate::nft::ruleset::{
-    Action, Key, KeyType, Match, Proto, Rule, Set, SetDecl, Table, Value, Verdict,
+    Action, Delta, Key, KeyType, Match, Proto, Rule, Set, SetDecl, Table, Value, Verdict,
 };
 
 pub const AFFINITY_CLIENTS: &str = "affinity-clients";
@@ -206,15 +206,12 @@ pub fn clients_decl() -> SetDecl {
 }
 
 /// Whether a sync that touched `touched` (per set, each element's key and what it was before:
-/// absent, or present with this value; a change's [`crate::nft::desired::Delta`]) may have
+/// absent, or present with this value) may have
 /// left entries of `table`'s map stale: a destination got affinity (entries from an earlier
 /// time may lead anywhere), or an endpoint left the endpoint lists of a destination that has
 /// it. Adding endpoints makes nothing stale, and listing the map costs O(clients), so a
 /// scale-up lists nothing.
-pub fn cleanup_needed(
-    table: &Table,
-    touched: &BTreeMap<String, BTreeMap<Key, Option<Option<Value>>>>,
-) -> bool {
+pub fn cleanup_needed(table: &Table, touched: &Delta) -> bool {
     let now = |set: &str, key: &Key| table.sets.get(set)?.elements.get(key);
     // A destination that got affinity decides alone: looked for first, before a large
     // Service's thousands of list entries are compared.

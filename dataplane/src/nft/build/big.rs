@@ -175,11 +175,6 @@ pub(super) fn add_elements(
     });
 }
 
-/// The values `elements` (a flat-path map's) holds for `dest . 0` … `dest . n-1`, by index.
-pub fn list_in(elements: &ElementMap, dest: Key, n: usize) -> Vec<Option<Value>> {
-    elements.list_values(dest, n)
-}
-
 impl Fragment {
     /// Reorders this fragment's flat-path lists so that every endpoint that `before` (the
     /// elements a map held) has at an index below the new length keeps it, and the others fill
@@ -191,7 +186,7 @@ impl Fragment {
             let Some(elements) = before(list.map) else {
                 continue;
             };
-            let old = list_in(elements, list.dest, list.endpoints.len());
+            let old = elements.list_values(list.dest, list.endpoints.len());
             let new = std::mem::take(&mut list.endpoints);
             list.endpoints = keep_order(&old, new);
         }

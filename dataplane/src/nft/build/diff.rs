@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::big::{keep_order, list_in};
+use super::big::keep_order;
 use super::{BigList, Fragment, HAIRPIN_ENDPOINTS};
 use crate::nft::ruleset::{ElementMap, Key};
 
@@ -69,7 +69,7 @@ fn list_changes<'a>(
         let had = old_len.remove(&(list.map, list.dest)).unwrap_or(0);
         let n = list.endpoints.len();
         let was = match before(list.map) {
-            Some(elements) => list_in(elements, list.dest, n.max(had)),
+            Some(elements) => elements.list_values(list.dest, n.max(had)),
             None => vec![None; n.max(had)],
         };
         list.endpoints = keep_order(&was[..n], std::mem::take(&mut list.endpoints));

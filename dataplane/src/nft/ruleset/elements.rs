@@ -314,7 +314,6 @@ impl ElementMap {
         elements: impl IntoIterator<Item = (Key, Option<Value>)>,
         mut was: impl FnMut(Key, bool, Option<Option<Value>>),
     ) {
-        let as_value = |t: Option<Target>| t.map(|(addr, port)| Some(Value::Endpoint(addr, port)));
         let mut elements = elements.into_iter().peekable();
         while let Some((key, value)) = elements.next() {
             let listed = as_entry(&key, &value).filter(|_| !self.other.contains_key(&key));
@@ -327,22 +326,25 @@ impl ElementMap {
                 was(key, true, self.insert(key, value));
                 continue;
             };
-            let old = list.set(i, target);
-            self.len += usize::from(old.is_none());
-            was(key, true, as_value(old));
-            // The rest of the run, where `insert` would put them in this list too.
-            while let Some((key, value)) = elements.peek() {
-                let Some((d, i, target)) = as_entry(key, value) else {
-                    break;
-                };
-                if d != dest || i >= list.len() + MAX_GAP || self.other.contains_key(key) {
-                    break;
-                }
-                let key = *key;
-                elements.next();
+            // This entry, then the rest of the run, where `insert` would put them in this list.
+            let mut entry = Some((key, i, target));
+            while let Some((key, i, target)) = entry.take() {
                 let old = list.set(i, target);
                 self.len += usize::from(old.is_none());
-                was(key, true, as_value(old));
+                was(
+                    key,
+                    true,
+                    old.map(|(addr, port)| Some(Value::Endpoint(addr, port))),
+                );
+                if let Some((key, value)) = elements.peek()
+                    && let Some((d, i, target)) = as_entry(key, value)
+                    && d == dest
+                    && i < list.len() + MAX_GAP
+                    && !self.other.contains_key(key)
+                {
+                    entry = Some((*key, i, target));
+                    elements.next();
+                }
             }
         }
     }
