@@ -547,6 +547,9 @@ fn apply_oom_score_adj(value: i32) {
 /// A panic in any thread ends the process, with the panic in the log, so that the kubelet
 /// restarts the agent: a dead sync thread or watcher behind live health endpoints would leave
 /// the rules stale without anyone noticing. The rules stay in place meanwhile.
+#[global_allocator]
+static ALLOCATOR: nftproxy::memory::Allocator = nftproxy::memory::Allocator {};
+
 fn exit_on_panic() {
     let report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -557,7 +560,7 @@ fn exit_on_panic() {
 }
 
 fn main() -> ExitCode {
-    nftproxy::memory::return_large_buffers();
+    nftproxy::memory::configure();
     exit_on_panic();
     let cli = Cli::parse();
     if matches!(

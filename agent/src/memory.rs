@@ -1,30 +1,58 @@
-//! How the agent's heap gives memory back to the kernel.
+//! The agent's heap: mimalloc, and how it gives memory back to the kernel.
+//!
+//! A partial sync of a large Service allocates and frees thousands of blocks. With glibc's
+//! allocator, the first choice, a third of such a sync's own work (before the commit) went to
+//! merging and sorting the blocks freed by the previous one (`malloc_consolidate`); mimalloc
+//! keeps free blocks per page and size and does none of that (docs/performance.md, "The
+//! allocator").
 
-/// Allocations of at least this many bytes get pages of their own.
-#[cfg(target_env = "gnu")]
-const MMAP_THRESHOLD: libc::c_int = 128 << 10;
+/// The allocator of the `nftproxy` binary (declared there, so that the library's users, the
+/// tests and the bench, choose their own).
+pub type Allocator = mimalloc::MiMalloc;
 
-/// Makes large buffers go back to the kernel when they are freed. glibc serves them from
-/// pages of their own at first, but raises that threshold to the size of each such buffer
-/// freed (up to 32 MiB), after which buffers of that size come from the heap and, once freed,
-/// stay there as free memory: a cold sync's element vectors, the file's pieces and the
-/// netlink batches left 30 MiB of it at 30,000 Services, and set the process's peak RSS. A
-/// fixed threshold keeps them apart. Call it first thing, before other threads start.
-pub fn return_large_buffers() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only changes a setting of the allocator; no pointer is passed.
+/// Options of the mimalloc this crate builds, as its `mimalloc.h` numbers them (the bindings
+/// do not name them); a test checks their defaults. `mi_option_arena_eager_commit`:
+const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+/// `mi_option_purge_delay`:
+const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Keeps the agent's resident memory where glibc's allocator had it: freed pages go back to
+/// the kernel at once rather than a second later (a cold sync frees tens of MiB as it goes),
+/// and memory is committed as it is used rather than a region at a time. What an operator
+/// sizes the DaemonSet by is the RSS after the first sync and its peak. Call it first thing.
+pub fn configure() {
+    // SAFETY: sets two of the allocator's options; no pointer is passed.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+        libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0);
+        libmimalloc_sys::mi_option_set(PURGE_DELAY, 0);
     }
 }
 
-/// Hands the free pages of the heap back to the kernel. A cold sync or a file load frees tens
-/// of MiB of small allocations at once; glibc keeps them mapped (it only trims the top of the
-/// main heap), so without this the agent's RSS would stay at its peak until reused.
+/// Hands the freed memory of the heap back to the kernel. A cold sync or a file load frees tens
+/// of MiB of small allocations at once, on threads that have ended since.
 pub fn release_freed() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks the allocator's own free lists; no pointer is passed.
+    // SAFETY: mi_collect only walks the allocator's own structures; no pointer is passed.
     unsafe {
-        libc::malloc_trim(0);
+        libmimalloc_sys::mi_collect(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_options_are_the_ones_named() {
+        for (option, env, default) in [
+            (ARENA_EAGER_COMMIT, "MIMALLOC_ARENA_EAGER_COMMIT", 2),
+            (PURGE_DELAY, "MIMALLOC_PURGE_DELAY", 1000),
+        ] {
+            if std::env::var_os(env).is_some() {
+                continue;
+            }
+            // SAFETY: reads one of the allocator's options.
+            let value = unsafe { libmimalloc_sys::mi_option_get(option) };
+            assert_eq!(value, default, "{env}: mimalloc's option numbering changed");
+        }
     }
 }

@@ -1,8 +1,11 @@
 //! A counting global allocator: live heap bytes and their peak, for the memory breakdown.
 //! Counting costs two relaxed atomic operations per allocation.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The agent's allocator: the syncs the bench runs in-process allocate as the agent's do.
+const INNER: nftproxy::memory::Allocator = nftproxy::memory::Allocator {};
 
 pub struct Counting;
 
@@ -18,11 +21,11 @@ fn shrink(n: usize) {
     CURRENT.fetch_sub(n, Ordering::Relaxed);
 }
 
-// SAFETY: every call is forwarded unchanged to the system allocator; only counters are added.
+// SAFETY: every call is forwarded unchanged to the agent's allocator; only counters are added.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: same contract as the caller's.
-        let p = unsafe { System.alloc(layout) };
+        let p = unsafe { INNER.alloc(layout) };
         if !p.is_null() {
             grow(layout.size());
         }
@@ -31,7 +34,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: same contract as the caller's.
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = unsafe { INNER.alloc_zeroed(layout) };
         if !p.is_null() {
             grow(layout.size());
         }
@@ -40,13 +43,13 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { INNER.dealloc(ptr, layout) };
         shrink(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: same contract as the caller's.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        let p = unsafe { INNER.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             shrink(layout.size());
             grow(new_size);

@@ -182,6 +182,8 @@ struct Report {
 }
 
 fn main() {
+    // The agent's allocator settings, for the syncs run in-process.
+    nftproxy::memory::configure();
     if let Err(e) = real_main() {
         eprintln!("nftproxy-bench: {e:#}");
         netns::cleanup_all();

@@ -262,7 +262,10 @@ impl FrontendIndex {
         };
         let mut touched = FrontendKeys::default();
         for name in changed {
-            let new = cluster.services.get(name).map(|svc| {
+            // A Service without UDP ports has no frontends here: its endpoints and conflicts
+            // are not worth looking at (a large TCP Service has thousands).
+            let udp = |svc: &&Arc<Service>| svc.ports.iter().any(|p| p.protocol == Proto::Udp);
+            let new = cluster.services.get(name).filter(udp).map(|svc| {
                 let slices: Vec<&EndpointSlice> = cluster.slices_of(name).collect();
                 let sup = suppressed(&cluster.services, svc);
                 Frontends::of_service(svc, &slices, family, &sup)

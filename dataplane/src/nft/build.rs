@@ -357,15 +357,40 @@ impl Fragment {
     pub fn element_runs(
         &self,
     ) -> impl Iterator<Item = (&'static str, Vec<(Key, Option<Value>)>)> + '_ {
-        let mut elements = self.all_elements().peekable();
-        std::iter::from_fn(move || {
-            let (set, key, value) = elements.next()?;
-            let mut run = vec![(key, value)];
-            while let Some((_, key, value)) = elements.next_if(|(s, _, _)| *s == set) {
-                run.push((key, value));
+        self.runs_of(|key, value| (key, value.cloned()))
+    }
+
+    /// [`Fragment::element_runs`], keys only.
+    pub fn key_runs(&self) -> impl Iterator<Item = (&'static str, Vec<Key>)> + '_ {
+        self.runs_of(|key, _| key)
+    }
+
+    /// The runs of one map, of what `item` makes of each element's key and value.
+    fn runs_of<'a, T: 'a>(
+        &'a self,
+        item: impl Fn(Key, Option<&Value>) -> T + Copy + 'a,
+    ) -> impl Iterator<Item = (&'static str, Vec<T>)> + 'a {
+        let mut elements = self.elements.iter().peekable();
+        let shared = std::iter::from_fn(move || {
+            let ((set, key), value) = elements.next()?;
+            let mut run = vec![item(*key, value.as_ref())];
+            while let Some(((_, key), value)) = elements.next_if(|((s, _), _)| s == set) {
+                run.push(item(*key, value.as_ref()));
             }
-            Some((set, run))
-        })
+            Some((*set, run))
+        });
+        let lists = self.lists.iter().map(move |l| {
+            let run = (0u16..).zip(&l.endpoints);
+            (
+                l.map,
+                run.map(|(i, ep)| item(l.entry(i), Some(ep))).collect(),
+            )
+        });
+        let hairpin = (!self.hairpin.is_empty()).then(|| {
+            let run = self.hairpin.iter().map(|ip| item(Key::AddrPair(*ip), None));
+            (HAIRPIN_ENDPOINTS, run.collect())
+        });
+        shared.chain(lists).chain(hairpin)
     }
 
     /// The session-affinity timeouts this part's destinations use (see [`affinity`]).

@@ -43,7 +43,7 @@ use crate::nft::ruleset::{
 };
 use crate::nft::state::TableState;
 
-pub use crate::nft::ruleset::{Delta, Was};
+pub use crate::nft::ruleset::{Delta, Touched, Was};
 
 /// What an incremental update touched: everything a planner must compare.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -70,8 +70,8 @@ impl Scope {
     fn note(&mut self, table: &Table, part: &Fragment) {
         // Put in per run of one set, sorted: a large Service's part is thousands of keys of one
         // map, which the scope's B-trees take in bulk far faster than one by one.
-        for (set, run) in part.element_runs() {
-            self.note_keys(table, set, run.into_iter().map(|(key, _)| key).collect());
+        for (set, keys) in part.key_runs() {
+            self.note_keys(table, set, keys);
         }
         // A Service's own sets are replaced whole.
         for (name, set) in &part.sets {
@@ -90,22 +90,23 @@ impl Scope {
         if keys.is_empty() {
             return;
         }
-        keys.sort_unstable();
+        // A large Service's list comes in order.
+        if !keys.is_sorted() {
+            keys.sort_unstable();
+        }
         keys.dedup();
-        let was: Vec<Was> = match table.sets.get(set) {
-            Some(s) => s.elements.get_each(&keys).collect(),
-            None => vec![None; keys.len()],
-        };
-        let keys = keys.into_iter().zip(was);
-        match self.elements.get_mut(set) {
-            Some(noted) => {
-                for (key, was) in keys {
-                    noted.entry(key).or_insert(was);
-                }
+        let entries: Vec<(Key, Was)> = match table.sets.get(set) {
+            Some(s) => {
+                let was = s.elements.get_each(&keys);
+                keys.iter().copied().zip(was).collect()
             }
-            // Sorted input: built in bulk.
+            None => keys.into_iter().map(|key| (key, None)).collect(),
+        };
+        match self.elements.get_mut(set) {
+            Some(noted) => noted.record(entries),
             None => {
-                self.elements.insert(set.to_string(), keys.collect());
+                self.elements
+                    .insert(set.to_string(), Touched::from_sorted(entries));
             }
         }
     }
@@ -577,9 +578,9 @@ impl Desired {
             elements,
             ..
         } = self;
-        for (name, mut run) in part.element_runs() {
+        for (name, mut run) in part.key_runs() {
             // An element another Service claims too stays, with one claimant fewer.
-            run.retain(|(key, _)| {
+            run.retain(|key| {
                 let Some(others) = shared.get_mut(&(name, *key)) else {
                     return true;
                 };
@@ -599,11 +600,10 @@ impl Desired {
             };
             let endpoint_map = run
                 .first()
-                .is_some_and(|(key, _)| key.key_type() == KeyType::Interval);
-            set.elements_mut()
-                .remove_each(run.into_iter().map(|(key, _)| key), |_, was| {
-                    *elements -= usize::from(was.is_some());
-                });
+                .is_some_and(|key| key.key_type() == KeyType::Interval);
+            set.elements_mut().remove_each(run, |_, was| {
+                *elements -= usize::from(was.is_some());
+            });
             // An endpoint map exists while it has elements, as in a full build.
             if endpoint_map && set.elements.is_empty() {
                 table.sets.remove(name);

@@ -486,8 +486,10 @@ pub fn set_size_fits(size: u32, n: usize) -> bool {
 
 pub mod elements;
 mod key_order;
+pub mod touched;
 
 pub use elements::ElementMap;
+pub use touched::Touched;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Set {
@@ -517,7 +519,7 @@ pub type Was = Option<Option<Value>>;
 /// The elements a change touched, per set, with what each was before it (the same everywhere
 /// else). Recorded as the change is made, it is what a planner needs to plan the change
 /// without a copy of the table as it was.
-pub type Delta = BTreeMap<String, BTreeMap<Key, Was>>;
+pub type Delta = BTreeMap<String, Touched>;
 
 /// One family's complete desired table.
 #[derive(Clone, Debug, PartialEq, Eq)]

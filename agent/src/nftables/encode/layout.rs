@@ -2,7 +2,6 @@
 //! key and data types, the `typeof` user data nft reads back, keys, verdicts and attributes.
 
 use super::*;
-use smallvec::SmallVec;
 
 pub(in crate::nftables) fn nfproto(family: Family) -> NetfilterProtoFamily {
     match family {
@@ -100,9 +99,37 @@ pub(in crate::nftables) fn endpoint_data(
     Ok(out)
 }
 
-/// An element's key or data: at most 32 bytes (two IPv6 addresses), kept off the heap as
+/// An element's key or data: at most 32 bytes (two IPv6 addresses), built in place, as
 /// encoding writes one of each per element.
-pub(in crate::nftables) type ElementBytes = SmallVec<[u8; 32]>;
+#[derive(Clone, Copy)]
+pub(in crate::nftables) struct ElementBytes {
+    buf: [u8; 32],
+    len: usize,
+}
+
+impl ElementBytes {
+    fn new() -> ElementBytes {
+        ElementBytes {
+            buf: [0; 32],
+            len: 0,
+        }
+    }
+
+    /// Appends `bytes`; every key and data layout fits (the longest is two IPv6 addresses).
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        self.buf[self.len..end].copy_from_slice(bytes);
+        self.len = end;
+    }
+}
+
+impl std::ops::Deref for ElementBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
 
 fn push_addr(out: &mut ElementBytes, addr: &IpAddr) {
     match addr {

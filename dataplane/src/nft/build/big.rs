@@ -199,6 +199,9 @@ pub(super) fn keep_order<T: Eq + std::hash::Hash>(old: &[Option<T>], new: Vec<T>
     if old.len() >= new.len() && new.iter().zip(old).all(|(n, o)| o.as_ref() == Some(n)) {
         return new; // Nothing moved (another list of the Service changed).
     }
+    if old.iter().all(Option::is_none) {
+        return new; // Nothing to keep (a new list).
+    }
     const NONE: usize = usize::MAX;
     // The lowest index of each value in `new`; equal values chained through `next_equal`.
     let mut first: HashMap<&T, usize, RandomState> =

@@ -130,13 +130,15 @@ fn a_cleanup_follows_endpoints_leaving_destinations_with_affinity() {
     let absent: Option<Option<Value>> = None;
     let list = "cluster-endpoints-3";
     let touched = |elements: &[(&str, Key, Option<Option<Value>>)]| {
-        let mut out: BTreeMap<String, BTreeMap<Key, _>> = BTreeMap::new();
+        let mut out: BTreeMap<String, Vec<_>> = BTreeMap::new();
         for (set, key, was) in elements {
             out.entry(set.to_string())
                 .or_default()
-                .insert(*key, was.clone());
+                .push((*key, was.clone()));
         }
-        out
+        out.into_iter()
+            .map(|(set, entries)| (set, entries.into_iter().collect()))
+            .collect::<Delta>()
     };
     // An endpoint that left (index 2 held 10.0.0.9).
     assert!(cleanup_needed(
