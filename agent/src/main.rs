@@ -544,12 +544,13 @@ fn apply_oom_score_adj(value: i32) {
     }
 }
 
-/// A panic in any thread ends the process, with the panic in the log, so that the kubelet
-/// restarts the agent: a dead sync thread or watcher behind live health endpoints would leave
-/// the rules stale without anyone noticing. The rules stay in place meanwhile.
+/// The agent's allocator, with its settings made in `main` ([`nftproxy::memory`]).
 #[global_allocator]
 static ALLOCATOR: nftproxy::memory::Allocator = nftproxy::memory::Allocator {};
 
+/// A panic in any thread ends the process, with the panic in the log, so that the kubelet
+/// restarts the agent: a dead sync thread or watcher behind live health endpoints would leave
+/// the rules stale without anyone noticing. The rules stay in place meanwhile.
 fn exit_on_panic() {
     let report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {

@@ -3,8 +3,8 @@
 //! A partial sync of a large Service allocates and frees thousands of blocks. With glibc's
 //! allocator, the first choice, a third of such a sync's own work (before the commit) went to
 //! merging and sorting the blocks freed by the previous one (`malloc_consolidate`); mimalloc
-//! keeps free blocks per page and size and does none of that (docs/performance.md, "The
-//! allocator").
+//! keeps free blocks per page and size and does none of that (docs/performance.md, "Whole
+//! large Services: the kernel's floor and the agent's part").
 
 /// The allocator of the `nftproxy` binary (declared there, so that the library's users, the
 /// tests and the bench, choose their own).

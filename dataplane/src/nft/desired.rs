@@ -68,8 +68,8 @@ impl Scope {
     /// Records what the elements `part` touches are in `table` now, unless an earlier step of
     /// the same change recorded them already: call before `part` is added or taken out.
     fn note(&mut self, table: &Table, part: &Fragment) {
-        // Put in per run of one set, sorted: a large Service's part is thousands of keys of one
-        // map, which the scope's B-trees take in bulk far faster than one by one.
+        // Put in per run of one set: a large Service's list is thousands of keys of one map,
+        // in key order, which the scope appends as they come.
         for (set, keys) in part.key_runs() {
             self.note_keys(table, set, keys);
         }
