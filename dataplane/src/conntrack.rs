@@ -31,9 +31,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::conflicts::{Suppressed, suppressed};
+use crate::conflicts::suppressed;
 use crate::decision::{self, Frontend, port_endpoints};
-use crate::model::{Cluster, EndpointSlice, ObjectName, Service};
+use crate::model::{Cluster, EndpointSlice, ObjectName, Service, ServicePort};
 use crate::nft::ruleset::{Family, Key, Proto};
 use crate::nft::state::TableState;
 
@@ -72,23 +72,23 @@ impl Frontends {
         FrontendIndex::build(cluster, family).current
     }
 
-    /// The UDP frontends of one Service, without those other Services keep (`suppressed`).
-    fn of_service(
-        svc: &Service,
-        slices: &[&EndpointSlice],
-        family: Family,
-        suppressed: &Suppressed,
-    ) -> Frontends {
+    /// The UDP frontends of one Service of `cluster`, without those other Services keep. Its
+    /// endpoints and conflicts are looked at only if it has UDP ports (a large TCP Service has
+    /// thousands of endpoints).
+    fn of_service(cluster: &Cluster, svc: &Service, family: Family) -> Frontends {
         let mut out = Frontends::default();
-        if svc.cluster_ip(family).is_none() {
+        let udp = |p: &&ServicePort| p.protocol == Proto::Udp;
+        if svc.cluster_ip(family).is_none() || !svc.ports.iter().any(|p| udp(&p)) {
             return out;
         }
-        for port in svc.ports.iter().filter(|p| p.protocol == Proto::Udp) {
-            let frontends = decision::frontends(svc, port, family, suppressed);
+        let slices: Vec<&EndpointSlice> = cluster.slices_of(&svc.name).collect();
+        let suppressed = suppressed(&cluster.services, svc);
+        for port in svc.ports.iter().filter(udp) {
+            let frontends = decision::frontends(svc, port, family, &suppressed);
             let kept = frontends.iter().filter(|f| f.kept);
             // The node name only decides `local`, which does not matter here.
             let serving: Serving = Arc::new(
-                port_endpoints(slices, port, family, "")
+                port_endpoints(&slices, port, family, "")
                     .into_iter()
                     .filter(|e| e.serving)
                     .map(|e| e.addr)
@@ -262,14 +262,10 @@ impl FrontendIndex {
         };
         let mut touched = FrontendKeys::default();
         for name in changed {
-            // A Service without UDP ports has no frontends here: its endpoints and conflicts
-            // are not worth looking at (a large TCP Service has thousands).
-            let udp = |svc: &&Arc<Service>| svc.ports.iter().any(|p| p.protocol == Proto::Udp);
-            let new = cluster.services.get(name).filter(udp).map(|svc| {
-                let slices: Vec<&EndpointSlice> = cluster.slices_of(name).collect();
-                let sup = suppressed(&cluster.services, svc);
-                Frontends::of_service(svc, &slices, family, &sup)
-            });
+            let new = cluster
+                .services
+                .get(name)
+                .map(|svc| Frontends::of_service(cluster, svc, family));
             let old = match new {
                 Some(f) if !f.is_empty() => self.services.insert(name.clone(), f),
                 _ => self.services.remove(name),

@@ -151,6 +151,17 @@ impl Endpoint {
     pub fn node_name(&self) -> Option<&str> {
         self.site.as_ref()?.node_name.as_deref()
     }
+
+    /// This endpoint in place, its site borrowed.
+    pub fn borrowed(&self) -> EndpointRef<'_> {
+        EndpointRef {
+            addr: self.addr,
+            ready: self.ready,
+            serving: self.serving,
+            terminating: self.terminating,
+            site: self.site.as_deref(),
+        }
+    }
 }
 
 /// Where an endpoint runs: its `nodeName` and topology hints.

@@ -106,14 +106,7 @@ impl Endpoints {
             terminating: p.conditions & TERMINATING != 0,
             site: p.site.as_deref(),
         });
-        let any = any.iter().map(|e| EndpointRef {
-            addr: e.addr,
-            ready: e.ready,
-            serving: e.serving,
-            terminating: e.terminating,
-            site: e.site.as_deref(),
-        });
-        v4.chain(any)
+        v4.chain(any.iter().map(Endpoint::borrowed))
     }
 
     pub fn iter(&self) -> Iter<'_> {
@@ -401,16 +394,7 @@ mod tests {
                 prop_assert_eq!(eps.iter().collect::<Vec<_>>(), want.clone());
                 // Seen in place, the same endpoints with the same sites.
                 let seen: Vec<EndpointRef<'_>> = eps.refs().collect();
-                let by_value: Vec<EndpointRef<'_>> = want
-                    .iter()
-                    .map(|e| EndpointRef {
-                        addr: e.addr,
-                        ready: e.ready,
-                        serving: e.serving,
-                        terminating: e.terminating,
-                        site: e.site.as_deref(),
-                    })
-                    .collect();
+                let by_value: Vec<EndpointRef<'_>> = want.iter().map(Endpoint::borrowed).collect();
                 prop_assert_eq!(seen, by_value);
             }
             for (i, e) in want.iter().enumerate() {

@@ -380,11 +380,8 @@ impl Fragment {
             Some((*set, run))
         });
         let lists = self.lists.iter().map(move |l| {
-            let run = (0u16..).zip(&l.endpoints);
-            (
-                l.map,
-                run.map(|(i, ep)| item(l.entry(i), Some(ep))).collect(),
-            )
+            let run = l.entries().map(|(key, ep)| item(key, Some(ep)));
+            (l.map, run.collect())
         });
         let hairpin = (!self.hairpin.is_empty()).then(|| {
             let run = self.hairpin.iter().map(|ip| item(Key::AddrPair(*ip), None));

@@ -137,9 +137,15 @@ pub struct BigList {
 impl BigList {
     /// The list's elements: (map, `dest . i`, endpoint i).
     pub fn elements(&self) -> impl Iterator<Item = (&'static str, Key, Option<Value>)> + '_ {
+        self.entries()
+            .map(|(key, ep)| (self.map, key, Some(ep.clone())))
+    }
+
+    /// The list's entries: `dest . i` and endpoint i.
+    pub fn entries(&self) -> impl Iterator<Item = (Key, &Value)> + '_ {
         (0u16..)
             .zip(&self.endpoints)
-            .map(|(i, ep)| (self.map, self.entry(i), Some(ep.clone())))
+            .map(|(i, ep)| (self.entry(i), ep))
     }
 
     /// The key of entry `i`.
