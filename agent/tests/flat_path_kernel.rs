@@ -7,7 +7,8 @@
 //! externalTrafficPolicy Cluster and Local, so cluster-wide and node-local lists) in both
 //! families; the table loads, lists as `nftproxy render` writes it, `nft -f` loads the rendered
 //! text, a full sync after every partial one finds nothing to change (the table reads back as
-//! written), and partial syncs across the classes' boundaries send only elements.
+//! written), partial syncs across the classes' boundaries send only elements, and the
+//! drift monitor is not notified of a large Service's change.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -229,5 +230,43 @@ fn an_endpoint_change_sends_a_few_elements() {
                 assert!(n <= 12, "{family:?}: {n} messages for one endpoint");
             }
         }
+    });
+}
+
+/// The daemon's drift monitor hears none of a large Service's change, which is a few ops of
+/// hundreds of elements (the kernel would build a notification per element for it), and
+/// still hears a small change.
+#[test]
+fn a_large_services_change_is_not_notified_to_the_drift_monitor() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use nftproxy::nftables::monitor::Monitor;
+
+    nftproxy_tests::require_root!();
+    let ns = Netns::new("flat");
+    ns.run(|| {
+        let mut syncer = Syncer::new().expect("syncer");
+        let portid = syncer.portid().expect("an nftables syncer");
+        let mut monitor = Monitor::open(portid).expect("open the monitor");
+        let missed = Arc::new(AtomicUsize::new(0));
+        let counter = missed.clone();
+        syncer.set_quieter(monitor.quieter(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }));
+        syncer
+            .sync(&cluster(20, 150), &config(), true)
+            .expect("cold sync");
+        monitor.drain();
+
+        // 133 endpoints fewer, then more again: hundreds of elements in a few ops.
+        for dns in [17, 150] {
+            let ops = sync_and_check(&mut syncer, &cluster(20, dns));
+            assert!(ops.values().all(|&n| n < 20), "{ops:?}");
+            assert_eq!(monitor.drain(), 0, "notified of a large change ({dns})");
+        }
+        sync_and_check(&mut syncer, &cluster(20, 151));
+        assert!(monitor.drain() > 0, "no notification of a small change");
+        assert_eq!(missed.load(Ordering::SeqCst), 0);
     });
 }

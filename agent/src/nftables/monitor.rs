@@ -82,6 +82,14 @@ impl Monitor {
     }
 }
 
+/// For a reader that waits on several things, or with a timeout, before calling
+/// [`Monitor::wait`] or [`Monitor::drain`].
+impl AsRawFd for Monitor {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
 /// While anyone listens, nf_tables builds a notification for every object a transaction adds
 /// or deletes, inside the committing `sendmsg`: a large transaction (a cold start, or the
 /// repair after someone deleted the table) then takes markedly longer (1.5 to 2.6 times as

@@ -18,7 +18,7 @@ use metrics::ObjectCounts;
 
 use super::affinity::AffinityCleanup;
 use super::udp::UdpCleanup;
-use super::{ChangedServices, FamilyReport, Phase, Probe, Proxier, QUIET_MIN_OPS, SyncError};
+use super::{ChangedServices, FamilyReport, Phase, Probe, Proxier, QUIET_MIN_OBJECTS, SyncError};
 use crate::config::ProxyMode;
 use crate::nftables::kernel::NftKernel;
 use crate::nftables::monitor::Quieter;
@@ -101,7 +101,7 @@ impl<K: NftKernel> NftProxier<K> {
         };
         drop(before);
         let drift_repaired = drifted && !tx.is_empty();
-        let big = tx.ops.len() >= QUIET_MIN_OPS;
+        let big = tx.objects() >= QUIET_MIN_OBJECTS;
         let parts = split_new_chains(current.as_ref(), tx, RULES_PER_STAGE);
         // A new table's elements go in parts, which a process listening to nf_tables
         // notifications slows much less than one large transaction; smaller ones while one

@@ -157,6 +157,24 @@ impl Transaction {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+
+    /// How many objects (tables, chains, rules, sets and elements) the transaction adds or
+    /// deletes: while anyone listens, the kernel builds a notification for each of them.
+    pub fn objects(&self) -> usize {
+        self.ops.iter().map(Op::objects).sum()
+    }
+}
+
+impl Op {
+    /// The objects this op adds or deletes (a flushed chain counts as one, whatever it held).
+    pub fn objects(&self) -> usize {
+        match self {
+            Op::AddRules { rules, .. } => rules.len(),
+            Op::AddElements { elements, .. } => elements.len(),
+            Op::DeleteElements { keys, .. } => keys.len(),
+            _ => 1,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -205,5 +223,28 @@ mod tests {
             Elements::runs_of(&all, 10)[0],
             Elements::runs_of(&map(9), 10)[0]
         );
+    }
+
+    #[test]
+    fn objects_count_each_element_and_rule() {
+        let all = map(700);
+        let mut ops: Vec<Op> = Elements::runs_of(&all, 200)
+            .into_iter()
+            .map(|elements| Op::AddElements {
+                set: "s".into(),
+                elements,
+            })
+            .collect();
+        ops.push(Op::DeleteElements {
+            set: "s".into(),
+            keys: all.keys().take(3).collect(),
+        });
+        ops.push(Op::DeleteSet { name: "t".into() });
+        let tx = Transaction {
+            family: Family::V4,
+            ops,
+        };
+        assert_eq!(tx.ops.len(), 6);
+        assert_eq!(tx.objects(), 700 + 3 + 1);
     }
 }
