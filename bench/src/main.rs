@@ -5,6 +5,7 @@
 //! `nftpb-<pid>-…` that are connected only to each other and deleted at the end, also on
 //! failure and on Ctrl-C.
 
+mod drift;
 mod heap;
 mod kubeproxy;
 mod measure;

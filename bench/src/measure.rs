@@ -18,6 +18,7 @@ use dataplane::nft::ruleset::Family;
 use nftproxy::proxier::{ChangedServices, Phase, Probe, Syncer};
 use serde::Serialize;
 
+use crate::drift::{self, DriftMonitor};
 use crate::heap;
 use crate::netns::{self, Netns};
 use crate::synth::{self, Spec};
@@ -252,7 +253,7 @@ pub fn syncer_bench(
         let mut config = config.clone();
         config.local_addresses = nftproxy::addresses::local_addresses();
         let mut cluster = cluster.clone();
-        let mut syncer = Syncer::new().context("opening the Syncer")?;
+        let (mut syncer, _monitor) = drift::daemon_syncer()?;
         let mut out = SyncerResult {
             cold: syncer_run(&mut syncer, &cluster, &config, true, ChangedServices::All)?,
             ..SyncerResult::default()
@@ -331,6 +332,7 @@ pub fn side_by_side_bench(
     // Fields drop in order: the Syncer's sockets close before the namespace is deleted.
     struct Side {
         syncer: Syncer,
+        _monitor: DriftMonitor,
         _ns: Netns,
         n: usize,
         cluster: Cluster,
@@ -340,15 +342,16 @@ pub fn side_by_side_bench(
     let mut sides = Vec::new();
     for c in clusters {
         let ns = Netns::create(&format!("side{}", c.n))?;
-        let (syncer, config) = ns.run_in(|| {
+        let (syncer, monitor, config) = ns.run_in(|| {
             let mut config = config.clone();
             config.local_addresses = nftproxy::addresses::local_addresses();
-            let mut syncer = Syncer::new().context("opening the Syncer")?;
+            let (mut syncer, monitor) = drift::daemon_syncer()?;
             syncer.sync(c.cluster, &config, true)?;
-            Ok((syncer, config))
+            Ok((syncer, monitor, config))
         })?;
         sides.push(Side {
             syncer,
+            _monitor: monitor,
             _ns: ns,
             n: c.n,
             cluster: c.cluster.clone(),

@@ -10,20 +10,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use dataplane::model::{Cluster, ObjectName};
 use dataplane::nft::build::{BuildConfig, LIST_MAX_ENDPOINTS};
 use dataplane::nft::ruleset::Family;
-use nftproxy::nftables::monitor::Monitor;
 use nftproxy::proxier::{ChangedServices, Phase, Probe, Syncer};
 use serde::Serialize;
 
+use crate::drift;
 use crate::measure::{median, ms};
 use crate::netns::Netns;
 use crate::realistic;
@@ -232,54 +228,6 @@ impl Recorder {
 
 const WARM_UP: usize = 1;
 
-/// The daemon's drift monitor beside the probes' `Syncer`: subscribed to nf_tables
-/// notifications in the namespace, read by a thread of its own, and paused by the `Syncer`
-/// around its large transactions, as in the daemon. Without it no commit would be notified,
-/// and the kernel builds a notification per element for a listener.
-struct DriftMonitor {
-    stop: Arc<AtomicBool>,
-    reader: Option<JoinHandle<()>>,
-}
-
-impl DriftMonitor {
-    /// Call in the namespace of `syncer`'s tables.
-    fn attach(syncer: &mut Syncer) -> Result<DriftMonitor> {
-        let portid = syncer
-            .portid()
-            .context("the Syncer has no nftables connection")?;
-        let mut monitor = Monitor::open(portid).context("opening the drift monitor")?;
-        syncer.set_quieter(monitor.quieter(|| eprintln!("probes: a commit went unseen")));
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let reader = std::thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                let mut pfd = libc::pollfd {
-                    fd: monitor.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: poll on one live pollfd; the timeout lets the thread see `stop`.
-                if unsafe { libc::poll(&mut pfd, 1, 20) } > 0 {
-                    monitor.drain();
-                }
-            }
-        });
-        Ok(DriftMonitor {
-            stop,
-            reader: Some(reader),
-        })
-    }
-}
-
-impl Drop for DriftMonitor {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
-    }
-}
-
 /// Adds the probes to `cluster` (of `n` Services), cold-syncs it in a fresh namespace, then
 /// measures each operation `reps` times after a warm-up round.
 pub fn probe_bench(
@@ -314,8 +262,7 @@ pub fn probe_bench(
         for (_, spec, _) in &edges {
             add_service(&mut cluster, spec)?;
         }
-        let mut syncer = Syncer::new().context("opening the Syncer")?;
-        let _monitor = DriftMonitor::attach(&mut syncer)?;
+        let (mut syncer, _monitor) = drift::daemon_syncer()?;
         out.cold_ms = timed_sync(&mut syncer, &cluster, &config, None)
             .context("cold sync")?
             .wall_ms;

@@ -166,6 +166,7 @@ impl Probe for PhaseTimer {
 /// Syncs of the agent's own proxiers (`Syncer::proxier`), each family timed phase by phase.
 pub(super) struct Phased {
     pub(super) syncer: Syncer,
+    pub(super) _monitor: DriftMonitor,
 }
 
 impl Phased {
@@ -245,8 +246,10 @@ pub fn phased_bench(
         let mut config = config.clone();
         config.local_addresses = nftproxy::addresses::local_addresses();
         let mut cluster = cluster.clone();
+        let (syncer, monitor) = drift::daemon_syncer()?;
         let mut phased = Phased {
-            syncer: Syncer::new().context("opening the Syncer")?,
+            syncer,
+            _monitor: monitor,
         };
         let mut out = PhasedResult {
             cold: phased.sync(&cluster, &config, true, ChangedServices::All)?,
