@@ -65,43 +65,40 @@ impl Scope {
         self.sets.extend(part.sets.keys().cloned());
     }
 
-    /// Records what the elements `part` touches are in `table` now, unless an earlier step of
-    /// the same change recorded them already: call before `part` is added or taken out.
-    fn note(&mut self, table: &Table, part: &Fragment) {
-        // Put in per run of one set: a large Service's list is thousands of keys of one map,
-        // in key order, which the scope appends as they come.
-        for (set, keys) in part.key_runs() {
-            self.note_keys(table, set, keys);
-        }
-        // A Service's own sets are replaced whole.
+    /// Records what the elements of `part`'s own sets (replaced whole) are in `table` now,
+    /// unless an earlier step of the same change recorded them already: call before `part` is
+    /// added or taken out. Its elements of shared maps are recorded as they are put in or taken
+    /// out ([`Desired::insert`], [`Desired::remove`]), which tells what each was anyway.
+    fn note_own_sets(&mut self, table: &Table, part: &Fragment) {
         for (name, set) in &part.sets {
-            let now = table.sets.get(name).into_iter();
-            let keys = set
-                .elements
-                .keys()
-                .chain(now.flat_map(|s| s.elements.keys()))
-                .collect();
-            self.note_keys(table, name, keys);
+            let mut keys: Vec<Key> = set.elements.keys().collect();
+            if let Some(now) = table.sets.get(name) {
+                keys.extend(now.elements.keys());
+            }
+            keys.sort_unstable();
+            keys.dedup();
+            let entries = match table.sets.get(name) {
+                Some(s) => {
+                    let was = s.elements.get_each(&keys);
+                    keys.iter().copied().zip(was).collect()
+                }
+                None => keys.into_iter().map(|key| (key, None)).collect(),
+            };
+            self.record(name, entries);
         }
     }
 
-    /// Records what `keys` of `set` are in `table` now, but for those recorded already.
-    fn note_keys(&mut self, table: &Table, set: &str, mut keys: Vec<Key>) {
-        if keys.is_empty() {
+    /// Records what `entries` of `set` were, but for keys recorded already; `entries` in the
+    /// order a run came in (a large Service's list is thousands of keys of one map, in key
+    /// order, which is appended as it is), the first of a key standing.
+    fn record(&mut self, set: &str, mut entries: Vec<(Key, Was)>) {
+        if entries.is_empty() {
             return;
         }
-        // A large Service's list comes in order.
-        if !keys.is_sorted() {
-            keys.sort_unstable();
+        if !entries.is_sorted_by(|a, b| a.0 < b.0) {
+            entries.sort_by_key(|(key, _)| *key);
+            entries.dedup_by_key(|(key, _)| *key);
         }
-        keys.dedup();
-        let entries: Vec<(Key, Was)> = match table.sets.get(set) {
-            Some(s) => {
-                let was = s.elements.get_each(&keys);
-                keys.iter().copied().zip(was).collect()
-            }
-            None => keys.into_iter().map(|key| (key, None)).collect(),
-        };
         match self.elements.get_mut(set) {
             Some(noted) => noted.record(entries),
             None => {
@@ -416,15 +413,15 @@ impl Desired {
             .flat_map(Fragment::affinity_timeouts)
             .collect();
         for gone in changes.iter().filter_map(|(gone, _)| gone.as_ref()) {
-            scope.note(&self.table, gone);
-            contested |= self.remove(gone);
+            scope.note_own_sets(&self.table, gone);
+            contested |= self.remove(gone, &mut scope);
             scope.cover(gone);
             released.extend(gone.chains.keys().cloned());
         }
         for came in changes.iter().filter_map(|(_, came)| came.as_ref()) {
             scope.cover(came);
-            scope.note(&self.table, came);
-            contested |= self.insert(came);
+            scope.note_own_sets(&self.table, came);
+            contested |= self.insert(came, &mut scope);
             for chain in came.chains.keys() {
                 released.remove(chain);
             }
@@ -523,8 +520,9 @@ impl Desired {
     }
 
     /// Adds a Service's part; true if another Service already claims one of its elements.
-    /// (What [`Fragment::merge_into`] does, counting as it goes.)
-    fn insert(&mut self, part: &Fragment) -> bool {
+    /// (What [`Fragment::merge_into`] does, counting as it goes.) `scope` records what each
+    /// element of a shared map was.
+    fn insert(&mut self, part: &Fragment, scope: &mut Scope) -> bool {
         let mut contested = false;
         self.insert_structure(part);
         let Desired {
@@ -538,16 +536,20 @@ impl Desired {
             let Some(set) = table.sets.get_mut(name) else {
                 continue;
             };
-            set.elements_mut()
-                .insert_each(run, |key, has_value, was| match was {
+            let mut touched = Vec::with_capacity(run.len());
+            set.elements_mut().insert_each(run, |key, has_value, was| {
+                match was {
                     Some(_) => {
                         *shared.entry((name, key)).or_insert(0) += 1;
-                        // Plain-set elements (e.g. an endpoint shared by two Services) carry no
-                        // value to disagree on; map elements do.
+                        // Plain-set elements (e.g. an endpoint shared by two Services)
+                        // carry no value to disagree on; map elements do.
                         contested |= has_value;
                     }
                     None => *elements += 1,
-                });
+                }
+                touched.push((key, was));
+            });
+            scope.record(name, touched);
         }
         contested
     }
@@ -561,8 +563,9 @@ impl Desired {
     }
 
     /// Takes a Service's part out again; true if another Service still claims one of its
-    /// elements (whose value only a rebuild can tell).
-    fn remove(&mut self, part: &Fragment) -> bool {
+    /// elements (whose value only a rebuild can tell). `scope` records what each element of a
+    /// shared map taken out was (one another Service keeps does not change).
+    fn remove(&mut self, part: &Fragment, scope: &mut Scope) -> bool {
         let mut contested = false;
         for chain in part.chains.keys() {
             self.table.chains.remove(chain);
@@ -601,9 +604,12 @@ impl Desired {
             let endpoint_map = run
                 .first()
                 .is_some_and(|key| key.key_type() == KeyType::Interval);
-            set.elements_mut().remove_each(run, |_, was| {
+            let mut touched = Vec::with_capacity(run.len());
+            set.elements_mut().remove_each(run, |key, was| {
                 *elements -= usize::from(was.is_some());
+                touched.push((key, was));
             });
+            scope.record(name, touched);
             // An endpoint map exists while it has elements, as in a full build.
             if endpoint_map && set.elements.is_empty() {
                 table.sets.remove(name);

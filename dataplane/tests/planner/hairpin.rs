@@ -46,6 +46,49 @@ fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
     }
 }
 
+/// A Service added with an endpoint whose hairpin element another Service's holds: the change
+/// records the element as present, so the delta plan adds nothing for it, as a plan against
+/// the table read back does.
+#[test]
+fn a_service_added_with_a_shared_endpoint_plans_like_a_read_back() {
+    let spec = |id| SvcSpec {
+        id,
+        endpoints: vec![1],
+        node_port: false,
+        udp: false,
+        ..SvcSpec::default()
+    };
+    let mut c = cluster(&[spec(1), spec(2)]);
+    let slice = ObjectName::new("ns", "svc2-x");
+    let mut s = c.slices.get(&slice).unwrap().clone();
+    s.endpoints = s
+        .endpoints
+        .iter()
+        .map(|mut e| {
+            e.addr = IpAddr::from([10, 180, 1, 1]);
+            e
+        })
+        .collect();
+    c.slices.insert(slice, s);
+    let name = ObjectName::new("ns", "svc2");
+    let svc2 = c.services.remove(&name).unwrap();
+    let mut desired = Desired::build(&c, &config(), Family::V4);
+    let mut state = fresh_state(desired.table());
+    c.services.insert(name.clone(), svc2);
+    let Updated::Scope(scope) = desired.update(&c, &config(), [&name]) else {
+        panic!("a shared plain-set element is no conflict: expected a scoped update");
+    };
+    let tx = step_scope(&mut state, desired.table(), &scope);
+    assert!(
+        !tx.ops.iter().any(|op| matches!(
+            op,
+            Op::AddElements { set, .. } if set == "hairpin-endpoints"
+        )),
+        "{tx:?}"
+    );
+    assert_eq!(state, fresh_state(desired.table()));
+}
+
 #[test]
 fn hairpin_elements_are_for_endpoints_a_connection_here_can_come_from() {
     // svc1 (ClusterIP): on this node, on node2, of no node. svc2 (NodePort,
