@@ -67,21 +67,18 @@ pub fn label(endpoints: usize, affinity: bool) -> String {
     format!("{endpoints} endpoint{plural}{aff}")
 }
 
-/// The boundaries measured: (label, endpoints before, operation names up and down).
-pub fn boundaries() -> [(String, usize, [String; 2]); 2] {
-    let k = LIST_MAX_ENDPOINTS;
-    [
+/// The boundaries measured: (label, endpoints before, operation names up and down). The
+/// lists' limit (above it the flat path), none, and two powers of two at which a large
+/// Service's destination moves from one class to the next (`big-class-J`).
+pub fn boundaries() -> Vec<(String, usize, [String; 2])> {
+    let edge = |k: usize| {
         (
             format!("boundary {k} <-> {}", k + 1),
             k,
             [format!("{k} -> {}", k + 1), format!("{} -> {k}", k + 1)],
-        ),
-        (
-            "boundary 0 <-> 1".to_string(),
-            0,
-            ["0 -> 1".to_string(), "1 -> 0".to_string()],
-        ),
-    ]
+        )
+    };
+    vec![edge(LIST_MAX_ENDPOINTS), edge(0), edge(1024), edge(4096)]
 }
 
 /// Hands out probe Services beyond the cluster's: indices from `n + 100000` (the generic

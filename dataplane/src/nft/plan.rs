@@ -47,21 +47,47 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
 /// under the 64 KiB attribute-length limit (an IPv6 map element with a verdict is < 300 bytes).
 pub const ELEMENTS_PER_OP: usize = 200;
 
-/// `elements` in lists of at most [`ELEMENTS_PER_OP`], filled directly: collecting them all
+/// Items in lists of at most [`ELEMENTS_PER_OP`], filled as they come: collecting them all
 /// first and then copying out the chunks would hold them twice.
-fn in_chunks(elements: impl IntoIterator<Item = (Key, Option<Value>)>) -> Vec<Elements> {
-    let mut chunks: Vec<Vec<(Key, Option<Value>)>> = Vec::new();
-    for element in elements {
-        match chunks.last_mut() {
-            Some(chunk) if chunk.len() < ELEMENTS_PER_OP => chunk.push(element),
+struct Chunks<T>(Vec<Vec<T>>);
+
+impl<T> Chunks<T> {
+    fn new() -> Chunks<T> {
+        Chunks(Vec::new())
+    }
+
+    fn push(&mut self, item: T) {
+        match self.0.last_mut() {
+            Some(chunk) if chunk.len() < ELEMENTS_PER_OP => chunk.push(item),
             _ => {
                 let mut chunk = Vec::with_capacity(ELEMENTS_PER_OP);
-                chunk.push(element);
-                chunks.push(chunk);
+                chunk.push(item);
+                self.0.push(chunk);
             }
         }
     }
-    chunks.into_iter().map(Elements::Listed).collect()
+}
+
+impl Chunks<(Key, Option<Value>)> {
+    fn into_elements(self) -> Vec<Elements> {
+        self.0.into_iter().map(Elements::Listed).collect()
+    }
+}
+
+impl<T> FromIterator<T> for Chunks<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(items: I) -> Chunks<T> {
+        let mut chunks = Chunks::new();
+        for item in items {
+            chunks.push(item);
+        }
+        chunks
+    }
+}
+
+/// `elements` in lists of at most [`ELEMENTS_PER_OP`].
+fn in_chunks(elements: impl IntoIterator<Item = (Key, Option<Value>)>) -> Vec<Elements> {
+    let chunks: Chunks<_> = elements.into_iter().collect();
+    chunks.into_elements()
 }
 
 /// Plans the main transaction taking `current` to `desired`. The elements of the sets
@@ -192,26 +218,26 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
         if recreate_sets.contains(name) {
             continue;
         }
-        let (del, add) = match cur.sets.get(name).map(|s| (&s.elements, before)) {
+        let (del, add): (Chunks<Key>, _) = match cur.sets.get(name).map(|s| (&s.elements, before)) {
             None => (
-                Vec::new(),
+                Chunks::new(),
                 Elements::runs_of(&set.elements, ELEMENTS_PER_OP),
             ),
             Some((state::Elements::Read(have), _)) => {
                 let (del, add) = diff(have, &set.elements);
-                (del, in_chunks(add))
+                (del.into_iter().collect(), in_chunks(add))
             }
             Some((state::Elements::Desired, Committed::Sets(old))) => {
                 let have = old.get(name).map_or(&empty, |s| &s.elements);
                 let (del, add) = diff(have, &set.elements);
-                (del, in_chunks(add))
+                (del.into_iter().collect(), in_chunks(add))
             }
             Some((state::Elements::Desired, Committed::Delta(delta))) => {
                 // Only the elements the change touched can differ.
                 let touched = delta.get(name).into_iter().flatten();
                 let nows = set.elements.get_each(touched.clone().map(|(k, _)| k));
-                let mut del = Vec::new();
-                let mut add = Vec::new();
+                let mut del = Chunks::new();
+                let mut add = Chunks::new();
                 for ((k, was), now) in touched.zip(nows) {
                     if now.as_ref() == was.as_ref() {
                         continue;
@@ -223,14 +249,14 @@ fn plan_with(current: Option<&TableState>, before: Committed<'_>, desired: &Tabl
                         add.push((*k, v));
                     }
                 }
-                (del, in_chunks(add))
+                (del, add.into_elements())
             }
             Some((state::Elements::Desired, Committed::Nothing)) => unreachable!("recreated above"),
         };
-        for chunk in del.chunks(ELEMENTS_PER_OP) {
+        for keys in del.0 {
             ops.push(Op::DeleteElements {
                 set: name.clone(),
-                keys: chunk.to_vec(),
+                keys,
             });
         }
         if !add.is_empty() {
