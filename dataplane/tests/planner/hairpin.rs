@@ -2,17 +2,19 @@
 
 use super::*;
 
-#[test]
-fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
-    let spec = |id| SvcSpec {
-        id,
-        endpoints: vec![1],
-        node_port: false,
-        udp: false,
-        ..SvcSpec::default()
-    };
-    let mut c = cluster(&[spec(1), spec(2), spec(3)]);
-    // svc2's endpoint is svc1's pod: one hairpin element, claimed twice.
+/// ClusterIP Services svc1 … svcN of one endpoint each, svc2's being svc1's pod: one hairpin
+/// element, claimed twice.
+fn sharing_one_endpoint(n: u8) -> Cluster {
+    let specs: Vec<SvcSpec> = (1..=n)
+        .map(|id| SvcSpec {
+            id,
+            endpoints: vec![1],
+            node_port: false,
+            udp: false,
+            ..SvcSpec::default()
+        })
+        .collect();
+    let mut c = cluster(&specs);
     let slice = ObjectName::new("ns", "svc2-x");
     let mut s = c.slices.get(&slice).unwrap().clone();
     s.endpoints = s
@@ -24,6 +26,12 @@ fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
         })
         .collect();
     c.slices.insert(slice, s);
+    c
+}
+
+#[test]
+fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
+    let mut c = sharing_one_endpoint(3);
     let hairpin = |d: &Desired| {
         d.table().sets["hairpin-endpoints"]
             .elements
@@ -51,25 +59,7 @@ fn an_endpoint_shared_by_services_stays_until_its_last_service_goes() {
 /// the table read back does.
 #[test]
 fn a_service_added_with_a_shared_endpoint_plans_like_a_read_back() {
-    let spec = |id| SvcSpec {
-        id,
-        endpoints: vec![1],
-        node_port: false,
-        udp: false,
-        ..SvcSpec::default()
-    };
-    let mut c = cluster(&[spec(1), spec(2)]);
-    let slice = ObjectName::new("ns", "svc2-x");
-    let mut s = c.slices.get(&slice).unwrap().clone();
-    s.endpoints = s
-        .endpoints
-        .iter()
-        .map(|mut e| {
-            e.addr = IpAddr::from([10, 180, 1, 1]);
-            e
-        })
-        .collect();
-    c.slices.insert(slice, s);
+    let mut c = sharing_one_endpoint(2);
     let name = ObjectName::new("ns", "svc2");
     let svc2 = c.services.remove(&name).unwrap();
     let mut desired = Desired::build(&c, &config(), Family::V4);
