@@ -43,8 +43,10 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
     })
 }
 
-/// Largest number of elements per add/delete-elements operation. Keeps every netlink message well
-/// under the 64 KiB attribute-length limit (an IPv6 map element with a verdict is < 300 bytes).
+/// Largest number of elements per add/delete-elements operation. The encoder packs an op's
+/// elements into messages by size, each well under the 64 KiB attribute-length limit; 2,000 per
+/// op (a 5,000-endpoint Service in 3 ops instead of 25) made no difference measurable above the
+/// run-to-run spread.
 pub const ELEMENTS_PER_OP: usize = 200;
 
 /// Items in lists of at most [`ELEMENTS_PER_OP`], filled as they come: collecting them all
