@@ -71,39 +71,34 @@ impl Scope {
     /// out ([`Desired::insert`], [`Desired::remove`]), which tells what each was anyway.
     fn note_own_sets(&mut self, table: &Table, part: &Fragment) {
         for (name, set) in &part.sets {
-            let mut keys: Vec<Key> = set.elements.keys().collect();
-            if let Some(now) = table.sets.get(name) {
-                keys.extend(now.elements.keys());
-            }
-            keys.sort_unstable();
-            keys.dedup();
-            let entries = match table.sets.get(name) {
-                Some(s) => {
-                    let was = s.elements.get_each(&keys);
-                    keys.iter().copied().zip(was).collect()
-                }
+            let now = table.sets.get(name);
+            let keys: Vec<Key> = set
+                .elements
+                .keys()
+                .chain(now.into_iter().flat_map(|s| s.elements.keys()))
+                .collect();
+            let entries = match now {
+                Some(s) => keys
+                    .iter()
+                    .copied()
+                    .zip(s.elements.get_each(&keys))
+                    .collect(),
                 None => keys.into_iter().map(|key| (key, None)).collect(),
             };
             self.record(name, entries);
         }
     }
 
-    /// Records what `entries` of `set` were, but for keys recorded already; `entries` in the
-    /// order a run came in (a large Service's list is thousands of keys of one map, in key
-    /// order, which is appended as it is), the first of a key standing.
-    fn record(&mut self, set: &str, mut entries: Vec<(Key, Was)>) {
+    /// Records what `entries` of `set` were, but for keys recorded already ([`Touched::record`]).
+    fn record(&mut self, set: &str, entries: Vec<(Key, Was)>) {
         if entries.is_empty() {
             return;
-        }
-        if !entries.is_sorted_by(|a, b| a.0 < b.0) {
-            entries.sort_by_key(|(key, _)| *key);
-            entries.dedup_by_key(|(key, _)| *key);
         }
         match self.elements.get_mut(set) {
             Some(noted) => noted.record(entries),
             None => {
                 self.elements
-                    .insert(set.to_string(), Touched::from_sorted(entries));
+                    .insert(set.to_string(), entries.into_iter().collect());
             }
         }
     }

@@ -167,7 +167,7 @@ impl Transaction {
 
 impl Op {
     /// The objects this op adds or deletes (a flushed chain counts as one, whatever it held).
-    pub fn objects(&self) -> usize {
+    fn objects(&self) -> usize {
         match self {
             Op::AddRules { rules, .. } => rules.len(),
             Op::AddElements { elements, .. } => elements.len(),

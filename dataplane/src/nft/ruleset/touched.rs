@@ -22,12 +22,6 @@ fn split(entry: &(Key, Was)) -> (&Key, &Was) {
 }
 
 impl Touched {
-    /// Entries whose keys are strictly ascending (as [`Touched::record`] wants them).
-    pub fn from_sorted(entries: Vec<(Key, Was)>) -> Touched {
-        debug_assert!(entries.windows(2).all(|w| w[0].0 < w[1].0));
-        Touched(entries)
-    }
-
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -49,17 +43,30 @@ impl Touched {
         Some(&self.0[i].1)
     }
 
-    /// Adds `entries` (strictly ascending keys) whose keys are not recorded yet: a key keeps
-    /// what it was when first recorded, which is what it was before the whole change.
-    pub fn record(&mut self, entries: Vec<(Key, Was)>) {
-        debug_assert!(entries.windows(2).all(|w| w[0].0 < w[1].0));
+    /// Adds `entries` whose keys are not recorded yet: a key keeps what it was when first
+    /// recorded, which is what it was before the whole change (within `entries` too, the first
+    /// of a key stands). A run in key order, as a large Service's list comes, is taken as it
+    /// is; any other order is sorted first.
+    pub fn record(&mut self, mut entries: Vec<(Key, Was)>) {
+        if !entries.is_sorted_by(|a, b| a.0 < b.0) {
+            // Stable: of equal keys, the first comes first and is the one `dedup` keeps.
+            entries.sort_by_key(|e| e.0);
+            entries.dedup_by(|later, kept| later.0 == kept.0);
+        }
         let Some((first, _)) = entries.first() else {
             return;
         };
         // The usual case, a run past everything recorded so far, is appended as it is.
-        if self.0.last().is_none_or(|(last, _)| last < first) {
-            self.0.extend(entries);
-            return;
+        match self.0.last() {
+            None => {
+                self.0 = entries;
+                return;
+            }
+            Some((last, _)) if last < first => {
+                self.0.extend(entries);
+                return;
+            }
+            Some(_) => {}
         }
         let earlier = std::mem::take(&mut self.0);
         let mut merged = Vec::with_capacity(earlier.len() + entries.len());
@@ -94,14 +101,12 @@ impl<'a> IntoIterator for &'a Touched {
     }
 }
 
-/// Any entries, in any order: sorted, and where a key comes more than once the first stands.
+/// Any entries, in any order, as [`Touched::record`] takes them.
 impl FromIterator<(Key, Was)> for Touched {
     fn from_iter<I: IntoIterator<Item = (Key, Was)>>(iter: I) -> Touched {
-        let mut entries: Vec<(Key, Was)> = iter.into_iter().collect();
-        // Stable: of equal keys, the first comes first and is the one `dedup` keeps.
-        entries.sort_by_key(|e| e.0);
-        entries.dedup_by(|later, kept| later.0 == kept.0);
-        Touched(entries)
+        let mut touched = Touched::default();
+        touched.record(iter.into_iter().collect());
+        touched
     }
 }
 
