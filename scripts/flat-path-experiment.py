@@ -15,6 +15,7 @@ figures and what they mean. Run as root:
     scripts/flat-path-experiment.py affinity-checked  # the same, entries checked (raw netlink)
     scripts/flat-path-experiment.py latency   # cost of a new connection per Service shape
     scripts/flat-path-experiment.py grow      # 1 -> 200 -> 1 endpoints under probes
+    scripts/flat-path-experiment.py floor     # kernel time of 1,000 / 5,000 elements, cheapest first
 
 The kernel time of a change is the time nft spends in sendmsg(2) for its batch (strace -T):
 nf_tables processes and commits the whole batch inside that call. nft's own time (its cache
@@ -636,11 +637,45 @@ def run_latency(ns, svcs):
         print(f"  {shape:<28} new UDP connection: best of 6 {min(best[n]):6.1f} us, median {sorted(best[n])[3]:6.1f} us")
 
 
+def run_floor(ns, _svcs):
+    """What adding and deleting n elements costs the kernel, from the cheapest element there is
+    (a 4-byte key, no data, in a hash of fixed size) to the flat path's map at 100k. Every
+    endpoint a rule can send a connection to is at least one such object: nft can use a map's
+    data only whole (`dnat to ... map`), so one element carries one endpoint."""
+    shapes = [
+        ("s-fixed", "set s-fixed { type ipv4_addr; size 65536; }",
+         lambda i: ip(EP0 + i), lambda i: ip(EP0 + i)),
+        ("s-resizable", "set s-resizable { type ipv4_addr; }",
+         lambda i: ip(EP0 + i), lambda i: ip(EP0 + i)),
+        ("m-small", "map m-small { typeof ip daddr . meta l4proto . th dport . numgen random mod 2 : "
+         "ip daddr . th dport; size 12288; }",
+         lambda i: f"{ip(NEW_VIP)} . tcp . 80 . {i} : {ip(EP0 + i)} . 8080",
+         lambda i: f"{ip(NEW_VIP)} . tcp . 80 . {i}"),
+        ("m-100k", "map m-100k { typeof ip daddr . meta l4proto . th dport . numgen random mod 2 : "
+         "ip daddr . th dport; size 3145728; }",
+         lambda i: f"{ip(NEW_VIP)} . tcp . 80 . {i} : {ip(EP0 + i)} . 8080",
+         lambda i: f"{ip(NEW_VIP)} . tcp . 80 . {i}"),
+    ]
+    ns.nft("table ip t {\n" + "\n".join(decl for _, decl, _, _ in shapes) + "\n}\n", "table", quiet=True)
+    labels = {"s-fixed": "ipv4_addr set, size 65536 (fixed hash)",
+              "s-resizable": "ipv4_addr set, no size (rhashtable)",
+              "m-small": "flat-path map, size 12288",
+              "m-100k": "flat-path map, size 3145728 (as at 100k)"}
+    for name, _, elem, key in shapes:
+        for n in (1000, 5000):
+            added, deleted = [], []
+            for _ in range(6):
+                added.append(ns.nft(add(name, [elem(i) for i in range(n)]), "", quiet=True))
+                deleted.append(ns.nft(delete(name, [key(i) for i in range(n)]), "", quiet=True))
+            print(f"  {labels[name]:<44} {n:>5} added {min(added):6.2f}-{max(added):6.2f} ms, "
+                  f"deleted {min(deleted):6.2f}-{max(deleted):6.2f} ms (6 runs)", flush=True)
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "hash"
     runs = {"hash": run_hash, "rbtree": run_rbtree, "pipapo": run_pipapo, "spread": run_spread,
             "affinity": run_affinity, "affinity-checked": lambda ns, svcs: run_affinity(ns, svcs, checked=True),
-            "latency": run_latency, "grow": run_grow}
+            "latency": run_latency, "grow": run_grow, "floor": run_floor}
     if what not in runs:
         sys.exit(f"usage: {sys.argv[0]} {'|'.join(runs)}")
     svcs = cluster()
