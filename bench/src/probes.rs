@@ -1,6 +1,8 @@
 //! Partial syncs by Service shape (issue 20, item 2): what an endpoint change, a Service added
 //! or deleted, and a Service crossing an endpoint-count boundary cost at scale, for Services of
-//! 1 to 5,000 endpoints, with and without ClientIP affinity.
+//! 1 to 5,000 endpoints, with and without ClientIP affinity, and for LoadBalancer Services of
+//! two ports (each endpoint in six lists: per port, at the ClusterIP, the load-balancer IP and
+//! the NodePort).
 //!
 //! The generic partial syncs of `measure.rs` change a Service picked by index, which in the
 //! realistic shape is most often one with 1–3 endpoints. Here probe Services of exactly the
@@ -27,6 +29,48 @@ use crate::synth::{self, Spec};
 
 /// The endpoint counts measured.
 pub const ENDPOINTS: [usize; 5] = [1, 20, 200, 1000, 5000];
+
+/// The endpoint counts measured on two-port LoadBalancer Services.
+pub const LB_ENDPOINTS: [usize; 3] = [200, 1000, 5000];
+
+/// The Service shapes measured: ClusterIP Services of one port by endpoint count, without
+/// and with ClientIP affinity, then the LoadBalancer Services.
+pub fn shapes() -> Vec<Shape> {
+    let cluster_ip = [false, true].into_iter().flat_map(|affinity| {
+        ENDPOINTS.map(|endpoints| Shape {
+            endpoints,
+            affinity,
+            load_balancer: false,
+        })
+    });
+    let lb = LB_ENDPOINTS.map(|endpoints| Shape {
+        endpoints,
+        affinity: false,
+        load_balancer: true,
+    });
+    cluster_ip.chain(lb).collect()
+}
+
+/// A probe Service's shape.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub endpoints: usize,
+    pub affinity: bool,
+    /// A LoadBalancer with two ports (a ClusterIP Service of one port otherwise).
+    pub load_balancer: bool,
+}
+
+impl Shape {
+    /// The probe's label: "20 endpoints, ClientIP", "1000 endpoints, LoadBalancer, 2 ports".
+    pub fn label(self) -> String {
+        let lb = if self.load_balancer {
+            ", LoadBalancer, 2 ports"
+        } else {
+            ""
+        };
+        format!("{}{lb}", label(self.endpoints, self.affinity))
+    }
+}
 
 /// The operations measured on each probe, in the order shown.
 pub const OPS: [&str; 4] = [
@@ -61,7 +105,7 @@ pub struct ProbeResult {
 }
 
 /// The probe label of a shape.
-pub fn label(endpoints: usize, affinity: bool) -> String {
+fn label(endpoints: usize, affinity: bool) -> String {
     let plural = if endpoints == 1 { "" } else { "s" };
     let aff = if affinity { ", ClientIP" } else { "" };
     format!("{endpoints} endpoint{plural}{aff}")
@@ -104,6 +148,16 @@ impl Alloc {
         self.next_index += 1;
         self.next_endpoint += endpoints as u32;
         spec
+    }
+
+    /// A probe of `shape`; a LoadBalancer's two node ports start at `node_ports`.
+    fn shaped(&mut self, shape: Shape, node_ports: u16) -> Spec {
+        let spec = self.spec(shape.endpoints, shape.affinity);
+        if shape.load_balancer {
+            realistic::load_balancer(spec, node_ports)
+        } else {
+            spec
+        }
     }
 
     fn extra_endpoint(&mut self) -> Ipv4Addr {
@@ -185,6 +239,21 @@ fn timed_sync(
     Ok(run)
 }
 
+/// Pairs of consecutive node ports (the first of each) no Service of `cluster` uses, from the
+/// top of the range down: the realistic shape hands them out from 30000 up.
+fn free_node_port_pairs(cluster: &Cluster) -> Vec<u16> {
+    let used: BTreeSet<u16> = cluster
+        .services
+        .values()
+        .flat_map(|svc| svc.ports.iter().filter_map(|p| p.node_port))
+        .collect();
+    (30000..u16::MAX)
+        .rev()
+        .step_by(2)
+        .filter(|p| !used.contains(p) && !used.contains(&(p + 1)))
+        .collect()
+}
+
 fn add_service(cluster: &mut Cluster, spec: &Spec) -> Result<()> {
     let mut objects = vec![spec.service()];
     objects.extend(spec.slices());
@@ -241,14 +310,20 @@ pub fn probe_bench(
         let mut cluster = cluster.clone();
         let mut alloc = Alloc::new(n);
         let mut out = ProbeResult::default();
-        let shapes: Vec<(usize, bool)> = [false, true]
-            .into_iter()
-            .flat_map(|aff| ENDPOINTS.map(|k| (k, aff)))
-            .collect();
+        let shapes = shapes();
+        // Two node ports for each resident LoadBalancer probe, and two its added copies share
+        // (each is deleted before the next comes).
+        let mut pairs = free_node_port_pairs(&cluster).into_iter();
+        let mut pair = || {
+            pairs
+                .next()
+                .context("no two free node ports left for a probe")
+        };
+        let copies_node_ports = pair()?;
         let residents: Vec<(String, Spec)> = shapes
             .iter()
-            .map(|&(k, aff)| (label(k, aff), alloc.spec(k, aff)))
-            .collect();
+            .map(|&shape| Ok((shape.label(), alloc.shaped(shape, pair()?))))
+            .collect::<Result<_>>()?;
         let edges: Vec<_> = boundaries()
             .into_iter()
             .map(|(name, k, ops)| (name, alloc.spec(k, false), ops))
@@ -265,7 +340,7 @@ pub fn probe_bench(
             .wall_ms;
 
         let mut rec = Recorder::default();
-        for ((k, aff), (name, resident)) in shapes.iter().zip(&residents) {
+        for (&shape, (name, resident)) in shapes.iter().zip(&residents) {
             out.order.push(name.clone());
             let changed: BTreeSet<ObjectName> = [resident.object_name()].into();
             for rep in 0..WARM_UP + reps {
@@ -280,7 +355,7 @@ pub fn probe_bench(
                 rec.add(name, OPS[1], rep, run);
             }
             for rep in 0..WARM_UP + reps {
-                let spec = alloc.spec(*k, *aff);
+                let spec = alloc.shaped(shape, copies_node_ports);
                 let changed: BTreeSet<ObjectName> = [spec.object_name()].into();
                 add_service(&mut cluster, &spec)?;
                 let run = timed_sync(&mut syncer, &cluster, &config, Some(&changed))

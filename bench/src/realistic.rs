@@ -150,6 +150,18 @@ pub fn probe(index: usize, endpoints: usize, affinity: bool, endpoint_base: u32)
     }
 }
 
+/// `probe` made a LoadBalancer of two ports, with node ports from `node_ports`: each of its
+/// endpoints is then in six endpoint lists (per port, at the ClusterIP, the load-balancer IP and
+/// the NodePort).
+pub fn load_balancer(probe: Spec, node_ports: u16) -> Spec {
+    Spec {
+        kind: Kind::LoadBalancer,
+        ports: 2,
+        node_port_base: Some(node_ports),
+        ..probe
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

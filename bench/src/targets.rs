@@ -185,18 +185,16 @@ pub(super) fn realistic_targets(sizes: &[SizeReport]) -> Vec<Target> {
             worst.iter().all(|&v| v <= 1.0),
         ))
     };
-    for aff in [false, true] {
-        for k in probes::ENDPOINTS {
-            let name = probes::label(k, aff);
-            t.push(
-                &format!(
-                    "100k: Service with {name}: endpoint added / removed, Service added / deleted <= 1 ms each (medians)"
-                ),
-                probes
-                    .and_then(|p| p.probes.get(&name))
-                    .and_then(|p| op_list(p, &probes::OPS)),
-            );
-        }
+    for shape in probes::shapes() {
+        let name = shape.label();
+        t.push(
+            &format!(
+                "100k: Service with {name}: endpoint added / removed, Service added / deleted <= 1 ms each (medians)"
+            ),
+            probes
+                .and_then(|p| p.probes.get(&name))
+                .and_then(|p| op_list(p, &probes::OPS)),
+        );
     }
     for (name, _, ops) in probes::boundaries() {
         let ops: Vec<&str> = ops.iter().map(String::as_str).collect();

@@ -4,8 +4,12 @@
 //! endpoint count measured.
 //!
 //! ```sh
-//! cargo run --release -p nftproxy-dataplane --example desired_update -- [SERVICES] [REPS]
+//! cargo run --release -p nftproxy-dataplane --example desired_update -- [SERVICES] [REPS] [SHAPE]
 //! ```
+//!
+//! SHAPE is the large Services': `nodeport` (default: one port, a ClusterIP and a NodePort, so
+//! two lists per endpoint) or `lb` (a LoadBalancer with two ports, each at its ClusterIP, its
+//! load-balancer IP and its NodePort: six lists per endpoint).
 //!
 //! Prints, per endpoint count, the median and worst of `REPS` Service deletions and additions
 //! and endpoint additions and removals (microseconds), and how many elements an endpoint
@@ -40,38 +44,64 @@ fn endpoint(n: u32) -> Endpoint {
     }
 }
 
-/// Adds Service `svc{i}` (ClusterIP 172.16.0.0 + i, NodePort if `node_port`) with one slice
-/// holding `endpoints`.
-fn add_service(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>, node_port: bool) {
+/// The shape of a Service the example adds.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    ClusterIp,
+    NodePort,
+    /// Two ports, a load-balancer IP (10.96.0.0 + i) and node ports.
+    LoadBalancer,
+}
+
+/// Adds Service `svc{i}` (ClusterIP 172.16.0.0 + i) of `shape` with one slice holding
+/// `endpoints`.
+fn add_service(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>, shape: Shape) {
     let name = ObjectName::new("ns", &format!("svc{i}"));
-    let port = ServicePort {
-        name: "p".into(),
-        protocol: Proto::Tcp,
-        port: 80,
-        // Distinct (two Services claiming one node port make every update a rebuild).
-        node_port: node_port.then_some(u16::try_from(20000 + i).expect("at most 45,000 Services")),
-    };
+    let ports: Vec<ServicePort> = (0..if shape == Shape::LoadBalancer { 2 } else { 1 })
+        .map(|p| ServicePort {
+            name: format!("p{p}").into(),
+            protocol: Proto::Tcp,
+            port: 80 + p,
+            // Distinct (two Services claiming one node port make every update a rebuild): the
+            // small Services' from 20000, the large ones' two each from 10000.
+            node_port: (shape != Shape::ClusterIp).then(|| {
+                let port = if i < 40_000 {
+                    20000 + i
+                } else {
+                    10000 + 2 * (i - 40_000) + u32::from(p)
+                };
+                u16::try_from(port).expect("at most 45,000 small Services")
+            }),
+        })
+        .collect();
+    let lb_ip = IpAddr::from(std::net::Ipv4Addr::from(
+        u32::from_be_bytes([10, 96, 0, 0]) + i,
+    ));
     c.services.insert(
         name.clone(),
         Arc::new(Service {
             name: name.clone(),
-            service_type: if node_port {
-                ServiceType::NodePort
-            } else {
-                ServiceType::ClusterIp
+            service_type: match shape {
+                Shape::ClusterIp => ServiceType::ClusterIp,
+                Shape::NodePort => ServiceType::NodePort,
+                Shape::LoadBalancer => ServiceType::LoadBalancer,
             },
             cluster_ips: vec![IpAddr::from(std::net::Ipv4Addr::from(
                 u32::from_be_bytes([172, 16, 0, 0]) + i,
             ))]
             .into(),
             external_ips: vec![].into(),
-            load_balancer_ips: vec![].into(),
+            load_balancer_ips: if shape == Shape::LoadBalancer {
+                vec![lb_ip].into()
+            } else {
+                vec![].into()
+            },
             load_balancer_source_ranges: vec![].into(),
             external_policy_local: false,
             internal_policy_local: false,
             health_check_node_port: None,
             affinity_timeout: None,
-            ports: vec![port].into(),
+            ports: ports.into(),
             creation_timestamp: None,
         }),
     );
@@ -86,12 +116,13 @@ fn set_endpoints(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>) {
             name: slice,
             service: ObjectName::new("ns", &format!("svc{i}")),
             family: Family::V4,
-            ports: vec![EndpointPort {
-                name: "p".into(),
-                protocol: Proto::Tcp,
-                port: 8080,
-            }]
-            .into(),
+            ports: (0..2)
+                .map(|p| EndpointPort {
+                    name: format!("p{p}").into(),
+                    protocol: Proto::Tcp,
+                    port: 8080 + p,
+                })
+                .collect(),
             endpoints: endpoints.into(),
             trigger_time: None,
         },
@@ -136,6 +167,11 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let services: u32 = args.next().map_or(10_000, |a| a.parse().expect("SERVICES"));
     let reps: usize = args.next().map_or(50, |a| a.parse().expect("REPS"));
+    let shape = match args.next().as_deref() {
+        None | Some("nodeport") => Shape::NodePort,
+        Some("lb") => Shape::LoadBalancer,
+        Some(other) => panic!("SHAPE: nodeport or lb, not {other}"),
+    };
     let config = BuildConfig {
         node_name: "node".into(),
         local_detector: LocalDetector::ClusterCidr(vec!["10.0.0.0/8".parse().unwrap()]),
@@ -149,12 +185,18 @@ fn main() {
         eps
     };
     for i in 0..services {
-        add_service(&mut c, i, take(1 + i % 3), i % 5 == 0);
+        let small = if i % 5 == 0 {
+            Shape::NodePort
+        } else {
+            Shape::ClusterIp
+        };
+        add_service(&mut c, i, take(1 + i % 3), small);
     }
-    // The large Services: svc{services + k}, with NodePorts (two lists per endpoint).
-    let probes: Vec<(u32, u32)> = (services..).zip(SIZES).collect();
+    // The large Services: svc{40000 + k}.
+    assert!(services <= 40_000, "at most 40,000 small Services");
+    let probes: Vec<(u32, u32)> = (40_000..).zip(SIZES).collect();
     for &(i, n) in &probes {
-        add_service(&mut c, i, take(n), true);
+        add_service(&mut c, i, take(n), shape);
     }
     let t = Instant::now();
     let mut desired = Desired::build(&c, &config, Family::V4);

@@ -380,7 +380,9 @@ impl Fragment {
             Some((*set, run))
         });
         let lists = self.lists.iter().map(move |l| {
-            let run = l.entries().map(|(key, ep)| item(key, Some(ep)));
+            let run = l
+                .entries()
+                .map(|(key, (addr, port))| item(key, Some(&Value::Endpoint(addr, port))));
             (l.map, run.collect())
         });
         let hairpin = (!self.hairpin.is_empty()).then(|| {

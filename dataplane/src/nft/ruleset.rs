@@ -488,7 +488,7 @@ pub mod elements;
 mod key_order;
 pub mod touched;
 
-pub use elements::ElementMap;
+pub use elements::{ElementMap, Target};
 pub use touched::Touched;
 
 #[derive(Clone, Debug, PartialEq, Eq)]

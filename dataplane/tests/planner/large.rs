@@ -15,6 +15,26 @@ fn spec(id: u8, endpoints: &BTreeSet<u16>, node_port: bool) -> SvcSpec {
     }
 }
 
+/// [`spec`], with a load-balancer IP if `load_balancer` (one more list of the same endpoints)
+/// and a second port if `second_port` (each list twice, to another target port).
+fn spec_at(
+    id: u8,
+    endpoints: &BTreeSet<u16>,
+    node_port: bool,
+    load_balancer: bool,
+    second_port: bool,
+) -> SvcSpec {
+    SvcSpec {
+        load_balancer_ips: if load_balancer {
+            vec![IpAddr::from([192, 0, 2, id])]
+        } else {
+            vec![]
+        },
+        second_port,
+        ..spec(id, endpoints, node_port)
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]
@@ -28,18 +48,20 @@ proptest! {
             1..8,
         ),
         node_port in any::<bool>(),
+        load_balancer in any::<bool>(),
+        second_port in any::<bool>(),
     ) {
         // A second large Service shares the flat-path maps.
         let other = spec(2, &(1..=40).collect(), false);
         let mut eps = start;
-        let c = cluster(&[spec(1, &eps, node_port), other.clone()]);
+        let c = cluster(&[spec_at(1, &eps, node_port, load_balancer, second_port), other.clone()]);
         let mut desired = Desired::build(&c, &config(), Family::V4);
         let mut state = fresh_state(desired.table());
         for (gone, came) in steps {
             let was = eps.len();
             let removed = gone.iter().filter(|e| eps.remove(e)).count();
             let added = came.iter().filter(|e| eps.insert(**e)).count();
-            let c = cluster(&[spec(1, &eps, node_port), other.clone()]);
+            let c = cluster(&[spec_at(1, &eps, node_port, load_balancer, second_port), other.clone()]);
             let updated = desired.update(&c, &config(), [&ObjectName::new("ns", "svc1")]);
             let full = build(&c, &config(), Family::V4);
             prop_assert_eq!(without_regions(desired.table()), without_regions(&full.table));
@@ -47,11 +69,15 @@ proptest! {
             match updated {
                 Updated::Scope(scope) => {
                     // On the flat path before and after: per endpoint its hairpin element and
-                    // two entries of each list (ClusterIP, NodePort), and the class sets.
+                    // two entries of each list (ClusterIP, NodePort, load-balancer IP, for each
+                    // port), and the class sets.
                     let flat = |n: usize| n > LIST_MAX_ENDPOINTS;
+                    let lists = (1 + usize::from(node_port) + usize::from(load_balancer))
+                        * (1 + usize::from(second_port));
                     if flat(was) && flat(eps.len()) {
                         let touched: usize = scope.elements.values().map(|k| k.len()).sum();
-                        prop_assert!(touched <= 5 * (removed + added) + 4, "{touched}");
+                        let most = (1 + 2 * lists) * (removed + added) + 2 * lists;
+                        prop_assert!(touched <= most, "{touched} > {most}");
                     }
                     step_scope(&mut state, desired.table(), &scope);
                 }

@@ -50,13 +50,25 @@ pub fn overlapping_specs() -> impl Strategy<Value = Vec<SvcSpec>> {
         prop::option::of(Just(53u16)),
         prop::option::of(0u8..3),
         prop::bool::weighted(0.2),
+        prop::bool::weighted(0.2),
     );
     prop::collection::btree_map(1u8..10, one, 0..8).prop_map(|m: BTreeMap<u8, _>| {
         m.into_iter()
             .map(
                 |(
                     id,
-                    (eps, node_port, udp, cluster_ip, external_ips, lb, port, created, affinity),
+                    (
+                        eps,
+                        node_port,
+                        udp,
+                        cluster_ip,
+                        external_ips,
+                        lb,
+                        port,
+                        created,
+                        affinity,
+                        second_port,
+                    ),
                 )| {
                     SvcSpec {
                         id,
@@ -69,6 +81,7 @@ pub fn overlapping_specs() -> impl Strategy<Value = Vec<SvcSpec>> {
                         port,
                         created,
                         affinity,
+                        second_port,
                     }
                 },
             )

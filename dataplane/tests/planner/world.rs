@@ -29,6 +29,8 @@ pub struct SvcSpec {
     /// `creationTimestamp`, in seconds after 2020-01-01.
     pub created: Option<u8>,
     pub affinity: bool,
+    /// A second port, "q": the Service port plus one, to target port 8081 (node port plus 100).
+    pub second_port: bool,
 }
 
 pub fn cluster(specs: &[SvcSpec]) -> Cluster {
@@ -57,13 +59,15 @@ pub fn cluster(specs: &[SvcSpec]) -> Cluster {
                 affinity_timeout: s
                     .affinity
                     .then_some([60, 10_800, 300][usize::from(s.id) % 3]),
-                ports: vec![ServicePort {
-                    name: "p".into(),
-                    protocol,
-                    port: s.port.unwrap_or(80),
-                    node_port: s.node_port.then_some(30000 + u16::from(s.id)),
-                }]
-                .into(),
+                ports: [("p", 0), ("q", 1)][..1 + usize::from(s.second_port)]
+                    .iter()
+                    .map(|&(name, i)| ServicePort {
+                        name: name.into(),
+                        protocol,
+                        port: s.port.unwrap_or(80) + i,
+                        node_port: s.node_port.then_some(30000 + 100 * i + u16::from(s.id)),
+                    })
+                    .collect(),
                 creation_timestamp: s
                     .created
                     .map(|t| Timestamp::from_second(1_577_836_800 + i64::from(t)).unwrap()),
@@ -76,12 +80,13 @@ pub fn cluster(specs: &[SvcSpec]) -> Cluster {
                 name: slice,
                 service: name,
                 family: Family::V4,
-                ports: vec![EndpointPort {
-                    name: "p".into(),
-                    protocol,
-                    port: 8080,
-                }]
-                .into(),
+                ports: [("p", 8080), ("q", 8081)]
+                    .map(|(name, port)| EndpointPort {
+                        name: name.into(),
+                        protocol,
+                        port,
+                    })
+                    .into(),
                 endpoints: s
                     .endpoints
                     .iter()

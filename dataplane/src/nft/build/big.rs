@@ -19,12 +19,14 @@
 //! times as much.
 
 use std::collections::HashMap;
+use std::hash::Hash;
+use std::net::IpAddr;
 
 use foldhash::fast::RandomState;
 use std::sync::LazyLock;
 
 use super::{EndpointLists, Fragment, LIST_MAX_ENDPOINTS};
-use crate::nft::ruleset::{ElementMap, Key, Value};
+use crate::nft::ruleset::{ElementMap, Key, Target, Value};
 use crate::topology::PortEndpoint;
 
 /// The smallest and largest classes: 2^(J-1) < N ≤ 2^J.
@@ -126,26 +128,28 @@ pub fn class_of(n: usize) -> u32 {
 const _: () = assert!(CLASSES == 9 && 1 << (BIG_CLASS_MIN - 1) == LIST_MAX_ENDPOINTS);
 
 /// One destination's flat-path list: entry i of `map` maps `dest . i` to `endpoints[i]`.
+/// The endpoints are plain (address, port) pairs, so that a list of thousands is copied and
+/// compared as a block (a port's lists at its several frontends are alike).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BigList {
     pub map: &'static str,
     /// `ADDR . PROTO . PORT`, or `PROTO . PORT` for a node port.
     pub dest: Key,
-    pub endpoints: Vec<Value>,
+    pub endpoints: Vec<Target>,
 }
 
 impl BigList {
     /// The list's elements: (map, `dest . i`, endpoint i).
     pub fn elements(&self) -> impl Iterator<Item = (&'static str, Key, Option<Value>)> + '_ {
         self.entries()
-            .map(|(key, ep)| (self.map, key, Some(ep.clone())))
+            .map(|(key, (addr, port))| (self.map, key, Some(Value::Endpoint(addr, port))))
     }
 
     /// The list's entries: `dest . i` and endpoint i.
-    pub fn entries(&self) -> impl Iterator<Item = (Key, &Value)> + '_ {
+    pub fn entries(&self) -> impl Iterator<Item = (Key, Target)> + '_ {
         (0u16..)
             .zip(&self.endpoints)
-            .map(|(i, ep)| (self.entry(i), ep))
+            .map(|(i, ep)| (self.entry(i), *ep))
     }
 
     /// The key of entry `i`.
@@ -174,10 +178,7 @@ pub(super) fn add_elements(
     part.lists.push(BigList {
         map,
         dest,
-        endpoints: eps
-            .iter()
-            .map(|ep| Value::Endpoint(ep.addr, ep.port))
-            .collect(),
+        endpoints: eps.iter().map(|ep| (ep.addr, ep.port)).collect(),
     });
 }
 
@@ -192,29 +193,57 @@ impl Fragment {
             let Some(elements) = before(list.map) else {
                 continue;
             };
-            let old = elements.list_values(list.dest, list.endpoints.len());
+            let old = elements.list_targets(list.dest, list.endpoints.len());
             let new = std::mem::take(&mut list.endpoints);
-            list.endpoints = keep_order(&old, new);
+            list.endpoints = keep_order(&old, new, address_key);
         }
+    }
+}
+
+/// A list entry's endpoint address as a plain number, which hashes in one step where an
+/// `IpAddr` takes four (as in `decision::port_endpoints`). A list is of one family.
+pub(super) fn address_key(&(addr, _): &Target) -> u128 {
+    match addr {
+        IpAddr::V4(a) => a.to_bits().into(),
+        IpAddr::V6(a) => a.to_bits(),
     }
 }
 
 /// `new` permuted so that each value `old` has at index i (below `new`'s length) stays at i;
 /// the values `old` does not place fill the remaining indices in their order.
-pub(super) fn keep_order<T: Eq + std::hash::Hash>(old: &[Option<T>], new: Vec<T>) -> Vec<T> {
+pub(super) fn keep_order<T: Copy + PartialEq, K: Eq + Hash>(
+    old: &[Option<T>],
+    new: Vec<T>,
+    key: impl Fn(&T) -> K,
+) -> Vec<T> {
+    match kept_order(old, &new, key) {
+        Some(order) => reorder(&new, &order),
+        None => new,
+    }
+}
+
+/// The order [`keep_order`] puts `new` in: entry i is the index in `new` of the value that goes
+/// to index i; None for `new`'s own order (nothing moved, or nothing to keep). Values are matched
+/// by `key`: two values with one key may cost the change an element more, never a wrong list,
+/// since the order is always a permutation.
+pub(super) fn kept_order<T: PartialEq, K: Eq + Hash>(
+    old: &[Option<T>],
+    new: &[T],
+    key: impl Fn(&T) -> K,
+) -> Option<Vec<usize>> {
     if old.len() >= new.len() && new.iter().zip(old).all(|(n, o)| o.as_ref() == Some(n)) {
-        return new; // Nothing moved (another list of the Service changed).
+        return None; // Nothing moved (another list of the Service changed).
     }
     if old.iter().all(Option::is_none) {
-        return new; // Nothing to keep (a new list).
+        return None; // Nothing to keep (a new list).
     }
     const NONE: usize = usize::MAX;
-    // The lowest index of each value in `new`; equal values chained through `next_equal`.
-    let mut first: HashMap<&T, usize, RandomState> =
+    // The lowest index of each key in `new`; equal keys chained through `next_equal`.
+    let mut first: HashMap<K, usize, RandomState> =
         HashMap::with_capacity_and_hasher(new.len(), RandomState::default());
     let mut next_equal = vec![NONE; new.len()];
     for (i, v) in new.iter().enumerate().rev() {
-        if let Some(j) = first.insert(v, i) {
+        if let Some(j) = first.insert(key(v), i) {
             next_equal[i] = j;
         }
     }
@@ -222,7 +251,7 @@ pub(super) fn keep_order<T: Eq + std::hash::Hash>(old: &[Option<T>], new: Vec<T>
     let mut slots: Vec<usize> = vec![NONE; new.len()];
     for (slot, was) in slots.iter_mut().zip(old) {
         if let Some(v) = was
-            && let Some(i) = first.get_mut(v)
+            && let Some(i) = first.get_mut(&key(v))
             && *i != NONE
         {
             *slot = *i;
@@ -231,18 +260,17 @@ pub(super) fn keep_order<T: Eq + std::hash::Hash>(old: &[Option<T>], new: Vec<T>
         }
     }
     let mut rest = (0..new.len()).filter(|i| !taken[*i]);
-    let order: Vec<usize> = slots
-        .into_iter()
-        .map(|slot| match slot {
-            NONE => rest.next().expect("as many values as slots"),
-            i => i,
-        })
-        .collect();
-    let mut new: Vec<Option<T>> = new.into_iter().map(Some).collect();
-    order
-        .into_iter()
-        .map(|i| new[i].take().expect("each index once"))
-        .collect()
+    for slot in &mut slots {
+        if *slot == NONE {
+            *slot = rest.next().expect("as many values as slots");
+        }
+    }
+    Some(slots)
+}
+
+/// `values` in `order` (a permutation of their indices).
+pub(super) fn reorder<T: Copy>(values: &[T], order: &[usize]) -> Vec<T> {
+    order.iter().map(|&i| values[i]).collect()
 }
 
 #[cfg(test)]
@@ -285,7 +313,7 @@ mod tests {
 
     fn order(old: &[u32], new: &[u32]) -> Vec<u32> {
         let old: Vec<Option<u32>> = old.iter().map(|v| Some(*v)).collect();
-        keep_order(&old, new.to_vec())
+        keep_order(&old, new.to_vec(), |v| *v)
     }
 
     #[test]
@@ -307,7 +335,7 @@ mod tests {
         let got = order(&old, &new);
         assert_eq!(got.iter().zip(&old).filter(|(a, b)| a != b).count(), 1);
         // Nothing before: the builder's order; duplicates kept as many times as wanted.
-        assert_eq!(keep_order(&[None, None], vec![5, 4]), vec![5, 4]);
+        assert_eq!(keep_order(&[None, None], vec![5, 4], |v| *v), vec![5, 4]);
         assert_eq!(order(&[4, 4, 5], &[5, 4, 6]), vec![4, 6, 5]);
         assert_eq!(order(&[4, 4, 5], &[4, 4, 4]), vec![4, 4, 4]);
     }

@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::big::keep_order;
+use super::big::{address_key, kept_order, reorder};
 use super::{BigList, Fragment, HAIRPIN_ENDPOINTS};
-use crate::nft::ruleset::{ElementMap, Key};
+use crate::nft::ruleset::{ElementMap, Key, Target, Value};
 
 /// The part of a Service to take out (`gone`) and to put in (`came`) to turn its old part into
 /// its new one. Both keep their chains, sets and no-local-endpoint counts whole (chains are
@@ -65,21 +65,37 @@ fn list_changes<'a>(
         .iter()
         .map(|l| ((l.map, l.dest), l.endpoints.len()))
         .collect();
+    // A port's lists at its ClusterIP, load-balancer IPs and NodePort, and those of its other
+    // ports, usually hold the same addresses in the same order, before and after: the order is
+    // worked out once per distinct pair of address sequences (what the table had, what the
+    // builder lists), and the lists of the other ports take it with their own port numbers.
+    let mut orders: Vec<Reordering> = Vec::new();
     for mut list in new {
         let had = old_len.remove(&(list.map, list.dest)).unwrap_or(0);
         let n = list.endpoints.len();
         let was = match before(list.map) {
-            Some(elements) => elements.list_values(list.dest, n.max(had)),
+            Some(elements) => elements.list_targets(list.dest, n.max(had)),
             None => vec![None; n.max(had)],
         };
-        list.endpoints = keep_order(&was[..n], std::mem::take(&mut list.endpoints));
-        for (i, ep) in (0u16..).zip(&list.endpoints) {
+        let seen = orders.iter().position(|(w, built, _)| {
+            same_addresses(w, &was[..n], |t| t.map(|(a, _)| a))
+                && same_addresses(built, &list.endpoints, |&(a, _)| Some(a))
+        });
+        let at = seen.unwrap_or_else(|| {
+            let order = kept_order(&was[..n], &list.endpoints, address_key);
+            orders.push((was[..n].to_vec(), list.endpoints.clone(), order));
+            orders.len() - 1
+        });
+        if let Some(order) = &orders[at].2 {
+            list.endpoints = reorder(&list.endpoints, order);
+        }
+        for (i, &(addr, port)) in (0u16..).zip(&list.endpoints) {
             // Only the Service's own entries count as kept: a higher one the table has is
             // another Service's (a frontend moving over), which that Service takes out.
-            let kept = usize::from(i) < had && was[usize::from(i)].as_ref() == Some(ep);
+            let kept = usize::from(i) < had && was[usize::from(i)] == Some((addr, port));
             if !kept {
                 came.elements
-                    .insert((list.map, list.entry(i)), Some(ep.clone()));
+                    .insert((list.map, list.entry(i)), Some(Value::Endpoint(addr, port)));
                 if usize::from(i) < had {
                     // Replaced: out and in again, as claims are counted.
                     gone.elements.insert((list.map, list.entry(i)), None);
@@ -98,6 +114,15 @@ fn list_changes<'a>(
             gone.elements.insert((map, key), None);
         }
     }
+}
+
+/// What a list's entries were in the table, the builder's list, and the order it is put in
+/// (None: its own) by [`kept_order`].
+type Reordering = (Vec<Option<Target>>, Vec<Target>, Option<Vec<usize>>);
+
+/// Whether `a` and `b` list the same addresses (read by `addr`) in the same order.
+fn same_addresses<T>(a: &[T], b: &[T], addr: impl Fn(&T) -> Option<IpAddr>) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| addr(x) == addr(y))
 }
 
 /// The endpoints only one of the (sorted) hairpin lists has.

@@ -25,7 +25,7 @@ use crate::nft::ruleset::{Key, Value};
 const MAX_GAP: usize = 16;
 
 /// An endpoint an entry leads to.
-type Target = (IpAddr, u16);
+pub type Target = (IpAddr, u16);
 
 /// IPv4 entries of a list. Most Services have one to three endpoints: up to two are held in
 /// place, without a heap block (the list is 32 bytes either way).
@@ -243,23 +243,29 @@ impl ElementMap {
         })
     }
 
-    /// The values of `dest`'s list entries `dest . 0` … `dest . n-1`, by index (`None` where
+    /// The endpoints of `dest`'s list entries `dest . 0` … `dest . n-1`, by index (`None` where
     /// there is no entry): [`ElementMap::get`] of each, read straight from the list, which is a
     /// large Service's whole endpoint list at the cost of a copy.
-    pub fn list_values(&self, dest: Key, n: usize) -> Vec<Option<Value>> {
+    pub fn list_targets(&self, dest: Key, n: usize) -> Vec<Option<Target>> {
         let mut out = vec![None; n];
         let (Some(first), Some(last)) = (dest.list_entry(0), dest.list_entry(u16::MAX)) else {
             return out;
         };
         if let Some(list) = self.lists.get(&dest) {
-            for (i, value) in out.iter_mut().enumerate().take(list.len()) {
-                *value = list.get(i).map(|(addr, port)| Value::Endpoint(addr, port));
+            for (i, target) in out.iter_mut().enumerate().take(list.len()) {
+                *target = list.get(i);
             }
         }
-        // Entries the list cannot hold (see `insert`); a key is never in both.
+        // Entries the list cannot hold (see `insert`); a key is never in both. One whose value
+        // is not an endpoint reads as a hole: no endpoint is kept there.
         for (key, value) in self.other.range(first..=last) {
             match key.list_destination() {
-                Some((_, i)) if usize::from(i) < n => out[usize::from(i)] = value.clone(),
+                Some((_, i)) if usize::from(i) < n => {
+                    out[usize::from(i)] = match value {
+                        Some(Value::Endpoint(addr, port)) => Some((*addr, *port)),
+                        _ => None,
+                    };
+                }
                 _ => break,
             }
         }
