@@ -24,7 +24,7 @@ use std::sync::{LazyLock, Mutex, PoisonError};
 
 use super::{EndpointLists, LIST_MAX_ENDPOINTS};
 use crate::nft::ruleset::{
-    Action, Delta, Key, KeyType, Match, Proto, Rule, Set, SetDecl, Table, Value, Verdict,
+    Action, Delta, Key, KeyType, Match, Proto, Rule, Set, SetDecl, Table, Value, Verdict, Was,
 };
 
 pub const AFFINITY_CLIENTS: &str = "affinity-clients";
@@ -228,32 +228,35 @@ pub fn cleanup_needed(table: &Table, touched: &Delta) -> bool {
     type Endpoints = HashSet<(IpAddr, u16), foldhash::fast::RandomState>;
     let mut lists: HashMap<Key, Option<(Endpoints, Endpoints)>, foldhash::fast::RandomState> =
         HashMap::default();
-    // The last destination found without affinity: a list's keys come in a run.
-    let mut plain: Option<Key> = None;
-    let entries = touched
-        .iter()
-        .filter(|(set, _)| !affinity_sets.contains(&set.as_str()))
-        .flat_map(|(set, keys)| keys.iter().map(move |(key, was)| (set, key, was)));
-    for (set, key, was) in entries {
-        let Some((dest, _)) = key.list_destination() else {
-            continue;
-        };
-        if plain == Some(dest) {
+    for (set, keys) in touched {
+        if affinity_sets.contains(&set.as_str()) {
             continue;
         }
-        let lists = lists
-            .entry(dest)
-            .or_insert_with(|| has_affinity(table, &dest).then(Default::default));
-        let Some((before, after)) = lists else {
-            plain = Some(dest);
-            continue;
-        };
-        let endpoint = |v: Option<Option<Value>>| match v {
-            Some(Some(Value::Endpoint(addr, port))) => Some((addr, port)),
-            _ => None,
-        };
-        before.extend(endpoint(was.clone()));
-        after.extend(endpoint(now(set, key)));
+        let entries = keys.entries();
+        let mut i = 0;
+        while let Some((key, was)) = entries.get(i) {
+            i += 1;
+            let Some((dest, _)) = key.list_destination() else {
+                continue;
+            };
+            let lists = lists
+                .entry(dest)
+                .or_insert_with(|| has_affinity(table, &dest).then(Default::default));
+            let Some((before, after)) = lists else {
+                // The rest of the destination's entries (keys in order: they come together)
+                // are skipped at once: a large Service's list is thousands of them.
+                let same =
+                    |(k, _): &(Key, Was)| k.list_destination().is_some_and(|(d, _)| d == dest);
+                i += entries[i..].partition_point(same);
+                continue;
+            };
+            let endpoint = |v: Option<Option<Value>>| match v {
+                Some(Some(Value::Endpoint(addr, port))) => Some((addr, port)),
+                _ => None,
+            };
+            before.extend(endpoint(was.clone()));
+            after.extend(endpoint(now(set, key)));
+        }
     }
     lists
         .values()

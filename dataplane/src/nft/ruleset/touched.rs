@@ -34,6 +34,11 @@ impl Touched {
         self.0.iter().map(split as fn(&(Key, Was)) -> (&Key, &Was))
     }
 
+    /// The entries, in key order.
+    pub fn entries(&self) -> &[(Key, Was)] {
+        &self.0
+    }
+
     pub fn keys(&self) -> impl DoubleEndedIterator<Item = &Key> + Clone + '_ {
         self.0.iter().map(|(k, _)| k)
     }

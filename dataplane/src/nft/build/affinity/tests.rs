@@ -178,6 +178,14 @@ fn a_cleanup_follows_endpoints_leaving_destinations_with_affinity() {
         &table(3, None),
         &touched(&[(list, entry(cip, 2), ep("10.0.0.9"))])
     ));
+    // A destination without affinity is skipped whole, and only it: the one after it in the
+    // same map (its address is higher) is still looked at.
+    let before = Key::AddrProtoPort(ip("172.30.0.9"), Proto::Tcp, 80);
+    let mut run: Vec<_> = (0..3)
+        .map(|i| (list, entry(before, i), absent.clone()))
+        .collect();
+    run.push((list, entry(cip, 2), ep("10.0.0.9")));
+    assert!(cleanup_needed(&t, &touched(&run)));
 }
 
 #[test]
