@@ -721,3 +721,69 @@ fn health_check_counts_local_ready_endpoint_ips() {
     plain.health_check_node_port = None;
     assert_eq!(health_check(&cluster, &plain, NODE), None);
 }
+
+#[test]
+fn an_address_in_two_slices_is_one_endpoint_of_each_port() {
+    // A Service of two ports; slices `a` and `b` both list 10.0.1.2 with the same port numbers
+    // (as while an endpoint moves between slices): each port has it once, where it came first.
+    let mut svc = service("172.30.0.42", ServiceType::ClusterIp);
+    svc.ports = ["p80", "p81"]
+        .into_iter()
+        .zip(80..)
+        .map(|(name, port)| ServicePort {
+            name: name.into(),
+            protocol: Proto::Tcp,
+            port,
+            node_port: None,
+        })
+        .collect();
+    let slice = |name: &str, addrs: &[&str]| EndpointSlice {
+        name: ObjectName::new("ns1", name),
+        service: svc.name.clone(),
+        family: Family::V4,
+        ports: ["p80", "p81"]
+            .into_iter()
+            .zip(8080..)
+            .map(|(name, port)| EndpointPort {
+                name: name.into(),
+                protocol: Proto::Tcp,
+                port,
+            })
+            .collect(),
+        endpoints: addrs
+            .iter()
+            .map(|a| Endpoint {
+                addr: ip(a),
+                ready: true,
+                serving: true,
+                terminating: false,
+                site: Site::new(Some("other"), Hints::default()),
+            })
+            .collect::<Vec<_>>()
+            .into(),
+        trigger_time: None,
+    };
+    let addrs_of = |d: &PortDecision| -> Vec<(IpAddr, u16)> {
+        d.cluster_endpoints()
+            .iter()
+            .map(|e| (e.addr, e.port))
+            .collect()
+    };
+    let a = slice("a", &["10.0.1.1", "10.0.1.2"]);
+    let b = slice("b", &["10.0.1.2", "10.0.1.3"]);
+    let d = service_decisions(&svc, &[&a, &b], &Suppressed::NONE, &env());
+    for (decision, port) in d.iter().zip([8080, 8081]) {
+        let want: Vec<(IpAddr, u16)> = ["10.0.1.1", "10.0.1.2", "10.0.1.3"]
+            .iter()
+            .map(|a| (ip(a), port))
+            .collect();
+        assert_eq!(addrs_of(decision), want);
+    }
+    // Distinct addresses: every one, for each port.
+    let b = slice("b", &["10.0.1.3"]);
+    let d = service_decisions(&svc, &[&a, &b], &Suppressed::NONE, &env());
+    assert_eq!(
+        d.iter().map(|p| addrs_of(p).len()).collect::<Vec<_>>(),
+        [3, 3]
+    );
+}
