@@ -21,13 +21,13 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 use std::sync::LazyLock;
 
 use super::{EndpointLists, Fragment, LIST_MAX_ENDPOINTS};
 use crate::nft::ruleset::{ElementMap, Key, Target, Value};
-use crate::topology::PortEndpoint;
 
 /// The smallest and largest classes: 2^(J-1) < N ≤ 2^J.
 pub const BIG_CLASS_MIN: u32 = 5;
@@ -128,14 +128,14 @@ pub fn class_of(n: usize) -> u32 {
 const _: () = assert!(CLASSES == 9 && 1 << (BIG_CLASS_MIN - 1) == LIST_MAX_ENDPOINTS);
 
 /// One destination's flat-path list: entry i of `map` maps `dest . i` to `endpoints[i]`.
-/// The endpoints are plain (address, port) pairs, so that a list of thousands is copied and
-/// compared as a block (a port's lists at its several frontends are alike).
+/// The endpoints are plain (address, port) pairs, shared by the lists of a port's frontends
+/// (which are alike) and compared as blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BigList {
     pub map: &'static str,
     /// `ADDR . PROTO . PORT`, or `PROTO . PORT` for a node port.
     pub dest: Key,
-    pub endpoints: Vec<Target>,
+    pub endpoints: Arc<[Target]>,
 }
 
 impl BigList {
@@ -148,7 +148,7 @@ impl BigList {
     /// The list's entries: `dest . i` and endpoint i.
     pub fn entries(&self) -> impl Iterator<Item = (Key, Target)> + '_ {
         (0u16..)
-            .zip(&self.endpoints)
+            .zip(self.endpoints.iter())
             .map(|(i, ep)| (self.entry(i), *ep))
     }
 
@@ -159,16 +159,17 @@ impl BigList {
 }
 
 /// Adds the flat-path elements of destination `dest` (`ADDR . PROTO . PORT`, or `PROTO . PORT`
-/// for a node port) with `eps` (more than [`LIST_MAX_ENDPOINTS`], at most
+/// for a node port) with `endpoints` (more than [`LIST_MAX_ENDPOINTS`], at most
 /// [`BIG_MAX_ENDPOINTS`]): its class-set element and entry i → endpoint i.
 pub(super) fn add_elements(
     part: &mut Fragment,
     lists: EndpointLists,
     dest: Key,
-    eps: &[PortEndpoint],
+    n: usize,
+    endpoints: Arc<[Target]>,
 ) {
     part.elements
-        .insert((lists.big_class_set(class_of(eps.len())), dest), None);
+        .insert((lists.big_class_set(class_of(n)), dest), None);
     let map = lists.big_map();
     // A Service may name one address twice (an external IP that is also its load-balancer
     // IP): one list, as one element per key.
@@ -178,7 +179,7 @@ pub(super) fn add_elements(
     part.lists.push(BigList {
         map,
         dest,
-        endpoints: eps.iter().map(|ep| (ep.addr, ep.port)).collect(),
+        endpoints,
     });
 }
 
@@ -194,8 +195,9 @@ impl Fragment {
                 continue;
             };
             let old = elements.list_targets(list.dest, list.endpoints.len());
-            let new = std::mem::take(&mut list.endpoints);
-            list.endpoints = keep_order(&old, new, address_key);
+            if let Some(order) = kept_order(&old, &list.endpoints, address_key) {
+                list.endpoints = reorder(&list.endpoints, &order).into();
+            }
         }
     }
 }
@@ -209,21 +211,10 @@ pub(super) fn address_key(&(addr, _): &Target) -> u128 {
     }
 }
 
-/// `new` permuted so that each value `old` has at index i (below `new`'s length) stays at i;
-/// the values `old` does not place fill the remaining indices in their order.
-pub(super) fn keep_order<T: Copy + PartialEq, K: Eq + Hash>(
-    old: &[Option<T>],
-    new: Vec<T>,
-    key: impl Fn(&T) -> K,
-) -> Vec<T> {
-    match kept_order(old, &new, key) {
-        Some(order) => reorder(&new, &order),
-        None => new,
-    }
-}
-
-/// The order [`keep_order`] puts `new` in: entry i is the index in `new` of the value that goes
-/// to index i; None for `new`'s own order (nothing moved, or nothing to keep). Values are matched
+/// The order that keeps each value `old` has at index i (below `new`'s length) at i, the values
+/// `old` does not place filling the remaining indices in their order: entry i is the index in
+/// `new` of the value that goes to index i; None for `new`'s own order (nothing moved, or
+/// nothing to keep). Values are matched
 /// by `key`: two values with one key may cost the change an element more, never a wrong list,
 /// since the order is always a permutation.
 pub(super) fn kept_order<T: PartialEq, K: Eq + Hash>(
@@ -313,7 +304,10 @@ mod tests {
 
     fn order(old: &[u32], new: &[u32]) -> Vec<u32> {
         let old: Vec<Option<u32>> = old.iter().map(|v| Some(*v)).collect();
-        keep_order(&old, new.to_vec(), |v| *v)
+        match kept_order(&old, new, |v| *v) {
+            Some(order) => reorder(new, &order),
+            None => new.to_vec(),
+        }
     }
 
     #[test]
@@ -335,7 +329,7 @@ mod tests {
         let got = order(&old, &new);
         assert_eq!(got.iter().zip(&old).filter(|(a, b)| a != b).count(), 1);
         // Nothing before: the builder's order; duplicates kept as many times as wanted.
-        assert_eq!(keep_order(&[None, None], vec![5, 4], |v| *v), vec![5, 4]);
+        assert_eq!(kept_order(&[None, None], &[5, 4], |v| *v), None);
         assert_eq!(order(&[4, 4, 5], &[5, 4, 6]), vec![4, 6, 5]);
         assert_eq!(order(&[4, 4, 5], &[4, 4, 4]), vec![4, 4, 4]);
     }

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::big::{address_key, kept_order, reorder};
 use super::{BigList, Fragment, HAIRPIN_ENDPOINTS};
@@ -87,9 +88,9 @@ fn list_changes<'a>(
             orders.len() - 1
         });
         if let Some(order) = &orders[at].2 {
-            list.endpoints = reorder(&list.endpoints, order);
+            list.endpoints = reorder(&list.endpoints, order).into();
         }
-        for (i, &(addr, port)) in (0u16..).zip(&list.endpoints) {
+        for (i, &(addr, port)) in (0u16..).zip(list.endpoints.iter()) {
             // Only the Service's own entries count as kept: a higher one the table has is
             // another Service's (a frontend moving over), which that Service takes out.
             let kept = usize::from(i) < had && was[usize::from(i)] == Some((addr, port));
@@ -118,7 +119,7 @@ fn list_changes<'a>(
 
 /// What a list's entries were in the table, the builder's list, and the order it is put in
 /// (None: its own) by [`kept_order`].
-type Reordering = (Vec<Option<Target>>, Vec<Target>, Option<Vec<usize>>);
+type Reordering = (Vec<Option<Target>>, Arc<[Target]>, Option<Vec<usize>>);
 
 /// Whether `a` and `b` list the same addresses (read by `addr`) in the same order.
 fn same_addresses<T>(a: &[T], b: &[T], addr: impl Fn(&T) -> Option<IpAddr>) -> bool {

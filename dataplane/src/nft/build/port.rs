@@ -4,6 +4,7 @@
 use std::cell::LazyCell;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -64,18 +65,31 @@ fn insert_element(part: &mut Fragment, set: &'static str, key: Key, value: Optio
     part.elements.insert((set, key), value.map(Value::Verdict));
 }
 
+/// A large list's endpoints (address, port), shared by the lists of a port's frontends.
+type ListEndpoints = Arc<[(IpAddr, u16)]>;
+
 /// Adds the endpoint list of `frontend`: with k ≤ [`LIST_MAX_ENDPOINTS`] endpoints, entry i of
-/// the map for k endpoints DNATs to endpoint i; with more, the flat path's elements ([`big`]).
+/// the map for k endpoints DNATs to endpoint i; with more, the flat path's elements ([`big`]),
+/// whose endpoints `shared` keeps for the port's other frontends.
 fn list_elements(
     part: &mut Fragment,
     frontend: Frontend,
     proto: Proto,
     local: bool,
     eps: &[PortEndpoint],
+    shared: &mut Option<ListEndpoints>,
 ) {
     let lists = EndpointLists::of(local, matches!(frontend, Frontend::NodePort(_)));
     if eps.len() > LIST_MAX_ENDPOINTS {
-        return big::add_elements(part, lists, key(frontend, proto), eps);
+        let targets =
+            shared.get_or_insert_with(|| eps.iter().map(|ep| (ep.addr, ep.port)).collect());
+        return big::add_elements(
+            part,
+            lists,
+            key(frontend, proto),
+            eps.len(),
+            targets.clone(),
+        );
     }
     let map = lists.map(eps.len());
     for (i, ep) in (0u16..).zip(eps) {
@@ -282,10 +296,13 @@ pub(super) fn add(
         chain.comment = Some(comment().into());
         part.chains.insert(names.local.clone(), chain);
     }
-    let list = |part: &mut Fragment, frontend: Frontend, local: bool| {
+    // A large list's endpoints, made once for all the frontends that list them.
+    let mut shared: [Option<ListEndpoints>; 2] = [None, None];
+    let mut list = |part: &mut Fragment, frontend: Frontend, local: bool| {
         let eps = if local { local_eps } else { cluster_eps };
         if !eps.is_empty() {
-            list_elements(part, frontend, proto, local, eps);
+            let shared = &mut shared[usize::from(local)];
+            list_elements(part, frontend, proto, local, eps, shared);
         }
         if let Some(secs) = d.affinity_timeout {
             affinity_elements(part, frontend, proto, secs);
