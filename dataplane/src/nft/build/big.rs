@@ -165,11 +165,10 @@ pub(super) fn add_elements(
     part: &mut Fragment,
     lists: EndpointLists,
     dest: Key,
-    n: usize,
     endpoints: Arc<[Target]>,
 ) {
     part.elements
-        .insert((lists.big_class_set(class_of(n)), dest), None);
+        .insert((lists.big_class_set(class_of(endpoints.len())), dest), None);
     let map = lists.big_map();
     // A Service may name one address twice (an external IP that is also its load-balancer
     // IP): one list, as one element per key.
@@ -214,9 +213,8 @@ pub(super) fn address_key(&(addr, _): &Target) -> u128 {
 /// The order that keeps each value `old` has at index i (below `new`'s length) at i, the values
 /// `old` does not place filling the remaining indices in their order: entry i is the index in
 /// `new` of the value that goes to index i; None for `new`'s own order (nothing moved, or
-/// nothing to keep). Values are matched
-/// by `key`: two values with one key may cost the change an element more, never a wrong list,
-/// since the order is always a permutation.
+/// nothing to keep). Values are matched by `key`: two values with one key may cost the change
+/// an element more, never a wrong list, since the order is always a permutation.
 pub(super) fn kept_order<T: PartialEq, K: Eq + Hash>(
     old: &[Option<T>],
     new: &[T],

@@ -83,13 +83,7 @@ fn list_elements(
     if eps.len() > LIST_MAX_ENDPOINTS {
         let targets =
             shared.get_or_insert_with(|| eps.iter().map(|ep| (ep.addr, ep.port)).collect());
-        return big::add_elements(
-            part,
-            lists,
-            key(frontend, proto),
-            eps.len(),
-            targets.clone(),
-        );
+        return big::add_elements(part, lists, key(frontend, proto), targets.clone());
     }
     let map = lists.map(eps.len());
     for (i, ep) in (0u16..).zip(eps) {
