@@ -24,7 +24,7 @@ use ipnet::IpNet;
 
 use crate::conflicts::Suppressed;
 use crate::model::{Cluster, EndpointSlice, ObjectName, Service, ServicePort};
-use crate::net::Family;
+use crate::net::{Family, addr_bits};
 use crate::settings::{BuildConfig, LocalDetector};
 use crate::topology::{Categorized, NodeTopology, Placement, PortEndpoint, Usage, categorize};
 
@@ -183,14 +183,6 @@ pub fn port_endpoints<'a>(
     node_name: &str,
 ) -> Vec<PortEndpoint<'a>> {
     merged_endpoints(slices, port, family, node_name, true)
-}
-
-/// An address as a plain number, which hashes in one step where an `IpAddr` takes four.
-fn addr_bits(addr: IpAddr) -> u128 {
-    match addr {
-        IpAddr::V4(a) => a.to_bits().into(),
-        IpAddr::V6(a) => a.to_bits(),
-    }
 }
 
 /// Whether no address appears twice among `family`'s endpoints of `slices`: then no port's

@@ -5,6 +5,16 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+/// An address as a plain number, which hashes in one step where an `IpAddr` takes four (the
+/// endpoints of a Service of thousands are hashed to merge and to keep their order). Equal for
+/// an IPv4 address and the IPv6 address `::a.b.c.d`: use it where one family is compared.
+pub fn addr_bits(addr: IpAddr) -> u128 {
+    match addr {
+        IpAddr::V4(a) => a.to_bits().into(),
+        IpAddr::V6(a) => a.to_bits(),
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
     V4,

@@ -20,13 +20,13 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 use std::sync::LazyLock;
 
 use super::{EndpointLists, Fragment, LIST_MAX_ENDPOINTS};
+use crate::net::addr_bits;
 use crate::nft::ruleset::{ElementMap, Key, Target, Value};
 
 /// The smallest and largest classes: 2^(J-1) < N ≤ 2^J.
@@ -201,13 +201,9 @@ impl Fragment {
     }
 }
 
-/// A list entry's endpoint address as a plain number, which hashes in one step where an
-/// `IpAddr` takes four (as in `decision::port_endpoints`). A list is of one family.
+/// A list entry's endpoint address, as [`kept_order`] matches entries (a list is of one family).
 pub(super) fn address_key(&(addr, _): &Target) -> u128 {
-    match addr {
-        IpAddr::V4(a) => a.to_bits().into(),
-        IpAddr::V6(a) => a.to_bits(),
-    }
+    addr_bits(addr)
 }
 
 /// The order that keeps each value `old` has at index i (below `new`'s length) at i, the values

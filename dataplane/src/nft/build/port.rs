@@ -65,8 +65,8 @@ fn insert_element(part: &mut Fragment, set: &'static str, key: Key, value: Optio
     part.elements.insert((set, key), value.map(Value::Verdict));
 }
 
-/// A large list's endpoints (address, port), shared by the lists of a port's frontends.
-type ListEndpoints = Arc<[(IpAddr, u16)]>;
+/// A large list's endpoints, shared by the lists of a port's frontends.
+type ListEndpoints = Arc<[crate::nft::ruleset::Target]>;
 
 /// Adds the endpoint list of `frontend`: with k ≤ [`LIST_MAX_ENDPOINTS`] endpoints, entry i of
 /// the map for k endpoints DNATs to endpoint i; with more, the flat path's elements ([`big`]),
