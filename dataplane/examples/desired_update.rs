@@ -4,12 +4,13 @@
 //! endpoint count measured.
 //!
 //! ```sh
-//! cargo run --release -p nftproxy-dataplane --example desired_update -- [SERVICES] [REPS] [SHAPE]
+//! cargo run --release -p nftproxy-dataplane --example desired_update -- [SERVICES] [REPS] [SHAPE] [SIZES]
 //! ```
 //!
 //! SHAPE is the large Services': `nodeport` (default: one port, a ClusterIP and a NodePort, so
 //! two lists per endpoint) or `lb` (a LoadBalancer with two ports, each at its ClusterIP, its
-//! load-balancer IP and its NodePort: six lists per endpoint).
+//! load-balancer IP and its NodePort: six lists per endpoint). SIZES lists the large Services'
+//! endpoint counts, comma-separated (default `1,20,200,1000,5000`), say one count to profile it.
 //!
 //! Prints, per endpoint count, the median and worst of `REPS` Service deletions and additions
 //! and endpoint additions and removals (microseconds), and how many elements an endpoint
@@ -29,7 +30,7 @@ use nftproxy_dataplane::nft::plan::plan_scope;
 use nftproxy_dataplane::nft::ruleset::{Family, Proto};
 use nftproxy_dataplane::nft::state::TableState;
 
-/// The endpoint counts of the large Services (the bench's probes).
+/// The endpoint counts of the large Services (the bench's probes) unless SIZES is given.
 const SIZES: [u32; 5] = [1, 20, 200, 1000, 5000];
 
 fn endpoint(n: u32) -> Endpoint {
@@ -172,6 +173,11 @@ fn main() {
         Some("lb") => Shape::LoadBalancer,
         Some(other) => panic!("SHAPE: nodeport or lb, not {other}"),
     };
+    let sizes: Vec<u32> = args.next().map_or(SIZES.to_vec(), |a| {
+        a.split(',')
+            .map(|n| n.parse().expect("SIZES: endpoint counts"))
+            .collect()
+    });
     let config = BuildConfig {
         node_name: "node".into(),
         local_detector: LocalDetector::ClusterCidr(vec!["10.0.0.0/8".parse().unwrap()]),
@@ -194,7 +200,7 @@ fn main() {
     }
     // The large Services: svc{40000 + k}.
     assert!(services <= 40_000, "at most 40,000 small Services");
-    let probes: Vec<(u32, u32)> = (40_000..).zip(SIZES).collect();
+    let probes: Vec<(u32, u32)> = (40_000..).zip(sizes).collect();
     for &(i, n) in &probes {
         add_service(&mut c, i, take(n), shape);
     }

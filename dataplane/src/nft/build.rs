@@ -379,11 +379,20 @@ impl Fragment {
             }
             Some((*set, run))
         });
-        let lists = self.lists.iter().map(move |l| {
-            let run = l
-                .entries()
-                .map(|(key, (addr, port))| item(key, Some(&Value::Endpoint(addr, port))));
-            (l.map, run.collect())
+        // A map's lists are one run: the builder sorts them by map and destination.
+        let mut lists = self.lists.iter().peekable();
+        let lists = std::iter::from_fn(move || {
+            let first = lists.next()?;
+            let mut run = Vec::with_capacity(first.endpoints.len());
+            let mut list = Some(first);
+            while let Some(l) = list {
+                run.extend(
+                    l.entries()
+                        .map(|(key, (addr, port))| item(key, Some(&Value::Endpoint(addr, port)))),
+                );
+                list = lists.next_if(|next| next.map == first.map);
+            }
+            Some((first.map, run))
         });
         let hairpin = (!self.hairpin.is_empty()).then(|| {
             let run = self.hairpin.iter().map(|ip| item(Key::AddrPair(*ip), None));
@@ -456,6 +465,9 @@ pub fn service_fragment<'s>(
     // Ports may share endpoints.
     part.hairpin.sort_unstable();
     part.hairpin.dedup();
+    // In the maps' key order, so that a map's lists come as one sorted run (see `runs_of`).
+    part.lists
+        .sort_unstable_by(|a, b| (a.map, a.dest).cmp(&(b.map, b.dest)));
     part
 }
 

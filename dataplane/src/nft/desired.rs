@@ -91,15 +91,19 @@ impl Scope {
 
     /// Records what `entries` of `set` were, but for keys recorded already ([`Touched::record`]).
     fn record(&mut self, set: &str, entries: Vec<(Key, Was)>) {
-        if entries.is_empty() {
+        self.record_with(set, |noted| noted.extend(entries));
+    }
+
+    /// Records what the entries `fill` pushes were ([`Touched::record_with`]).
+    fn record_with(&mut self, set: &str, fill: impl FnOnce(&mut Vec<(Key, Was)>)) {
+        if let Some(noted) = self.elements.get_mut(set) {
+            noted.record_with(fill);
             return;
         }
-        match self.elements.get_mut(set) {
-            Some(noted) => noted.record(entries),
-            None => {
-                self.elements
-                    .insert(set.to_string(), entries.into_iter().collect());
-            }
+        let mut noted = Touched::default();
+        noted.record_with(fill);
+        if !noted.is_empty() {
+            self.elements.insert(set.to_string(), noted);
         }
     }
 }
@@ -531,20 +535,21 @@ impl Desired {
             let Some(set) = table.sets.get_mut(name) else {
                 continue;
             };
-            let mut touched = Vec::with_capacity(run.len());
-            set.elements_mut().insert_each(run, |key, has_value, was| {
-                match was {
-                    Some(_) => {
-                        *shared.entry((name, key)).or_insert(0) += 1;
-                        // Plain-set elements (e.g. an endpoint shared by two Services)
-                        // carry no value to disagree on; map elements do.
-                        contested |= has_value;
+            scope.record_with(name, |touched| {
+                touched.reserve(run.len());
+                set.elements_mut().insert_each(run, |key, has_value, was| {
+                    match was {
+                        Some(_) => {
+                            *shared.entry((name, key)).or_insert(0) += 1;
+                            // Plain-set elements (e.g. an endpoint shared by two Services)
+                            // carry no value to disagree on; map elements do.
+                            contested |= has_value;
+                        }
+                        None => *elements += 1,
                     }
-                    None => *elements += 1,
-                }
-                touched.push((key, was));
+                    touched.push((key, was));
+                });
             });
-            scope.record(name, touched);
         }
         contested
     }
@@ -599,12 +604,13 @@ impl Desired {
             let endpoint_map = run
                 .first()
                 .is_some_and(|key| key.key_type() == KeyType::Interval);
-            let mut touched = Vec::with_capacity(run.len());
-            set.elements_mut().remove_each(run, |key, was| {
-                *elements -= usize::from(was.is_some());
-                touched.push((key, was));
+            scope.record_with(name, |touched| {
+                touched.reserve(run.len());
+                set.elements_mut().remove_each(run, |key, was| {
+                    *elements -= usize::from(was.is_some());
+                    touched.push((key, was));
+                });
             });
-            scope.record(name, touched);
             // An endpoint map exists while it has elements, as in a full build.
             if endpoint_map && set.elements.is_empty() {
                 table.sets.remove(name);

@@ -97,6 +97,25 @@ impl Touched {
     }
 }
 
+impl Touched {
+    /// Records the entries `fill` pushes, as [`Touched::record`] would take them. A run in key
+    /// order past everything recorded so far (a large Service's list, as it usually comes) is
+    /// written in place rather than collected and copied.
+    pub fn record_with(&mut self, fill: impl FnOnce(&mut Vec<(Key, Was)>)) {
+        let start = self.0.len();
+        fill(&mut self.0);
+        let (before, run) = self.0.split_at(start);
+        let past = match (before.last(), run.first()) {
+            (Some((last, _)), Some((first, _))) => last < first,
+            _ => true,
+        };
+        if !(past && run.is_sorted_by(|a, b| a.0 < b.0)) {
+            let run = self.0.split_off(start);
+            self.record(run);
+        }
+    }
+}
+
 impl<'a> IntoIterator for &'a Touched {
     type Item = (&'a Key, &'a Was);
     type IntoIter = Iter<'a>;
@@ -166,6 +185,11 @@ mod tests {
             for k in 0..=255u8 {
                 prop_assert_eq!(touched.get(&key(k)), model.get(&key(k)));
             }
+            let mut filled = Touched::default();
+            for run in &runs {
+                filled.record_with(|v| v.extend(run.iter().map(|(k, w)| (key(*k), was(*w)))));
+            }
+            prop_assert_eq!(&filled, &touched);
             let collected: Touched = runs
                 .iter()
                 .flat_map(|run| run.iter().map(|(k, w)| (key(*k), was(*w))))
