@@ -63,7 +63,7 @@ fn add_service(c: &mut Cluster, i: u32, endpoints: Vec<Endpoint>, shape: Shape) 
             name: format!("p{p}").into(),
             protocol: Proto::Tcp,
             port: 80 + p,
-            // Distinct (two Services claiming one node port make every update a rebuild): the
+            // Distinct (of two Services claiming one node port only the older has it): the
             // small Services' from 20000, the large ones' two each from 10000.
             node_port: (shape != Shape::ClusterIp).then(|| {
                 let port = if i < 40_000 {

@@ -11,18 +11,22 @@
 //! 1. **A ClusterIP keeps its own traffic.** An external IP or load-balancer IP that equals
 //!    any Service's ClusterIP (whatever its ports and protocols) is not programmed for any
 //!    Service: traffic to that address is ClusterIP traffic.
-//! 2. **Otherwise the oldest claim wins.** Among Services with the same ClusterIP, or the same
-//!    external or load-balancer IP with the same protocol and port, the one with the oldest
-//!    `metadata.creationTimestamp` wins, then the first by namespace/name; a Service without a
-//!    timestamp loses to every Service with one ([`precedence`]). The losers' claim on that
-//!    frontend is not programmed. The loser of a ClusterIP loses that ClusterIP for all its
-//!    ports (a ClusterIP belongs to one Service); its other frontends (external IPs,
-//!    load-balancer IPs, NodePorts) still work, as do a loser's other ports and addresses.
+//! 2. **Otherwise the oldest claim wins.** Among Services with the same ClusterIP, the same
+//!    external or load-balancer IP with the same protocol and port, or the same NodePort with
+//!    the same protocol, the one with the oldest `metadata.creationTimestamp` wins, then the
+//!    first by namespace/name; a Service without a timestamp loses to every Service with one
+//!    ([`precedence`]). The losers' claim on that frontend is not programmed. The loser of a
+//!    ClusterIP loses that ClusterIP for all its ports (a ClusterIP belongs to one Service);
+//!    its other frontends (external IPs, load-balancer IPs, NodePorts) still work, as do a
+//!    loser's other ports and addresses. The API server hands out NodePorts uniquely, so a
+//!    NodePort claimed twice comes from a restored or broken allocator, or a hand-written dump;
+//!    the older Service keeps it in every family.
 //!
-//! What a Service may program depends only on the Services that claim one of its addresses.
-//! [`Services`] indexes them by address, so [`suppressed`] costs O(claimants) in any snapshot of
-//! the model, and a change to one Service affects only its [`neighbours`]: the change tracker
-//! reports them as changed too, and the desired table re-plans just them.
+//! What a Service may program depends only on the Services that claim one of its addresses or
+//! NodePorts. [`Services`] indexes them by address and by NodePort, so [`suppressed`] costs
+//! O(claimants) in any snapshot of the model, and a change to one Service affects only its
+//! [`neighbours`]: the change tracker reports them as changed too, and the desired table
+//! re-plans just them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -45,13 +49,16 @@ pub enum ConflictKind {
     /// A load-balancer IP equals a ClusterIP, or another Service's external or load-balancer
     /// IP with the same protocol and port.
     LoadBalancerIp,
+    /// Two or more Services have the same NodePort on the same protocol.
+    NodePort,
 }
 
 impl ConflictKind {
-    pub const ALL: [ConflictKind; 3] = [
+    pub const ALL: [ConflictKind; 4] = [
         ConflictKind::ClusterIp,
         ConflictKind::ExternalIp,
         ConflictKind::LoadBalancerIp,
+        ConflictKind::NodePort,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +66,7 @@ impl ConflictKind {
             ConflictKind::ClusterIp => "cluster-ip",
             ConflictKind::ExternalIp => "external-ip",
             ConflictKind::LoadBalancerIp => "load-balancer-ip",
+            ConflictKind::NodePort => "node-port",
         }
     }
 
@@ -68,6 +76,7 @@ impl ConflictKind {
             ConflictKind::ClusterIp => "ClusterIP",
             ConflictKind::ExternalIp => "external IP",
             ConflictKind::LoadBalancerIp => "load-balancer IP",
+            ConflictKind::NodePort => "NodePort",
         }
     }
 }
@@ -103,14 +112,8 @@ pub enum Frontend {
     ClusterIp(IpAddr),
     /// An address with a protocol and port.
     Addr(IpAddr, Proto, u16),
-}
-
-impl Frontend {
-    pub fn addr(self) -> IpAddr {
-        match self {
-            Frontend::ClusterIp(ip) | Frontend::Addr(ip, ..) => ip,
-        }
-    }
+    /// A NodePort with its protocol, on every NodePort address.
+    NodePort(Proto, u16),
 }
 
 impl fmt::Display for Frontend {
@@ -118,6 +121,7 @@ impl fmt::Display for Frontend {
         match *self {
             Frontend::ClusterIp(ip) => write!(f, "{ip}"),
             Frontend::Addr(ip, proto, port) => write!(f, "{}/{proto}", SocketAddr::new(ip, port)),
+            Frontend::NodePort(proto, port) => write!(f, "NodePort {port}/{proto}"),
         }
     }
 }
@@ -180,6 +184,8 @@ pub struct Suppressed {
     addrs: Vec<IpAddr>,
     /// External or load-balancer IPs lost on one protocol and port.
     frontends: Vec<(IpAddr, Proto, u16)>,
+    /// NodePorts (protocol and port) another Service keeps.
+    node_ports: Vec<(Proto, u16)>,
 }
 
 impl Suppressed {
@@ -188,10 +194,20 @@ impl Suppressed {
         cluster_ips: Vec::new(),
         addrs: Vec::new(),
         frontends: Vec::new(),
+        node_ports: Vec::new(),
     };
 
     pub fn is_empty(&self) -> bool {
-        self.cluster_ips.is_empty() && self.addrs.is_empty() && self.frontends.is_empty()
+        self.cluster_ips.is_empty()
+            && self.addrs.is_empty()
+            && self.frontends.is_empty()
+            && self.node_ports.is_empty()
+    }
+
+    /// Whether the Service's NodePort `port` on `proto` is not programmed (another Service
+    /// keeps it).
+    pub fn node_port(&self, proto: Proto, port: u16) -> bool {
+        self.node_ports.contains(&(proto, port))
     }
 
     /// The Service's ClusterIP of `family`, unless another Service keeps it.
@@ -220,11 +236,11 @@ impl Suppressed {
     }
 
     /// [`Service::externally_accessible`] with only the frontends programmed: a port whose
-    /// every external and load-balancer IP lost (and without a NodePort) is served like one
-    /// without any.
+    /// every external and load-balancer IP and NodePort lost is served like one without any.
     pub fn externally_accessible(&self, svc: &Service, port: &ServicePort) -> bool {
         let kept = |ip: &IpAddr| !self.external(*ip, port.protocol, port.port);
-        port.node_port.is_some()
+        port.node_port
+            .is_some_and(|np| !self.node_port(port.protocol, np))
             || svc.external_ips.iter().any(kept)
             || svc.load_balancer_ips.iter().any(kept)
     }
@@ -268,6 +284,16 @@ pub fn suppressed(services: &Services, svc: &Service) -> Suppressed {
             }
         }
     }
+    for (proto, port) in svc.claimed_node_ports() {
+        if services.is_node_port_shared(proto, port)
+            && services
+                .node_port_claimants(proto, port)
+                .first()
+                .is_some_and(|w| w.name != svc.name)
+        {
+            out.node_ports.push((proto, port));
+        }
+    }
     out
 }
 
@@ -276,8 +302,11 @@ pub fn suppressed(services: &Services, svc: &Service) -> Suppressed {
 pub fn claims_differ(old: Option<&Service>, new: Option<&Service>) -> bool {
     match (old, new) {
         (Some(a), Some(b)) => {
-            let ports = |s: &Service| -> Vec<(Proto, u16)> {
-                s.ports.iter().map(|p| (p.protocol, p.port)).collect()
+            let ports = |s: &Service| -> Vec<(Proto, u16, Option<u16>)> {
+                s.ports
+                    .iter()
+                    .map(|p| (p.protocol, p.port, p.node_port))
+                    .collect()
             };
             a.cluster_ips != b.cluster_ips
                 || a.external_ips != b.external_ips
@@ -291,22 +320,46 @@ pub fn claims_differ(old: Option<&Service>, new: Option<&Service>) -> bool {
     }
 }
 
-/// The other Services claiming one of the addresses `svc` claims, in `services`: those whose
-/// conflicts a change of `svc` may decide differently. O(claimants).
+/// The other Services claiming one of the addresses or NodePorts `svc` claims, in `services`:
+/// those whose conflicts a change of `svc` may decide differently. O(claimants).
 pub fn neighbours<'a>(
     services: &'a Services,
     svc: &'a Service,
 ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
-    svc.claimed_addrs()
-        .flat_map(move |ip| services.claimants(&ip).iter())
+    let by_addr = svc
+        .claimed_addrs()
+        .flat_map(move |ip| services.claimants(&ip).iter());
+    let by_node_port = svc
+        .claimed_node_ports()
+        .flat_map(move |(proto, port)| services.node_port_claimants(proto, port).iter());
+    by_addr
+        .chain(by_node_port)
         .filter(move |s| s.name != svc.name)
 }
 
 /// The Services claiming one address on one protocol and port, with how, oldest first.
 type Claims<'a> = Vec<(&'a Arc<Service>, ConflictKind)>;
 
-/// Every conflict among `services`, in address order. O(conflicting addresses × claimants).
+/// Every conflict among `services`: those of addresses in address order, then those of
+/// NodePorts. O(conflicting frontends × claimants).
 pub fn conflicts(services: &Services) -> Vec<Conflict> {
+    let mut out = address_conflicts(services);
+    for &(proto, port) in services.shared_node_ports() {
+        if let [winner, losers @ ..] = services.node_port_claimants(proto, port) {
+            out.push(conflict(
+                ConflictKind::NodePort,
+                Frontend::NodePort(proto, port),
+                winner,
+                losers.iter().map(|s| &s.name),
+                Rule::OldestWins,
+            ));
+        }
+    }
+    out
+}
+
+/// The conflicts over addresses, in address order.
+fn address_conflicts(services: &Services) -> Vec<Conflict> {
     let mut out = Vec::new();
     for ip in services.shared_addrs() {
         let claimants = services.claimants(ip);

@@ -169,7 +169,7 @@ pub fn frontends(
     out.extend(port.node_port.map(|np| PortFrontend {
         kind: FrontendKind::NodePort,
         frontend: Frontend::NodePort(np),
-        kept: true,
+        kept: !suppressed.node_port(port.protocol, np),
     }));
     out
 }
@@ -387,6 +387,14 @@ impl<'a> PortDecision<'a> {
         self.kept(kind).filter_map(|f| match f {
             Frontend::Addr(ip, _) => Some(ip),
             Frontend::NodePort(_) => None,
+        })
+    }
+
+    /// The NodePort, unless another Service keeps it.
+    pub fn node_port(&self) -> Option<u16> {
+        self.kept(FrontendKind::NodePort).find_map(|f| match f {
+            Frontend::NodePort(np) => Some(np),
+            Frontend::Addr(..) => None,
         })
     }
 

@@ -133,6 +133,11 @@ impl Trace {
                 conflicts::Frontend::Addr(ip, p, port) => {
                     ip == dst.ip() && p == proto && port == dst.port()
                 }
+                conflicts::Frontend::NodePort(p, port) => {
+                    p == proto
+                        && port == dst.port()
+                        && self.frontends.contains(&Key::ProtoPort(p, port))
+                }
             };
             self.conflicts = conflicts::conflicts(&cluster.services)
                 .into_iter()

@@ -339,7 +339,7 @@ impl Metrics {
                 &r,
                 "nftproxy_frontend_conflicts",
                 "Frontends claimed by more than one Service right now, by how the losers claimed \
-                 them (cluster-ip, external-ip, load-balancer-ip); only the winner's claim is \
+                 them (cluster-ip, external-ip, load-balancer-ip, node-port); only the winner's claim is \
                  programmed",
                 &["kind"],
             ),

@@ -514,3 +514,191 @@ fn neighbours_are_the_other_claimants() {
     assert!(claims_differ(Some(dns), Some(&moved)));
     assert!(claims_differ(None, Some(dns)));
 }
+
+/// A NodePort Service (ports 53 UDP and TCP) whose ports have node ports `udp` and `tcp`.
+fn node_port_service(
+    ns: &str,
+    n: &str,
+    created: Option<&str>,
+    ip: &str,
+    udp: u16,
+    tcp: u16,
+) -> Value {
+    service(
+        ns,
+        n,
+        created,
+        ip,
+        json!({"type": "NodePort", "ports": [
+            {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": udp},
+            {"name": "dns-tcp", "port": 53, "protocol": "TCP", "nodePort": tcp},
+        ]}),
+    )
+}
+
+/// The targets of iptables mode's `nat NFTPROXY-NODEPORTS` rules for `--dport PORT`.
+fn ipt_node_port_targets(c: &Cluster, proto: Proto, port: u16) -> Vec<String> {
+    let r = iptables::build(c, &config(), &IptablesOptions::default(), Family::V4);
+    let needle = format!("-p {0} -m {0} --dport {port} ", proto.name());
+    r.tables[&IptTable::Nat][iptables::NODEPORTS]
+        .rules
+        .iter()
+        .filter(|rule| rule.contains(&needle))
+        .map(|rule| rule.rsplit(" -j ").next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn one_node_port_goes_to_the_older_service_in_both_modes() {
+    // Named so that the newer Service comes last (a full build's last write) and first (the
+    // first iptables rule) alike: only the policy decides.
+    for (old, new) in [("a/old", "b/new"), ("b/old", "a/new")] {
+        let (old_ns, old_n) = old.split_once('/').unwrap();
+        let (new_ns, new_n) = new.split_once('/').unwrap();
+        let c = cluster(&[
+            node_port_service(old_ns, old_n, OLD, "172.30.0.1", 30053, 30054),
+            slice(old_ns, old_n, "10.1.0", 2),
+            node_port_service(new_ns, new_n, NEW, "172.30.0.2", 30053, 30054),
+            slice(new_ns, new_n, "10.2.0", 2),
+        ]);
+        for (proto, port) in [(Proto::Udp, 30053), (Proto::Tcp, 30054)] {
+            let dst = format!("192.168.0.2:{port}");
+            assert_eq!(
+                reach(&c, proto, &dst),
+                eps("10.1.0", 2, 53),
+                "{old} {proto:?}"
+            );
+            let ext = |svc: &str, p: &str| {
+                iptables::chain_name(
+                    "EXT",
+                    &iptables::port_proto_hash(&format!("{svc}:{p}"), proto.name()),
+                )
+            };
+            let p = if proto == Proto::Udp {
+                "dns"
+            } else {
+                "dns-tcp"
+            };
+            assert_eq!(ipt_node_port_targets(&c, proto, port), [ext(old, p)]);
+        }
+        // The loser keeps its ClusterIP.
+        assert_eq!(reach(&c, Proto::Udp, "172.30.0.2:53"), eps("10.2.0", 2, 53));
+        let all = conflicts(&c.services);
+        assert_eq!(all.len(), 2, "{all:?}");
+        // In protocol order, then port order.
+        for (x, frontend) in all.iter().zip([
+            Frontend::NodePort(Proto::Tcp, 30054),
+            Frontend::NodePort(Proto::Udp, 30053),
+        ]) {
+            assert_eq!(x.kind, ConflictKind::NodePort);
+            assert_eq!(x.frontend, frontend);
+            assert_eq!(x.winner, name(old));
+            assert_eq!(x.losers, [name(new)]);
+            assert_eq!(x.rule, Rule::OldestWins);
+        }
+        assert_eq!(counts(&all)[&ConflictKind::NodePort], 2);
+        assert!(
+            all[0]
+                .to_string()
+                .starts_with(&format!("node-port NodePort 30054/tcp: {old} keeps it")),
+            "{}",
+            all[0]
+        );
+    }
+}
+
+#[test]
+fn one_node_port_on_two_protocols_is_no_conflict() {
+    // UDP 30053 for one Service, TCP 30053 for the other: two frontends.
+    let c = cluster(&[
+        node_port_service("a", "udp", OLD, "172.30.0.1", 30053, 30060),
+        slice("a", "udp", "10.1.0", 1),
+        node_port_service("b", "tcp", NEW, "172.30.0.2", 30061, 30053),
+        slice("b", "tcp", "10.2.0", 1),
+    ]);
+    assert_eq!(
+        reach(&c, Proto::Udp, "192.168.0.2:30053"),
+        eps("10.1.0", 1, 53)
+    );
+    assert_eq!(
+        reach(&c, Proto::Tcp, "192.168.0.2:30053"),
+        eps("10.2.0", 1, 53)
+    );
+    assert!(conflicts(&c.services).is_empty());
+}
+
+#[test]
+fn the_node_port_index_follows_updates_and_names_neighbours() {
+    let mut c = cluster(&[
+        node_port_service("a", "old", OLD, "172.30.0.1", 30053, 30054),
+        node_port_service("b", "new", NEW, "172.30.0.2", 30053, 30055),
+    ]);
+    let claimants = |c: &Cluster, proto, port| -> Vec<String> {
+        c.services
+            .node_port_claimants(proto, port)
+            .iter()
+            .map(|s| s.name.to_string())
+            .collect()
+    };
+    assert_eq!(claimants(&c, Proto::Udp, 30053), ["a/old", "b/new"]);
+    assert_eq!(claimants(&c, Proto::Tcp, 30055), ["b/new"]);
+    assert_eq!(
+        c.services.shared_node_ports().collect::<Vec<_>>(),
+        [&(Proto::Udp, 30053)]
+    );
+    let of = |c: &Cluster, n: &str| -> Vec<String> {
+        neighbours(&c.services, &c.services[&name(n)])
+            .map(|s| s.name.to_string())
+            .collect()
+    };
+    assert_eq!(of(&c, "b/new"), ["a/old"]);
+    let old = c.services[&name("a/old")].clone();
+    // Moving a node port changes who may claim what.
+    let mut moved = Service::clone(&old);
+    let mut ports = moved.ports.to_vec();
+    ports[0].node_port = Some(30056);
+    moved.ports = ports.into();
+    assert!(claims_differ(Some(&old), Some(&moved)));
+    c.services.insert(moved.name.clone(), moved);
+    assert_eq!(claimants(&c, Proto::Udp, 30053), ["b/new"]);
+    assert!(!c.services.is_node_port_shared(Proto::Udp, 30053));
+    assert!(c.services.shared_node_ports().next().is_none());
+    assert!(of(&c, "b/new").is_empty());
+    assert!(conflicts(&c.services).is_empty());
+    c.services.remove(&name("b/new"));
+    assert!(c.services.node_port_claimants(Proto::Udp, 30053).is_empty());
+}
+
+#[test]
+fn a_change_of_a_service_sharing_a_node_port_is_planned_alone() {
+    use crate::nft::desired::{Desired, Updated};
+    let objects = |n_new: usize| {
+        vec![
+            node_port_service("a", "old", OLD, "172.30.0.1", 30053, 30054),
+            slice("a", "old", "10.1.0", 2),
+            node_port_service("b", "new", NEW, "172.30.0.2", 30053, 30054),
+            slice("b", "new", "10.2.0", n_new),
+        ]
+    };
+    let before = cluster(&objects(2));
+    let mut desired = Desired::build(&before, &config(), Family::V4);
+    // Before NodePorts were resolved by the policy, both Services wrote the node ports'
+    // elements, and every change of either rebuilt the whole table.
+    for n in [3, 1, 2] {
+        let after = cluster(&objects(n));
+        let updated = desired.update(&after, &config(), [&name("b/new")]);
+        assert!(
+            matches!(updated, Updated::Scope(_)),
+            "{n}: not a partial update"
+        );
+        assert_eq!(desired.table(), &build(&after, &config(), Family::V4).table);
+        assert_eq!(
+            reach(&after, Proto::Udp, "192.168.0.2:30053"),
+            eps("10.1.0", 2, 53)
+        );
+        assert_eq!(
+            reach(&after, Proto::Udp, "172.30.0.2:53"),
+            eps("10.2.0", n, 53)
+        );
+    }
+}

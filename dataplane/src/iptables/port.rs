@@ -160,8 +160,9 @@ pub(super) fn add(r: &mut IptRuleset, d: &PortDecision<'_>, det: Option<&(String
         }
     }
 
-    // The NodePort (not subject to loadBalancerSourceRanges, as in kube-proxy).
-    if let Some(np) = d.port.node_port {
+    // The NodePort (not subject to loadBalancerSourceRanges, as in kube-proxy), unless another
+    // Service keeps it.
+    if let Some(np) = d.node_port() {
         if has_endpoints {
             r.push(
                 Nat,

@@ -441,7 +441,7 @@ impl Desired {
             if contested {
                 tracing::debug!(
                     family = family.k8s_name(),
-                    "two Services claim one map element (a NodePort?): rebuilding the desired table"
+                    "two Services claim one map element: rebuilding the desired table"
                 );
             }
             revert(&mut self.table.sets, &scope.elements);
