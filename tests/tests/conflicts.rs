@@ -3,7 +3,8 @@
 //! ClusterIP never receives DNS traffic, whatever the endpoint counts (shorter endpoint lists
 //! are tried first; a Service with more than 16 endpoints has a chain of its own), and of two
 //! Services holding one ClusterIP the older gets the traffic, whatever the names, the order
-//! of the input file and the endpoint counts. In nftables mode and in iptables mode. Then the
+//! of the input file and the endpoint counts; the same for two Services holding one NodePort
+//! (a restored or broken allocator). In nftables mode and in iptables mode. Then the
 //! daemon: `nftproxy_frontend_conflicts`, the log lines naming both Services, and the end of a
 //! conflict applied by a partial sync.
 //!
@@ -41,6 +42,8 @@ const MANY: usize = 20;
 struct World {
     lab: Lab,
     node: Ns,
+    /// Outside the cluster (203.0.113.2), reaching the node at 192.168.0.2.
+    ext: Ns,
     pod: Ns,
     dir: tempfile::TempDir,
 }
@@ -72,6 +75,7 @@ fn world() -> World {
     World {
         lab,
         node,
+        ext,
         pod,
         dir: tempfile::tempdir().unwrap(),
     }
@@ -332,6 +336,85 @@ fn of_two_services_with_one_cluster_ip_the_older_gets_the_traffic_iptables() {
     twins_suite("iptables");
 }
 
+/// Two NodePort Services, both with NodePorts 30053 (UDP `dns`) and 30054 (TCP `dns-tcp`),
+/// shaped as [`twins`] but each with a ClusterIP of its own (172.30.0.21 the older's, .22 the
+/// newer's).
+fn node_port_twins(
+    older: (&str, &str),
+    newer: (&str, &str),
+    older_eps: usize,
+    newer_eps: usize,
+    reversed: bool,
+) -> Objects {
+    let service = |(ns, name): (&str, &str), cluster_ip: &str, created: &str| -> Value {
+        let svc = Service::new(ns, name, cluster_ip)
+            .node_port_type()
+            .port("dns", Proto::Udp, 53)
+            .node_port(30053)
+            .port("dns-tcp", Proto::Tcp, 53)
+            .node_port(30054);
+        let mut v: Value = svc.into();
+        v["metadata"]["creationTimestamp"] = json!(created);
+        v
+    };
+    let mut items = vec![
+        service(older, "172.30.0.21", OLD),
+        dns_slice(older.0, older.1, "10.1.0", older_eps).into(),
+        service(newer, "172.30.0.22", NEW),
+        dns_slice(newer.0, newer.1, "10.2.0", newer_eps).into(),
+    ];
+    if reversed {
+        items.reverse();
+    }
+    objects(items)
+}
+
+fn node_port_twins_suite(mode: &str) {
+    let w = world();
+    let cases = [
+        // (older, newer, older's endpoints, newer's endpoints, file order reversed): the
+        // newer last by name (a full build's last write) and first (iptables' first rule),
+        // with as many endpoints (one shared list) and with a chain of its own.
+        (("ns", "a"), ("ns", "b"), 2, 2, false),
+        (("ns", "b"), ("ns", "a"), 2, 2, true),
+        (("zz", "x"), ("aa", "y"), 2, 1, false),
+        (("ns", "b"), ("ns", "a"), 1, MANY, false),
+    ];
+    for (older, newer, older_eps, newer_eps, reversed) in cases {
+        w.run_once(
+            mode,
+            &node_port_twins(older, newer, older_eps, newer_eps, reversed),
+        );
+        let older_addrs = addrs("10.1.0", older_eps);
+        for (proto, dst) in [
+            (Proto::Udp, "192.168.0.2:30053"),
+            (Proto::Tcp, "192.168.0.2:30054"),
+        ] {
+            w.only(&w.ext, None, proto, dst, &older_addrs);
+        }
+        // The newer keeps its ClusterIP.
+        w.only(
+            &w.pod,
+            None,
+            Proto::Udp,
+            "172.30.0.22:53",
+            &addrs("10.2.0", newer_eps),
+        );
+    }
+}
+
+#[test]
+fn of_two_services_with_one_node_port_the_older_gets_the_traffic() {
+    nftproxy_tests::require_root!();
+    node_port_twins_suite("nftables");
+}
+
+#[test]
+fn of_two_services_with_one_node_port_the_older_gets_the_traffic_iptables() {
+    nftproxy_tests::require_root!();
+    node_port_twins_suite("iptables");
+}
+
 // ------------------------------------------------------------------------------------------
 // The daemon: the gauge, the log, and partial syncs.
 
@@ -474,6 +557,7 @@ impl Daemon {
 
 const EXTERNAL: &str = "nftproxy_frontend_conflicts{kind=\"external-ip\"}";
 const CLUSTER: &str = "nftproxy_frontend_conflicts{kind=\"cluster-ip\"}";
+const NODE_PORT: &str = "nftproxy_frontend_conflicts{kind=\"node-port\"}";
 
 #[test]
 fn the_daemon_counts_logs_and_ends_conflicts_with_partial_syncs() {
@@ -584,4 +668,64 @@ fn the_daemon_counts_logs_and_ends_conflicts_with_partial_syncs() {
     d.wait_metric(&w.node, CLUSTER, 0.0);
     d.only_partial_syncs(from, ended);
     w.dns_only("172.30.0.20:53", &addrs("10.2.0", 1));
+
+    // Two Services with one NodePort: the older gets it, by partial syncs, and a change of the
+    // newer is a partial sync too (it rebuilt the whole table before the policy covered
+    // NodePorts); when the older goes, the newer gets the NodePort.
+    let both = |older: bool, newer_eps: usize| {
+        let twins = node_port_twins(("ns", "b-old"), ("ns", "a-new"), 2, newer_eps, false);
+        // Past the node object.
+        let items = twins.items().iter().skip(1).cloned();
+        let mut o = objects(kube_dns());
+        for item in items.skip(if older { 0 } else { 2 }) {
+            o.push(item);
+        }
+        o
+    };
+    let from = d.rewrite(&w, &both(true, 1));
+    let warned = d.wait_log(from, "frontend conflict: node-port NodePort 30053/udp");
+    let line = &d.lines()[warned];
+    for want in ["WARN", "ns/b-old keeps it", "ns/a-new"] {
+        assert!(line.contains(want), "{want:?} not in {line}");
+    }
+    d.wait_metric(&w.node, NODE_PORT, 2.0);
+    d.only_partial_syncs(from, warned);
+    w.only(
+        &w.ext,
+        None,
+        Proto::Udp,
+        "192.168.0.2:30053",
+        &addrs("10.1.0", 2),
+    );
+    let from = d.rewrite(&w, &both(true, 3));
+    let synced = d.wait_log(from, "nftables sync committed");
+    d.only_partial_syncs(from, synced);
+    w.only(
+        &w.pod,
+        None,
+        Proto::Udp,
+        "172.30.0.22:53",
+        &addrs("10.2.0", 3),
+    );
+    w.only(
+        &w.ext,
+        None,
+        Proto::Udp,
+        "192.168.0.2:30053",
+        &addrs("10.1.0", 2),
+    );
+    let from = d.rewrite(&w, &both(false, 3));
+    let ended = d.wait_log(
+        from,
+        "frontend conflict ended: node-port NodePort 30053/udp",
+    );
+    d.wait_metric(&w.node, NODE_PORT, 0.0);
+    d.only_partial_syncs(from, ended);
+    w.only(
+        &w.ext,
+        None,
+        Proto::Udp,
+        "192.168.0.2:30053",
+        &addrs("10.2.0", 3),
+    );
 }
