@@ -287,19 +287,25 @@ fn trace_names_the_conflict_and_the_service_that_gets_the_traffic() {
     assert!(!text.contains("10.2.0.1"), "{text}");
 }
 
-/// Two Services with ClusterIP 172.30.0.20: the older, named `older`, with `older_eps`
-/// endpoints (10.1.0.x), and the newer with `newer_eps` (10.2.0.x); in file order, or reversed.
-fn twins(
-    older: (&str, &str),
-    newer: (&str, &str),
-    older_eps: usize,
-    newer_eps: usize,
-    reversed: bool,
-) -> Objects {
+/// Two Services, older and newer: their names, the older's endpoint count (10.1.0.x), the
+/// newer's (10.2.0.x), and whether the file lists them in reverse.
+type Pair<'a> = ((&'a str, &'a str), (&'a str, &'a str), usize, usize, bool);
+
+/// Two Services with ClusterIP 172.30.0.20 (see [`Pair`]).
+fn twins(case: Pair<'_>) -> Objects {
+    pair(case, |(ns, name), created| {
+        dns_service(ns, name, "172.30.0.20", created, |s| s)
+    })
+}
+
+/// The older Service of `case` (created at [`OLD`]) and the newer (at [`NEW`]), made by
+/// `service(name, created)`, with their endpoints.
+fn pair(case: Pair<'_>, service: impl Fn((&str, &str), &str) -> Value) -> Objects {
+    let (older, newer, older_eps, newer_eps, reversed) = case;
     let mut items = vec![
-        dns_service(older.0, older.1, "172.30.0.20", OLD, |s| s),
+        service(older, OLD),
         dns_slice(older.0, older.1, "10.1.0", older_eps).into(),
-        dns_service(newer.0, newer.1, "172.30.0.20", NEW, |s| s),
+        service(newer, NEW),
         dns_slice(newer.0, newer.1, "10.2.0", newer_eps).into(),
     ];
     if reversed {
@@ -318,9 +324,9 @@ fn twins_suite(mode: &str) {
         (("zz", "x"), ("aa", "y"), MANY, 1, true),
         (("ns", "b"), ("ns", "a"), 1, MANY, false),
     ];
-    for (older, newer, older_eps, newer_eps, reversed) in cases {
-        w.run_once(mode, &twins(older, newer, older_eps, newer_eps, reversed));
-        w.dns_only("172.30.0.20:53", &addrs("10.1.0", older_eps));
+    for case in cases {
+        w.run_once(mode, &twins(case));
+        w.dns_only("172.30.0.20:53", &addrs("10.1.0", case.2));
     }
 }
 
@@ -337,16 +343,14 @@ fn of_two_services_with_one_cluster_ip_the_older_gets_the_traffic_iptables() {
 }
 
 /// Two NodePort Services, both with NodePorts 30053 (UDP `dns`) and 30054 (TCP `dns-tcp`),
-/// shaped as [`twins`] but each with a ClusterIP of its own (172.30.0.21 the older's, .22 the
-/// newer's).
-fn node_port_twins(
-    older: (&str, &str),
-    newer: (&str, &str),
-    older_eps: usize,
-    newer_eps: usize,
-    reversed: bool,
-) -> Objects {
-    let service = |(ns, name): (&str, &str), cluster_ip: &str, created: &str| -> Value {
+/// each with a ClusterIP of its own (172.30.0.21 the older's, .22 the newer's; see [`Pair`]).
+fn node_port_twins(case: Pair<'_>) -> Objects {
+    pair(case, |(ns, name), created| {
+        let cluster_ip = if created == OLD {
+            "172.30.0.21"
+        } else {
+            "172.30.0.22"
+        };
         let svc = Service::new(ns, name, cluster_ip)
             .node_port_type()
             .port("dns", Proto::Udp, 53)
@@ -356,17 +360,7 @@ fn node_port_twins(
         let mut v: Value = svc.into();
         v["metadata"]["creationTimestamp"] = json!(created);
         v
-    };
-    let mut items = vec![
-        service(older, "172.30.0.21", OLD),
-        dns_slice(older.0, older.1, "10.1.0", older_eps).into(),
-        service(newer, "172.30.0.22", NEW),
-        dns_slice(newer.0, newer.1, "10.2.0", newer_eps).into(),
-    ];
-    if reversed {
-        items.reverse();
-    }
-    objects(items)
+    })
 }
 
 fn node_port_twins_suite(mode: &str) {
@@ -380,11 +374,9 @@ fn node_port_twins_suite(mode: &str) {
         (("zz", "x"), ("aa", "y"), 2, 1, false),
         (("ns", "b"), ("ns", "a"), 1, MANY, false),
     ];
-    for (older, newer, older_eps, newer_eps, reversed) in cases {
-        w.run_once(
-            mode,
-            &node_port_twins(older, newer, older_eps, newer_eps, reversed),
-        );
+    for case in cases {
+        let (_, _, older_eps, newer_eps, _) = case;
+        w.run_once(mode, &node_port_twins(case));
         let older_addrs = addrs("10.1.0", older_eps);
         for (proto, dst) in [
             (Proto::Udp, "192.168.0.2:30053"),
@@ -673,7 +665,7 @@ fn the_daemon_counts_logs_and_ends_conflicts_with_partial_syncs() {
     // newer is a partial sync too (it rebuilt the whole table before the policy covered
     // NodePorts); when the older goes, the newer gets the NodePort.
     let both = |older: bool, newer_eps: usize| {
-        let twins = node_port_twins(("ns", "b-old"), ("ns", "a-new"), 2, newer_eps, false);
+        let twins = node_port_twins((("ns", "b-old"), ("ns", "a-new"), 2, newer_eps, false));
         // Past the node object.
         let items = twins.items().iter().skip(1).cloned();
         let mut o = objects(kube_dns());

@@ -116,13 +116,18 @@ fn reach(c: &Cluster, proto: Proto, dst: &str) -> BTreeSet<String> {
 
 /// The targets of iptables mode's `nat NFTPROXY-SERVICES` rules for `-d IP --dport PORT`.
 fn ipt_targets(c: &Cluster, proto: Proto, dst: &str) -> Vec<String> {
-    let r = iptables::build(c, &config(), &IptablesOptions::default(), Family::V4);
     let (ip, port) = dst.split_once(':').unwrap();
     let needle = format!("-p {0} -m {0} -d {ip} --dport {port} ", proto.name());
-    r.tables[&IptTable::Nat][iptables::SERVICES]
+    ipt_rule_targets(c, iptables::SERVICES, &needle)
+}
+
+/// The targets of iptables mode's rules in `nat` chain `chain` that contain `needle`.
+fn ipt_rule_targets(c: &Cluster, chain: &str, needle: &str) -> Vec<String> {
+    let r = iptables::build(c, &config(), &IptablesOptions::default(), Family::V4);
+    r.tables[&IptTable::Nat][chain]
         .rules
         .iter()
-        .filter(|rule| rule.contains(&needle))
+        .filter(|rule| rule.contains(needle))
         .map(|rule| rule.rsplit(" -j ").next().unwrap().to_string())
         .collect()
 }
@@ -538,14 +543,8 @@ fn node_port_service(
 
 /// The targets of iptables mode's `nat NFTPROXY-NODEPORTS` rules for `--dport PORT`.
 fn ipt_node_port_targets(c: &Cluster, proto: Proto, port: u16) -> Vec<String> {
-    let r = iptables::build(c, &config(), &IptablesOptions::default(), Family::V4);
     let needle = format!("-p {0} -m {0} --dport {port} ", proto.name());
-    r.tables[&IptTable::Nat][iptables::NODEPORTS]
-        .rules
-        .iter()
-        .filter(|rule| rule.contains(&needle))
-        .map(|rule| rule.rsplit(" -j ").next().unwrap().to_string())
-        .collect()
+    ipt_rule_targets(c, iptables::NODEPORTS, &needle)
 }
 
 #[test]
