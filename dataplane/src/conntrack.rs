@@ -65,9 +65,9 @@ pub struct Frontends {
 
 impl Frontends {
     /// The UDP frontends `cluster` gives `family`. Services without a ClusterIP of the family
-    /// are not proxied in it and have none. An address frontend several Services claim is the
-    /// one Service's that [`crate::conflicts`] gives it to (the others' entries to it are
-    /// stale); two Services claiming one NodePort share it: the endpoints of both count.
+    /// are not proxied in it and have none. A frontend several Services claim (an address or a
+    /// NodePort) is the one Service's that [`crate::conflicts`] gives it to (the others'
+    /// entries to it are stale).
     pub fn of(cluster: &Cluster, family: Family) -> Frontends {
         FrontendIndex::build(cluster, family).current
     }
