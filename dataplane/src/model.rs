@@ -23,6 +23,15 @@ pub use endpoints::{EndpointRef, Endpoints};
 pub use services::Services;
 pub use shared::Shared;
 
+/// The items `all` lists (a short list, listed anew on each call), each once, in order: a
+/// quadratic check allocates nothing.
+fn each_once<T: PartialEq, I: Iterator<Item = T>>(all: impl Fn() -> I) -> impl Iterator<Item = T> {
+    all()
+        .enumerate()
+        .filter(move |(i, x)| !all().take(*i).any(|earlier| earlier == *x))
+        .map(|(_, x)| x)
+}
+
 /// `namespace/name` of a Kubernetes object. Names are copied into many indexes and change
 /// sets; shared strings make those copies free and keep them from fragmenting the heap.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -115,32 +124,28 @@ impl Service {
     /// Every address the Service claims a frontend on, in any family: its ClusterIPs, external
     /// IPs and LoadBalancer IPs, each once.
     pub fn claimed_addrs(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        let all = || {
+        each_once(|| {
             self.cluster_ips
                 .iter()
                 .chain(&self.external_ips)
                 .chain(&self.load_balancer_ips)
-        };
-        // The lists are short: a quadratic check allocates nothing.
-        all()
-            .enumerate()
-            .filter(move |(i, ip)| !all().take(*i).any(|earlier| earlier == *ip))
-            .map(|(_, ip)| *ip)
+                .copied()
+        })
     }
 
     /// Every NodePort the Service claims, as protocol and port, each once. A Service proxied in
     /// no family (without a ClusterIP) claims none.
     pub fn claimed_node_ports(&self) -> impl Iterator<Item = (Proto, u16)> + '_ {
-        let all = || {
-            self.ports
-                .iter()
-                .filter(|_| !self.cluster_ips.is_empty())
-                .filter_map(|p| Some((p.protocol, p.node_port?)))
+        let ports: &[ServicePort] = if self.cluster_ips.is_empty() {
+            &[]
+        } else {
+            &self.ports
         };
-        all()
-            .enumerate()
-            .filter(move |(i, np)| !all().take(*i).any(|earlier| earlier == *np))
-            .map(|(_, np)| np)
+        each_once(move || {
+            ports
+                .iter()
+                .filter_map(|p| Some((p.protocol, p.node_port?)))
+        })
     }
 
     /// NodePorts, LoadBalancer IPs or external IPs make a Service reachable from outside.

@@ -380,20 +380,19 @@ impl Fragment {
             Some((*set, run))
         });
         // A map's lists are one run: the builder sorts them by map and destination.
-        let mut lists = self.lists.iter().peekable();
-        let lists = std::iter::from_fn(move || {
-            let first = lists.next()?;
-            let mut run = Vec::with_capacity(first.endpoints.len());
-            let mut list = Some(first);
-            while let Some(l) = list {
-                run.extend(
-                    l.entries()
-                        .map(|(key, (addr, port))| item(key, Some(&Value::Endpoint(addr, port)))),
-                );
-                list = lists.next_if(|next| next.map == first.map);
-            }
-            Some((first.map, run))
-        });
+        let lists =
+            self.lists
+                .chunk_by(|a, b| a.map == b.map)
+                .map(move |lists| {
+                    let mut run = Vec::with_capacity(lists.iter().map(|l| l.endpoints.len()).sum());
+                    // List by list: each extends the run at its exact length.
+                    for l in lists {
+                        run.extend(l.entries().map(|(key, (addr, port))| {
+                            item(key, Some(&Value::Endpoint(addr, port)))
+                        }));
+                    }
+                    (lists[0].map, run)
+                });
         let hairpin = (!self.hairpin.is_empty()).then(|| {
             let run = self.hairpin.iter().map(|ip| item(Key::AddrPair(*ip), None));
             (HAIRPIN_ENDPOINTS, run.collect())

@@ -95,9 +95,7 @@ impl Touched {
         }
         self.0 = merged;
     }
-}
 
-impl Touched {
     /// Records the entries `fill` pushes, as [`Touched::record`] would take them. A run in key
     /// order past everything recorded so far (a large Service's list, as it usually comes) is
     /// written in place rather than collected and copied.
