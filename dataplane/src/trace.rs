@@ -161,8 +161,21 @@ impl Trace {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct State {
     mark: u32,
+    /// The destination address a rule wrote into the packet (`ip daddr set`), before DNAT.
+    daddr: Option<IpAddr>,
     dnat: Option<SocketAddr>,
     masqueraded: bool,
+}
+
+impl State {
+    /// The packet's destination address as the next rule sees it.
+    fn dst(&self, pkt: &Packet) -> IpAddr {
+        match (self.dnat, self.daddr) {
+            (Some(d), _) => d.ip(),
+            (None, Some(a)) => a,
+            (None, None) => pkt.dst.ip(),
+        }
+    }
 }
 
 /// How a chain evaluation ended.
@@ -197,7 +210,7 @@ impl Tracer<'_> {
     }
 
     fn matches(&self, m: &Match, state: &State) -> bool {
-        let dst = state.dnat.map(|d| d.ip()).unwrap_or(self.pkt.dst.ip());
+        let dst = state.dst(&self.pkt);
         let src = self.pkt.src;
         let set_has = |set: &str, key: Key| self.element(set, &key).is_some();
         match m {
@@ -353,7 +366,7 @@ impl Tracer<'_> {
         mut state: State,
         depth: usize,
     ) -> Vec<End> {
-        let dst = state.dnat.map(|d| d.ip()).unwrap_or(self.pkt.dst.ip());
+        let dst = state.dst(&self.pkt);
         let continue_here = |me: &mut Self, s: State| me.rules(chain, i + 1, s, depth);
         match action {
             Action::Verdict(v) => self.verdict(chain, i, v, state, depth),
@@ -408,6 +421,13 @@ impl Tracer<'_> {
                 }
                 ends
             }
+            Action::SetDaddr { map } => match self.element(map, &self.frontend(dst, false)) {
+                Some(Some(Value::Addr(addr))) => {
+                    state.daddr = Some(addr);
+                    continue_here(self, state)
+                }
+                _ => continue_here(self, state),
+            },
             Action::Masquerade => {
                 state.masqueraded = true;
                 vec![End::Accept(state)]
@@ -477,6 +497,7 @@ pub fn trace(table: &Table, host: &Host, pkt: &Packet) -> Trace {
     let mut finals = BTreeSet::new();
     let start = vec![State {
         mark: 0,
+        daddr: None,
         dnat: None,
         masqueraded: false,
     }];
@@ -489,7 +510,7 @@ pub fn trace(table: &Table, host: &Host, pkt: &Packet) -> Trace {
     let states = t.hook(nat, states, &mut finals);
     let mut after_filter = Vec::new();
     for s in states {
-        let dst = s.dnat.map(|d| d.ip()).unwrap_or(pkt.dst.ip());
+        let dst = s.dst(pkt);
         let filters: &[&str] = match (from_host, host.is_local(&dst)) {
             // A packet the node sends to itself leaves through the output hooks and comes back
             // in over loopback: the prerouting filter and the input hook see it as well (NAT

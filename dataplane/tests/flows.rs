@@ -5,8 +5,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use nftproxy_dataplane::convert;
 use nftproxy_dataplane::model::Cluster;
-use nftproxy_dataplane::nft::build::{BuildConfig, LocalDetector, build};
-use nftproxy_dataplane::nft::ruleset::{Family, Proto};
+use nftproxy_dataplane::nft::build::{BuildConfig, EXTERNAL_TO_CLUSTER_IPS, LocalDetector, build};
+use nftproxy_dataplane::nft::ruleset::{Family, Key, Proto};
 use nftproxy_dataplane::trace::{Host, Outcome, Packet, trace};
 
 fn fixture() -> Cluster {
@@ -387,4 +387,134 @@ fn large_services_reach_every_endpoint_through_the_draws() {
             t.chains
         );
     }
+}
+
+/// External IPs and load-balancer IPs whose traffic goes to the ClusterIP's endpoints share the
+/// ClusterIP's list (the destination is rewritten first); the others keep lists of their own.
+#[test]
+fn external_destinations_share_the_cluster_ip_list_when_their_endpoints_agree() {
+    // Service n: ClusterIP 172.30.0.n, load-balancer IP 5.6.7.n, NodePort 300n, an endpoint on
+    // this node (10.180.n.1) and one elsewhere (10.180.n.2).
+    let service = |name: &str, n: u8, extra: &str| {
+        format!(
+            "- apiVersion: v1
+  kind: Service
+  metadata: {{name: {name}, namespace: ns}}
+  spec:
+    type: LoadBalancer
+    clusterIP: 172.30.0.{n}
+    ports: [{{name: p, port: 80, protocol: TCP, nodePort: 300{n}}}]
+    {extra}
+  status: {{loadBalancer: {{ingress: [{{ip: 5.6.7.{n}}}]}}}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {{name: {name}-a, namespace: ns, labels: {{kubernetes.io/service-name: {name}}}}}
+  addressType: IPv4
+  ports: [{{name: p, port: 8080, protocol: TCP}}]
+  endpoints:
+  - {{addresses: [10.180.{n}.1], nodeName: test-node}}
+  - {{addresses: [10.180.{n}.2], nodeName: node2}}
+"
+        )
+    };
+    let text = [
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: test-node}\n  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}\n".to_string(),
+        service("plain", 51, "externalIPs: [5.6.8.51]"),
+        service("local", 52, "externalTrafficPolicy: Local"),
+        service("sticky", 53, "sessionAffinity: ClientIP"),
+        service("inside", 54, "internalTrafficPolicy: Local"),
+    ]
+    .concat();
+    let (objects, skipped) = nftproxy_dataplane::input::parse_yaml(&text).unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let (c, skipped) = convert::cluster(&objects, "test-node", "");
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let table = build(&c, &config(), Family::V4).table;
+    let shared: Vec<String> = table.sets[EXTERNAL_TO_CLUSTER_IPS]
+        .elements
+        .iter()
+        .map(|(k, v)| format!("{k:?} -> {v:?}"))
+        .collect();
+    assert_eq!(
+        shared,
+        [
+            "AddrProtoPort(5.6.7.51, Tcp, 80) -> Some(Addr(172.30.0.51))",
+            "AddrProtoPort(5.6.8.51, Tcp, 80) -> Some(Addr(172.30.0.51))",
+        ]
+    );
+    // Only the others' external destinations have lists of their own.
+    let lists: BTreeSet<IpAddr> = table
+        .sets
+        .values()
+        .flat_map(|s| s.elements.keys())
+        .filter_map(|k| match k.list_destination() {
+            Some((Key::AddrProtoPort(ip, ..), _)) => Some(ip),
+            _ => None,
+        })
+        .filter(|ip| !ip.to_string().starts_with("172.30."))
+        .collect();
+    let want: BTreeSet<IpAddr> = ["5.6.7.52", "5.6.7.53", "5.6.7.54"]
+        .map(|a| a.parse().unwrap())
+        .into();
+    assert_eq!(lists, want);
+    // Traffic from outside reaches the same endpoints as before, masqueraded (Cluster policy).
+    use Proto::Tcp;
+    check(
+        &c,
+        "203.0.113.2",
+        Tcp,
+        "5.6.7.51:80",
+        "10.180.51.1:8080, 10.180.51.2:8080",
+        true,
+    );
+    check(
+        &c,
+        "203.0.113.2",
+        Tcp,
+        "5.6.8.51:80",
+        "10.180.51.1:8080, 10.180.51.2:8080",
+        true,
+    );
+    check(
+        &c,
+        "203.0.113.2",
+        Tcp,
+        "5.6.7.52:80",
+        "10.180.52.1:8080",
+        false,
+    );
+    check(
+        &c,
+        "203.0.113.2",
+        Tcp,
+        "5.6.7.53:80",
+        "10.180.53.1:8080, 10.180.53.2:8080",
+        true,
+    );
+    check(
+        &c,
+        "203.0.113.2",
+        Tcp,
+        "5.6.7.54:80",
+        "10.180.54.1:8080, 10.180.54.2:8080",
+        true,
+    );
+    // The ClusterIP of the internal-Local Service: this node's endpoint only.
+    check(
+        &c,
+        "10.1.0.2",
+        Tcp,
+        "172.30.0.54:80",
+        "10.180.54.1:8080",
+        false,
+    );
+    // The ClusterIP the rewrite points at is its own destination still.
+    check(
+        &c,
+        "10.1.0.2",
+        Tcp,
+        "172.30.0.51:80",
+        "10.180.51.1:8080, 10.180.51.2:8080",
+        false,
+    );
 }

@@ -12,8 +12,8 @@ use nftproxy_dataplane::model::{
     ServiceType, Site,
 };
 use nftproxy_dataplane::nft::build::{
-    BIG_MAX_ENDPOINTS, BuildConfig, EndpointLists, LIST_MAX_ENDPOINTS, LocalDetector, affinity,
-    build,
+    BIG_MAX_ENDPOINTS, BuildConfig, EXTERNAL_TO_CLUSTER_IPS, EndpointLists, LIST_MAX_ENDPOINTS,
+    LocalDetector, affinity, build,
 };
 use nftproxy_dataplane::nft::desired::{Before, Desired, Scope, Updated};
 use nftproxy_dataplane::nft::plan::{
@@ -300,8 +300,16 @@ fn services_claiming_one_frontend_update_in_place_like_a_full_build() {
     let mut desired = Desired::build(&c, &config(), Family::V4);
     assert_eq!(desired.table(), &build(&c, &config(), Family::V4).table);
     let mut state = fresh_state(desired.table());
+    // The external IP shares its owner's ClusterIP list.
     let owner = |d: &Desired| -> Vec<IpAddr> {
-        let key = Key::AddrProtoPort(shared, Proto::Tcp, 80)
+        let external = Key::AddrProtoPort(shared, Proto::Tcp, 80);
+        let Some(Some(Value::Addr(cluster_ip))) = d.table().sets[EXTERNAL_TO_CLUSTER_IPS]
+            .elements
+            .get(&external)
+        else {
+            return Vec::new();
+        };
+        let key = Key::AddrProtoPort(cluster_ip, Proto::Tcp, 80)
             .list_entry(0)
             .unwrap();
         d.table().sets["cluster-endpoints-1"]

@@ -7,6 +7,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
+use dataplane::nft::build::EXTERNAL_TO_CLUSTER_IPS;
 use dataplane::nft::ruleset::{
     Action, BaseChain, Chain, ChainType, ElementMap, Family, Hook, Key, KeyType, Match, Proto,
     REGION_MODULUS, Rule, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,

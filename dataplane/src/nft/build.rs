@@ -85,6 +85,7 @@ pub const NODEPORTS: &str = "nodeports";
 pub const MASQUERADE_SERVICES: &str = "masquerade-services";
 pub const MASQUERADE_NODEPORTS: &str = "masquerade-nodeports";
 pub const LOCAL_POLICY_SERVICES: &str = "local-policy-services";
+pub const EXTERNAL_TO_CLUSTER_IPS: &str = "external-to-cluster-ips";
 pub const LOCAL_POLICY_NODEPORTS: &str = "local-policy-nodeports";
 
 /// Most endpoints a Service port may have to be served by the shared endpoint lists rather

@@ -109,6 +109,9 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
             };
             format!("dnat {fam} to numgen random mod {REGION_MODULUS}{offset} map @{map}")
         }
+        Action::SetDaddr { map } => {
+            format!("{fam} daddr set {fam} daddr . meta l4proto . th dport map @{map}")
+        }
         Action::DnatIndexed {
             map,
             nodeport,
@@ -195,6 +198,12 @@ pub fn key_type_text(family: Family, key: KeyType) -> &'static str {
         (Family::V6, KeyType::AffinityClients) => {
             "ip6 saddr . ip6 daddr . meta l4proto . th dport : ip6 daddr . th dport"
         }
+        (Family::V4, KeyType::AddrProtoPortToAddr) => {
+            "ipv4_addr . inet_proto . inet_service : ipv4_addr"
+        }
+        (Family::V6, KeyType::AddrProtoPortToAddr) => {
+            "ipv6_addr . inet_proto . inet_service : ipv6_addr"
+        }
     }
 }
 
@@ -214,6 +223,7 @@ fn element_text(key: &Key, value: Option<&Value>) -> String {
     match value {
         Some(Value::Verdict(v)) => format!("{} : {}", key_text(key), verdict_text(v)),
         Some(Value::Endpoint(addr, port)) => format!("{} : {addr} . {port}", key_text(key)),
+        Some(Value::Addr(addr)) => format!("{} : {addr}", key_text(key)),
         None => key_text(key),
     }
 }
@@ -232,7 +242,7 @@ fn base_chain_text(b: &BaseChain) -> String {
 
 /// `map` or `set`.
 fn set_kind(decl: &SetDecl) -> &'static str {
-    if decl.is_vmap || decl.key.holds_endpoints() {
+    if decl.is_vmap || decl.key.has_data() {
         "map"
     } else {
         "set"

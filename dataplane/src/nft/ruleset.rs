@@ -192,6 +192,14 @@ pub enum Action {
         nodeport: bool,
         modulus: u32,
     },
+    /// `ip daddr set ip daddr . meta l4proto . th dport map @MAP` (a map of
+    /// [`KeyType::AddrProtoPortToAddr`]): rewrites the destination address, so that the
+    /// lookups after it see another destination's key (an external IP's ClusterIP, whose
+    /// endpoint list it shares). DNAT later replaces the address in the packet and conntrack
+    /// keeps the original one for the replies. A miss ends the rule, the packet unchanged.
+    SetDaddr {
+        map: &'static str,
+    },
 }
 
 // `repr(u8)` puts the tag in a byte of its own, which lets `Option<Value>` keep [`Value::Endpoint`]
@@ -239,6 +247,9 @@ pub enum KeyType {
     /// daddr . th dport`, `flags dynamic,timeout`: the kernel fills it (see
     /// [`Action::UpdateAffinity`]); the desired table never holds its elements.
     AffinityClients,
+    /// A map `ipv4_addr . inet_proto . inet_service : ipv4_addr` (elements are
+    /// [`Key::AddrProtoPort`] with a [`Value::Addr`]), read by [`Action::SetDaddr`].
+    AddrProtoPortToAddr,
 }
 
 impl KeyType {
@@ -251,6 +262,11 @@ impl KeyType {
                 | KeyType::ProtoPortIndex
                 | KeyType::AffinityClients
         )
+    }
+
+    /// Maps whose elements have data other than a verdict: endpoints or addresses.
+    pub fn has_data(self) -> bool {
+        self.holds_endpoints() || self == KeyType::AddrProtoPortToAddr
     }
 }
 
@@ -284,6 +300,8 @@ pub enum Value {
     Verdict(Verdict),
     /// The endpoint an endpoint-map interval chooses.
     Endpoint(IpAddr, u16),
+    /// An address ([`KeyType::AddrProtoPortToAddr`] maps).
+    Addr(IpAddr),
 }
 
 impl From<Verdict> for Value {
@@ -297,7 +315,7 @@ impl Value {
     pub fn verdict(&self) -> Option<&Verdict> {
         match self {
             Value::Verdict(v) => Some(v),
-            Value::Endpoint(..) => None,
+            Value::Endpoint(..) | Value::Addr(_) => None,
         }
     }
 }

@@ -137,6 +137,12 @@ pub(super) fn raw_expr(elem: &[u8]) -> Option<Ex> {
                 data: data_value(a.get(&2)?)?,
             },
         },
+        // A payload write: NFTA_PAYLOAD_BASE, _OFFSET, _LEN, _SREG, _CSUM_TYPE, _CSUM_OFFSET,
+        // _CSUM_FLAGS (decoded with the action that uses it).
+        "payload" if allowed(&[2, 3, 4, 5, 6, 7, 8]) && a.contains_key(&5) => Ex::Other {
+            name: "payload-write".to_string(),
+            attrs: a.into_iter().map(|(k, v)| (k, v.to_vec())).collect(),
+        },
         "payload" | "cmp" | "bitwise" | "meta" | "lookup" | "immediate" => return None,
         _ => Ex::Other {
             name,
@@ -638,6 +644,31 @@ pub(super) fn frontend_action(family: Family, ex: &[Ex]) -> Option<Action> {
                 map: set.clone(),
                 nodeport,
                 modulus,
+            })
+        }
+        [
+            Ex::Lookup {
+                set,
+                sreg: 0,
+                dreg: Some(data),
+            },
+            e,
+        ] if !nodeport && set == EXTERNAL_TO_CLUSTER_IPS => {
+            let (_, daddr_off, alen) = addr_layout(family);
+            let csum = match family {
+                Family::V4 => (NFT_PAYLOAD_CSUM_INET, 10),
+                Family::V6 => (NFT_PAYLOAD_CSUM_NONE, 0),
+            };
+            let w = is_other(e, "payload-write")?;
+            let ok = reg_of(w, NFTA_PAYLOAD_SREG) == Some(*data)
+                && get_u32(w, NFTA_PAYLOAD_BASE) == Some(NFT_PAYLOAD_NETWORK_HEADER)
+                && get_u32(w, NFTA_PAYLOAD_OFFSET) == Some(daddr_off)
+                && get_u32(w, NFTA_PAYLOAD_LEN) == Some(alen)
+                && get_u32(w, NFTA_PAYLOAD_CSUM_TYPE).unwrap_or(NFT_PAYLOAD_CSUM_NONE) == csum.0
+                && get_u32(w, NFTA_PAYLOAD_CSUM_OFFSET).unwrap_or(0) == csum.1
+                && get_u32(w, NFTA_PAYLOAD_CSUM_FLAGS) == Some(NFT_PAYLOAD_L4CSUM_PSEUDOHDR);
+            ok.then_some(Action::SetDaddr {
+                map: EXTERNAL_TO_CLUSTER_IPS,
             })
         }
         _ => None,

@@ -76,6 +76,9 @@ impl RawSet {
         if self.flags == known && self.data_type == Some(endpoint_data_layout(family).0) {
             return self.affinity_decl(family);
         }
+        if self.flags == SetFlags::Map && self.data_type == Some(addr_type(family).0) {
+            return self.addr_map_decl(family);
+        }
         let is_vmap = self.flags.contains(SetFlags::Map);
         if is_vmap != (self.data_type == Some(NFT_DATA_VERDICT)) {
             return None;
@@ -137,6 +140,19 @@ impl RawSet {
         })
     }
 
+    /// A map from `ADDR . inet_proto . inet_service` to the family's addresses.
+    fn addr_map_decl(&self, family: Family) -> Option<SetDecl> {
+        let ok = self.data_len == Some(addr_type(family).1)
+            && self
+                .key_among(family, &[KeyType::AddrProtoPortToAddr])
+                .is_some();
+        ok.then_some(SetDecl {
+            comment: self.comment.clone().ok()?,
+            size: self.size,
+            ..SetDecl::new(KeyType::AddrProtoPortToAddr)
+        })
+    }
+
     /// A map of endpoints (to the family's `ADDR . inet_service`): an endpoint-list map, a
     /// plain map from `[ADDR .] inet_proto . inet_service . integer`, or an endpoint map, an
     /// interval map (nothing else) from 4-byte values. An endpoint map's key type id is not
@@ -183,7 +199,7 @@ pub(super) fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> 
     let alen = addr_layout(family).2 as usize;
     match key {
         KeyType::Addr if b.len() == alen => Some(Key::Addr(decode_addr(b)?)),
-        KeyType::AddrProtoPort if b.len() == alen + 8 => {
+        KeyType::AddrProtoPort | KeyType::AddrProtoPortToAddr if b.len() == alen + 8 => {
             let (p, port) = decode_proto_port(&b[alen..])?;
             Some(Key::AddrProtoPort(decode_addr(&b[..alen])?, p, port))
         }
@@ -277,25 +293,39 @@ pub(super) fn decode_element(
     element: &[u8],
     out: &mut Vec<(Key, Option<Value>)>,
 ) -> bool {
-    let Some((key, value, false)) = raw_element(family, decl.key.holds_endpoints(), element) else {
+    let data = if decl.key.holds_endpoints() {
+        Data::Endpoint
+    } else if decl.key == KeyType::AddrProtoPortToAddr {
+        Data::Addr
+    } else {
+        Data::Verdict
+    };
+    let Some((key, value, false)) = raw_element(family, data, element) else {
         return false;
     };
     let Some(key) = decode_key(family, decl.key, &key) else {
         return false;
     };
-    if (decl.is_vmap || decl.key.holds_endpoints()) != value.is_some() {
+    if (decl.is_vmap || decl.key.has_data()) != value.is_some() {
         return false;
     }
     out.push((key, value));
     true
 }
 
-/// One element as the kernel lists it: its key's bytes, its data (an endpoint if `endpoints`,
-/// else a verdict) and whether it ends an interval; `None` if it is malformed or has anything
-/// else nftproxy does not write.
+/// What an element's data is, by its map's type.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Data {
+    Verdict,
+    Endpoint,
+    Addr,
+}
+
+/// One element as the kernel lists it: its key's bytes, its data (of kind `data`) and whether
+/// it ends an interval; `None` if it is malformed or has anything else nftproxy does not write.
 pub(super) fn raw_element(
     family: Family,
-    endpoints: bool,
+    data: Data,
     element: &[u8],
 ) -> Option<(Vec<u8>, Option<Value>, bool)> {
     let mut key = None;
@@ -304,11 +334,22 @@ pub(super) fn raw_element(
     for (kind, v) in attr_map(element)? {
         match kind {
             NFTA_SET_ELEM_KEY => key = Some(data_value(v)?),
-            NFTA_SET_ELEM_DATA if endpoints => {
-                let (addr, port) = decode_endpoint(family, &data_value(v)?)?;
-                value = Some(Value::Endpoint(addr, port));
+            NFTA_SET_ELEM_DATA => {
+                value = Some(match data {
+                    Data::Endpoint => {
+                        let (addr, port) = decode_endpoint(family, &data_value(v)?)?;
+                        Value::Endpoint(addr, port)
+                    }
+                    Data::Addr => {
+                        let b = data_value(v)?;
+                        if b.len() != addr_layout(family).2 as usize {
+                            return None;
+                        }
+                        Value::Addr(decode_addr(&b)?)
+                    }
+                    Data::Verdict => Value::Verdict(data_verdict(v)?),
+                })
             }
-            NFTA_SET_ELEM_DATA => value = Some(Value::Verdict(data_verdict(v)?)),
             NFTA_SET_ELEM_FLAGS => match be_u32(v)? {
                 0 => {}
                 NFT_SET_ELEM_INTERVAL_END => end = true,
@@ -327,7 +368,7 @@ pub(in crate::nftables) fn raw_affinity_element(
     family: Family,
     element: &[u8],
 ) -> Option<(Vec<u8>, (IpAddr, u16))> {
-    match raw_element(family, true, element)? {
+    match raw_element(family, Data::Endpoint, element)? {
         (key, Some(Value::Endpoint(addr, port)), false) => Some((key, (addr, port))),
         _ => None,
     }
@@ -352,7 +393,7 @@ pub(super) fn decode_interval_element(
     element: &[u8],
     out: &mut Vec<IntervalBound>,
 ) -> bool {
-    let Some((key, value, end)) = raw_element(family, true, element) else {
+    let Some((key, value, end)) = raw_element(family, Data::Endpoint, element) else {
         return false;
     };
     let Some(at) = be_u32(&key) else {
@@ -360,7 +401,7 @@ pub(super) fn decode_interval_element(
     };
     let target = match value {
         Some(Value::Endpoint(addr, port)) => Some((addr, port)),
-        Some(Value::Verdict(_)) => return false,
+        Some(Value::Verdict(_) | Value::Addr(_)) => return false,
         None => None,
     };
     // A start carries its endpoint, an end nothing.

@@ -169,6 +169,9 @@ fn rules_round_trip_through_the_encoder() {
             Action::DnatAffinity {
                 map: AFFINITY_CLIENTS,
             },
+            Action::SetDaddr {
+                map: dataplane::nft::build::EXTERNAL_TO_CLUSTER_IPS,
+            },
             Action::UpdateAffinity {
                 map: AFFINITY_CLIENTS,
                 timeout_secs: 10_800,

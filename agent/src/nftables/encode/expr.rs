@@ -430,6 +430,29 @@ pub(super) fn action_exprs(
             out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
             out.push(dnat(family, nft_reg(alen / 4), None));
         }
+        Action::SetDaddr { map } => {
+            addr_proto_port(family, out);
+            out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
+            // What nft writes for `ip daddr set`: the IPv4 header checksum is fixed up
+            // (`csum_type inet` at offset 10), and for both families the transport checksum
+            // over the pseudo-header (TCP, UDP unless its checksum is 0).
+            let (csum_type, csum_offset) = match family {
+                Family::V4 => (NFT_PAYLOAD_CSUM_INET, 10),
+                Family::V6 => (NFT_PAYLOAD_CSUM_NONE, 0),
+            };
+            out.push(other(
+                "payload",
+                vec![
+                    u32_attr(NFTA_PAYLOAD_SREG, Register::Reg1.into()),
+                    u32_attr(NFTA_PAYLOAD_BASE, NFT_PAYLOAD_NETWORK_HEADER),
+                    u32_attr(NFTA_PAYLOAD_OFFSET, daddr_off),
+                    u32_attr(NFTA_PAYLOAD_LEN, alen),
+                    u32_attr(NFTA_PAYLOAD_CSUM_TYPE, csum_type),
+                    u32_attr(NFTA_PAYLOAD_CSUM_OFFSET, csum_offset),
+                    u32_attr(NFTA_PAYLOAD_CSUM_FLAGS, NFT_PAYLOAD_L4CSUM_PSEUDOHDR),
+                ],
+            ));
+        }
         Action::Masquerade => out.push(other(
             "masq",
             vec![u32_attr(NFTA_MASQ_FLAGS, NF_NAT_RANGE_PROTO_RANDOM_FULLY)],

@@ -35,7 +35,7 @@ pub(in crate::nftables) fn chain_type_name(t: ChainType) -> &'static str {
     }
 }
 
-pub(super) fn addr_type(family: Family) -> (u32, u32) {
+pub(in crate::nftables) fn addr_type(family: Family) -> (u32, u32) {
     match family {
         Family::V4 => (TYPE_IPV4_ADDR, 4),
         Family::V6 => (TYPE_IPV6_ADDR, 16),
@@ -52,7 +52,7 @@ pub(in crate::nftables) fn key_layout(family: Family, key: KeyType) -> (u32, u32
     let (addr_type, addr_len) = addr_type(family);
     match key {
         KeyType::Addr => (addr_type, addr_len),
-        KeyType::AddrProtoPort => (
+        KeyType::AddrProtoPort | KeyType::AddrProtoPortToAddr => (
             concat(&[addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE]),
             addr_len + 8,
         ),
@@ -96,6 +96,17 @@ pub(in crate::nftables) fn endpoint_data(
     push_addr(&mut out, addr);
     out.extend_from_slice(&port.to_be_bytes());
     out.extend_from_slice(&[0, 0]);
+    Ok(out)
+}
+
+/// An address as map data.
+pub(in crate::nftables) fn addr_data(
+    family: Family,
+    addr: &IpAddr,
+) -> Result<ElementBytes, String> {
+    check_family(family, addr)?;
+    let mut out = ElementBytes::new();
+    push_addr(&mut out, addr);
     Ok(out)
 }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use super::affinity;
 use super::{
-    BuildConfig, CLUSTER_IPS, CLUSTER_IPS_CHECK, Detector, EndpointLists, FIREWALL_CHECK,
-    FIREWALL_IPS, HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS,
+    BuildConfig, CLUSTER_IPS, CLUSTER_IPS_CHECK, Detector, EXTERNAL_TO_CLUSTER_IPS, EndpointLists,
+    FIREWALL_CHECK, FIREWALL_IPS, HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS,
     LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES,
     MASQUERADING, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, NODEPORT_ENDPOINTS_CHECK,
     NODEPORT_IPS, NODEPORTS, NodePortIps, REJECT_NODEPORTS, REJECT_SERVICES,
@@ -182,6 +182,12 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         Rule::new(
             vec![frontend_in(MASQUERADE_SERVICES)],
             jump(MARK_FOR_MASQUERADE),
+        ),
+        Rule::new(
+            vec![],
+            Action::SetDaddr {
+                map: EXTERNAL_TO_CLUSTER_IPS,
+            },
         ),
         Rule::new(vec![], jump(EndpointLists::ClusterServices.chain())),
         Rule::new(vec![], jump(EndpointLists::LocalServices.chain())),
@@ -380,6 +386,16 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     ] {
         t.sets.insert(name.into(), set(key, false, comment));
     }
+    t.sets.insert(
+        EXTERNAL_TO_CLUSTER_IPS.into(),
+        empty_set(SetDecl {
+            comment: Some(
+                "external IPs and load-balancer IPs that share their ClusterIP's endpoint list"
+                    .into(),
+            ),
+            ..SetDecl::new(KeyType::AddrProtoPortToAddr)
+        }),
+    );
     affinity::add_base(&mut t);
     for lists in EndpointLists::ALL {
         for k in 1..=LIST_MAX_ENDPOINTS {

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use super::{
-    BIG_MAX_ENDPOINTS, CLUSTER_IPS, Detector, EndpointLists, FIREWALL_IPS, Fragment,
-    LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE,
-    MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
-    REJECT_NODEPORTS, REJECT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS, affinity, big, dnat_rule,
-    empty_set, endpoint_base, goto, jump, local_policy_rules, regular, service_port_base,
+    BIG_MAX_ENDPOINTS, CLUSTER_IPS, Detector, EXTERNAL_TO_CLUSTER_IPS, EndpointLists, FIREWALL_IPS,
+    Fragment, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES,
+    MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS,
+    NO_ENDPOINT_SERVICES, REJECT_NODEPORTS, REJECT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS,
+    affinity, big, dnat_rule, empty_set, endpoint_base, goto, jump, local_policy_rules, regular,
+    service_port_base,
 };
 use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
 use crate::model::port_label;
@@ -328,6 +329,19 @@ pub(super) fn add(
         return;
     };
     if direct {
+        // An external IP or load-balancer IP whose traffic goes to the same endpoints as the
+        // ClusterIP's shares the ClusterIP's list: the packet's destination is rewritten to the
+        // ClusterIP before the lists are looked up, so a Service's endpoints are in one list
+        // per port, not one per address. With session affinity each destination keeps its own
+        // list, since a client is remembered per destination the packet had at the lookup.
+        let shared_cluster_ip = match (cluster_ip, d.internal) {
+            (Some(ip), Some(Target::Cluster))
+                if !external.short_circuit && d.affinity_timeout.is_none() =>
+            {
+                Some(ip)
+            }
+            _ => None,
+        };
         for frontend in &frontends {
             let policy = if external.short_circuit {
                 pick(*frontend, LOCAL_POLICY_SERVICES, LOCAL_POLICY_NODEPORTS)
@@ -335,6 +349,13 @@ pub(super) fn add(
                 pick(*frontend, MASQUERADE_SERVICES, MASQUERADE_NODEPORTS)
             };
             insert_element(part, policy, key(*frontend, proto), None);
+            if let (Some(ip), Frontend::Addr(..)) = (shared_cluster_ip, frontend) {
+                part.elements.insert(
+                    (EXTERNAL_TO_CLUSTER_IPS, key(*frontend, proto)),
+                    Some(Value::Addr(ip)),
+                );
+                continue;
+            }
             list(part, *frontend, false);
             if external.short_circuit {
                 list(part, *frontend, true);
