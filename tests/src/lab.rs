@@ -394,11 +394,24 @@ fn nodad(ip: IpAddr) -> &'static str {
 
 /// A veth pair `node_side` (in `node`) <-> `eth0` (in `peer`), created inside `node`, so
 /// it never exists in the root namespace.
+///
+/// Checksum offload is off on both ends, as on a link between hosts: senders compute every
+/// checksum and receivers verify it. With it on, a veth hands packets over with their
+/// checksums unchecked, so a rule that rewrites a header without fixing the checksum (an
+/// `ip daddr set`) would pass here and break on a real network.
 fn veth(node: &Ns, node_side: &str, peer: &Ns) -> Result<()> {
     node.ip_batch(&[format!(
         "link add {node_side} type veth peer name eth0 netns {}",
         peer.name
-    )])
+    )])?;
+    for (ns, link) in [(node, node_side), (peer, "eth0")] {
+        run_checked(
+            ns.command("ethtool")
+                .args(["-K", link, "tx", "off", "rx", "off"]),
+        )
+        .context("ethtool (package ethtool) turns checksum offload off")?;
+    }
+    Ok(())
 }
 
 impl Ns {

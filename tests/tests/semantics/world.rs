@@ -442,6 +442,7 @@ impl World {
     }
 
     pub(super) fn finish(self) {
+        self.check_checksums();
         let errors = self.errors.lock().unwrap();
         assert!(
             errors.is_empty(),
@@ -449,6 +450,33 @@ impl World {
             errors.len(),
             errors.join("\n")
         );
+    }
+
+    /// Fails the world if any of its namespaces received a packet with a bad IP, TCP, UDP or
+    /// ICMP checksum. A flow may still succeed with one (TCP and UDP probes retry, and a retry
+    /// of a translated connection no longer passes the NAT rules), so the counters are what
+    /// shows a rule that rewrites a header without fixing its checksum.
+    fn check_checksums(&self) {
+        let all = [
+            Some(&self.node),
+            Some(&self.ext),
+            Some(&self.pod),
+            self.pod2.as_ref(),
+            self.lbsrc.as_ref(),
+            Some(&self.eps),
+        ];
+        for ns in all.into_iter().flatten() {
+            let nstat = ns.exec(&["nstat", "-asz"]).unwrap();
+            for l in nstat.lines() {
+                let mut it = l.split_whitespace();
+                if let (Some(k), Some(v)) = (it.next(), it.next())
+                    && k.ends_with("InCsumErrors")
+                    && v != "0"
+                {
+                    self.fail(format!("{} counted {v} {k}", ns.label()));
+                }
+            }
+        }
     }
 
     /// nftproxy's rules: its nftables tables, or its iptables chains (nft variant, the one a
