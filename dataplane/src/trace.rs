@@ -161,8 +161,10 @@ impl Trace {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct State {
     mark: u32,
-    /// The destination address a rule wrote into the packet (`ip daddr set`), before DNAT.
+    /// The destination address and port rules wrote into the packet (`ip daddr set`, `tcp
+    /// dport set`), before DNAT.
     daddr: Option<IpAddr>,
+    dport: Option<u16>,
     dnat: Option<SocketAddr>,
     masqueraded: bool,
 }
@@ -175,6 +177,11 @@ impl State {
             (None, Some(a)) => a,
             (None, None) => pkt.dst.ip(),
         }
+    }
+
+    /// The packet's destination port as the next rule sees it (before DNAT).
+    fn port(&self, pkt: &Packet) -> u16 {
+        self.dport.unwrap_or(pkt.dst.port())
     }
 }
 
@@ -211,6 +218,7 @@ impl Tracer<'_> {
 
     fn matches(&self, m: &Match, state: &State) -> bool {
         let dst = state.dst(&self.pkt);
+        let port = state.port(&self.pkt);
         let src = self.pkt.src;
         let set_has = |set: &str, key: Key| self.element(set, &key).is_some();
         match m {
@@ -225,15 +233,17 @@ impl Tracer<'_> {
             Match::FibSaddrLocal => self.host.is_local(&src),
             Match::FibDaddrLocal => self.host.is_local(&dst),
             Match::L4Proto(p) => *p == self.pkt.proto,
-            Match::AddrProtoPortInSet { set } => set_has(set, self.frontend(dst, false)),
-            Match::ProtoPortInSet { set } => set_has(set, self.frontend(dst, true)),
+            Match::AddrProtoPortInSet { set } => set_has(set, self.frontend(dst, port, false)),
+            Match::ProtoPortInSet { set } => set_has(set, self.frontend(dst, port, true)),
             // The destination the client asked for, before DNAT.
-            Match::CtOriginalAddrProtoPortInSet { set } => {
-                set_has(set, self.frontend(self.pkt.dst.ip(), false))
-            }
-            Match::CtOriginalProtoPortInSet { set } => {
-                set_has(set, self.frontend(self.pkt.dst.ip(), true))
-            }
+            Match::CtOriginalAddrProtoPortInSet { set } => set_has(
+                set,
+                self.frontend(self.pkt.dst.ip(), self.pkt.dst.port(), false),
+            ),
+            Match::CtOriginalProtoPortInSet { set } => set_has(
+                set,
+                self.frontend(self.pkt.dst.ip(), self.pkt.dst.port(), true),
+            ),
             Match::Numgen { .. } => unreachable!("numgen is handled by forking"),
             Match::MarkUnset { mask } => state.mark & mask == 0,
             Match::IifName {
@@ -262,10 +272,10 @@ impl Tracer<'_> {
         self.element(map, &key)??.verdict().cloned()
     }
 
-    /// The packet's frontend key with destination `dst`: `dst . proto . port`, or
-    /// `proto . port` for a node port.
-    fn frontend(&self, dst: IpAddr, nodeport: bool) -> Key {
-        let (proto, port) = (self.pkt.proto, self.pkt.dst.port());
+    /// The packet's frontend key with destination `dst` and port `port`: `dst . proto . port`,
+    /// or `proto . port` for a node port.
+    fn frontend(&self, dst: IpAddr, port: u16, nodeport: bool) -> Key {
+        let proto = self.pkt.proto;
         if nodeport {
             Key::ProtoPort(proto, port)
         } else {
@@ -367,12 +377,13 @@ impl Tracer<'_> {
         depth: usize,
     ) -> Vec<End> {
         let dst = state.dst(&self.pkt);
+        let port = state.port(&self.pkt);
         let continue_here = |me: &mut Self, s: State| me.rules(chain, i + 1, s, depth);
         match action {
             Action::Verdict(v) => self.verdict(chain, i, v, state, depth),
             Action::VmapAddrProtoPort { map } | Action::VmapProtoPort { map } => {
                 let nodeport = matches!(action, Action::VmapProtoPort { .. });
-                match self.lookup(map, self.frontend(dst, nodeport)) {
+                match self.lookup(map, self.frontend(dst, port, nodeport)) {
                     Some(v) => self.verdict(chain, i, &v, state, depth),
                     None => continue_here(self, state),
                 }
@@ -396,7 +407,7 @@ impl Tracer<'_> {
                 modulus,
             } => {
                 // Entry `numgen random mod modulus` of the destination's list: any of them.
-                let frontend = self.frontend(dst, *nodeport);
+                let frontend = self.frontend(dst, port, *nodeport);
                 let targets: Vec<SocketAddr> = (0..*modulus)
                     .filter_map(|i| {
                         let key = frontend.list_entry(u16::try_from(i).ok()?)?;
@@ -421,9 +432,18 @@ impl Tracer<'_> {
                 }
                 ends
             }
-            Action::SetDaddr { map } => match self.element(map, &self.frontend(dst, false)) {
-                Some(Some(Value::Addr(addr))) => {
-                    state.daddr = Some(addr);
+            Action::SetDaddr { map, nodeport } => {
+                match self.element(map, &self.frontend(dst, port, *nodeport)) {
+                    Some(Some(Value::Addr(addr))) => {
+                        state.daddr = Some(addr);
+                        continue_here(self, state)
+                    }
+                    _ => continue_here(self, state),
+                }
+            }
+            Action::SetDport { map } => match self.element(map, &self.frontend(dst, port, true)) {
+                Some(Some(Value::Port(to))) => {
+                    state.dport = Some(to);
                     continue_here(self, state)
                 }
                 _ => continue_here(self, state),
@@ -498,6 +518,7 @@ pub fn trace(table: &Table, host: &Host, pkt: &Packet) -> Trace {
     let start = vec![State {
         mark: 0,
         daddr: None,
+        dport: None,
         dnat: None,
         masqueraded: false,
     }];

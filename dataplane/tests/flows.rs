@@ -5,7 +5,10 @@ use std::net::{IpAddr, SocketAddr};
 
 use nftproxy_dataplane::convert;
 use nftproxy_dataplane::model::Cluster;
-use nftproxy_dataplane::nft::build::{BuildConfig, EXTERNAL_TO_CLUSTER_IPS, LocalDetector, build};
+use nftproxy_dataplane::nft::build::{
+    BuildConfig, EXTERNAL_TO_CLUSTER_IPS, LocalDetector, NODEPORT_TO_CLUSTER_IPS,
+    NODEPORT_TO_SERVICE_PORTS, build,
+};
 use nftproxy_dataplane::nft::ruleset::{Family, Key, Proto};
 use nftproxy_dataplane::trace::{Host, Outcome, Packet, trace};
 
@@ -389,13 +392,15 @@ fn large_services_reach_every_endpoint_through_the_draws() {
     }
 }
 
-/// External IPs and load-balancer IPs whose traffic goes to the ClusterIP's endpoints share the
-/// ClusterIP's list (the destination is rewritten first); the others keep lists of their own.
+/// External IPs, load-balancer IPs and TCP NodePorts whose traffic goes to the ClusterIP's
+/// endpoints share the ClusterIP's list (the destination is rewritten first); the others keep
+/// lists of their own.
 #[test]
 fn external_destinations_share_the_cluster_ip_list_when_their_endpoints_agree() {
     // Service n: ClusterIP 172.30.0.n, load-balancer IP 5.6.7.n, NodePort 300n, an endpoint on
     // this node (10.180.n.1) and one elsewhere (10.180.n.2).
     let service = |name: &str, n: u8, extra: &str| {
+        let proto = if name == "udp" { "UDP" } else { "TCP" };
         format!(
             "- apiVersion: v1
   kind: Service
@@ -403,14 +408,14 @@ fn external_destinations_share_the_cluster_ip_list_when_their_endpoints_agree() 
   spec:
     type: LoadBalancer
     clusterIP: 172.30.0.{n}
-    ports: [{{name: p, port: 80, protocol: TCP, nodePort: 300{n}}}]
+    ports: [{{name: p, port: 80, protocol: {proto}, nodePort: 300{n}}}]
     {extra}
   status: {{loadBalancer: {{ingress: [{{ip: 5.6.7.{n}}}]}}}}
 - apiVersion: discovery.k8s.io/v1
   kind: EndpointSlice
   metadata: {{name: {name}-a, namespace: ns, labels: {{kubernetes.io/service-name: {name}}}}}
   addressType: IPv4
-  ports: [{{name: p, port: 8080, protocol: TCP}}]
+  ports: [{{name: p, port: 8080, protocol: {proto}}}]
   endpoints:
   - {{addresses: [10.180.{n}.1], nodeName: test-node}}
   - {{addresses: [10.180.{n}.2], nodeName: node2}}
@@ -423,6 +428,7 @@ fn external_destinations_share_the_cluster_ip_list_when_their_endpoints_agree() 
         service("local", 52, "externalTrafficPolicy: Local"),
         service("sticky", 53, "sessionAffinity: ClientIP"),
         service("inside", 54, "internalTrafficPolicy: Local"),
+        service("udp", 55, ""),
     ]
     .concat();
     let (objects, skipped) = nftproxy_dataplane::input::parse_yaml(&text).unwrap();
@@ -439,9 +445,34 @@ fn external_destinations_share_the_cluster_ip_list_when_their_endpoints_agree() 
         shared,
         [
             "AddrProtoPort(5.6.7.51, Tcp, 80) -> Some(Addr(172.30.0.51))",
+            "AddrProtoPort(5.6.7.55, Udp, 80) -> Some(Addr(172.30.0.55))",
             "AddrProtoPort(5.6.8.51, Tcp, 80) -> Some(Addr(172.30.0.51))",
         ]
     );
+    // A NodePort is rewritten to its ClusterIP and port for TCP only: rewriting a UDP port
+    // would break a checksum of 0.
+    let nodeports: Vec<String> = [NODEPORT_TO_CLUSTER_IPS, NODEPORT_TO_SERVICE_PORTS]
+        .iter()
+        .flat_map(|m| table.sets[*m].elements.iter())
+        .map(|(k, v)| format!("{k:?} -> {v:?}"))
+        .collect();
+    assert_eq!(
+        nodeports,
+        [
+            "ProtoPort(Tcp, 30051) -> Some(Addr(172.30.0.51))",
+            "ProtoPort(Tcp, 30051) -> Some(Port(80))",
+        ]
+    );
+    let nodeport_lists: BTreeSet<u16> = table
+        .sets
+        .values()
+        .flat_map(|s| s.elements.keys())
+        .filter_map(|k| match k.list_destination() {
+            Some((Key::ProtoPort(_, port), _)) => Some(port),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(nodeport_lists, [30052, 30053, 30054, 30055].into());
     // Only the others' external destinations have lists of their own.
     let lists: BTreeSet<IpAddr> = table
         .sets
@@ -507,6 +538,31 @@ fn external_destinations_share_the_cluster_ip_list_when_their_endpoints_agree() 
         "172.30.0.54:80",
         "10.180.54.1:8080",
         false,
+    );
+    // NodePorts: the shared one through the ClusterIP's list, the UDP one through its own.
+    check(
+        &c,
+        "203.0.113.2",
+        Tcp,
+        "192.168.0.2:30051",
+        "10.180.51.1:8080, 10.180.51.2:8080",
+        true,
+    );
+    check(
+        &c,
+        "203.0.113.2",
+        Proto::Udp,
+        "192.168.0.2:30055",
+        "10.180.55.1:8080, 10.180.55.2:8080",
+        true,
+    );
+    check(
+        &c,
+        "203.0.113.2",
+        Proto::Udp,
+        "5.6.7.55:80",
+        "10.180.55.1:8080, 10.180.55.2:8080",
+        true,
     );
     // The ClusterIP the rewrite points at is its own destination still.
     check(

@@ -694,10 +694,12 @@ fn a_set_that_outgrows_its_size_is_recreated_with_room() {
 
 #[test]
 fn a_flat_path_endpoint_change_is_a_few_elements() {
+    // UDP, so that the NodePort keeps a list of its own (a TCP one shares the ClusterIP's).
     let spec = |endpoints: Vec<u16>| SvcSpec {
         id: 1,
         endpoints,
         node_port: true,
+        udp: true,
         ..SvcSpec::default()
     };
     let c = cluster(&[spec((1..=1000).collect())]);

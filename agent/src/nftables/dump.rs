@@ -7,7 +7,9 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
-use dataplane::nft::build::EXTERNAL_TO_CLUSTER_IPS;
+use dataplane::nft::build::{
+    EXTERNAL_TO_CLUSTER_IPS, NODEPORT_TO_CLUSTER_IPS, NODEPORT_TO_SERVICE_PORTS,
+};
 use dataplane::nft::ruleset::{
     Action, BaseChain, Chain, ChainType, ElementMap, Family, Hook, Key, KeyType, Match, Proto,
     REGION_MODULUS, Rule, SetDecl, TABLE, Value, Verdict, endpoint_map_index, endpoint_map_name,
@@ -31,6 +33,7 @@ use super::{NftError, Nftables, Reply};
 mod affinity;
 mod decode;
 mod nla;
+mod rewrites;
 mod rules;
 mod sets;
 #[cfg(test)]

@@ -49,17 +49,6 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
 pub(super) const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 pub(super) const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
-/// `NFTA_PAYLOAD_*` of a payload write (the typed crate has the load attributes only).
-pub(super) const NFTA_PAYLOAD_BASE: u16 = 2;
-pub(super) const NFTA_PAYLOAD_OFFSET: u16 = 3;
-pub(super) const NFTA_PAYLOAD_LEN: u16 = 4;
-pub(super) const NFTA_PAYLOAD_SREG: u16 = 5;
-pub(super) const NFTA_PAYLOAD_CSUM_TYPE: u16 = 6;
-pub(super) const NFTA_PAYLOAD_CSUM_OFFSET: u16 = 7;
-pub(super) const NFTA_PAYLOAD_CSUM_FLAGS: u16 = 8;
-pub(super) const NFT_PAYLOAD_CSUM_NONE: u32 = 0;
-pub(super) const NFT_PAYLOAD_CSUM_INET: u32 = 1;
-pub(super) const NFT_PAYLOAD_L4CSUM_PSEUDOHDR: u32 = 1;
 
 /// `NF_DROP` / `NF_ACCEPT`: verdict codes the typed `Verdict` only knows as `Other`.
 pub(super) const NF_DROP: u32 = 0;
@@ -244,15 +233,15 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
             "endpoint map {name} cannot be a verdict map or have a timeout"
         ));
     }
-    let addr_map = decl.key == KeyType::AddrProtoPortToAddr;
-    if addr_map && (decl.is_vmap || decl.timeout_secs.is_some()) {
+    let value_map = value_data_layout(family, decl.key);
+    if value_map.is_some() && (decl.is_vmap || decl.timeout_secs.is_some()) {
         return Err(format!(
-            "address map {name} cannot be a verdict map or have a timeout"
+            "address or port map {name} cannot be a verdict map or have a timeout"
         ));
     }
     let (key_type, key_len) = key_layout(family, decl.key);
     let mut flags = SetFlags::empty();
-    if decl.is_vmap || endpoint_map || addr_map {
+    if decl.is_vmap || endpoint_map || value_map.is_some() {
         flags |= SetFlags::Map;
     }
     if decl.key == KeyType::Interval {
@@ -272,8 +261,7 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
         // Verdict data needs no NFTA_SET_DATA_LEN: the kernel knows a verdict's size.
         attributes.push(SetAttribute::DataType(NFT_DATA_VERDICT));
     }
-    if addr_map {
-        let (data_type, data_len) = addr_type(family);
+    if let Some((data_type, data_len)) = value_map {
         attributes.push(SetAttribute::DataType(data_type));
         attributes.push(SetAttribute::DataLen(data_len));
     }
@@ -427,11 +415,16 @@ fn put_elements(
         (Some(Value::Endpoint(..)), false) => {
             return Err("an endpoint as the value of a map other than an endpoint map".to_string());
         }
-        (Some(Value::Addr(addr)), false) if matches!(key, Key::AddrProtoPort(..)) => {
+        (Some(Value::Addr(addr)), false)
+            if matches!(key, Key::AddrProtoPort(..) | Key::ProtoPort(..)) =>
+        {
             Some(Ok(addr_data(family, addr)?))
         }
-        (Some(Value::Addr(_)), false) => {
-            return Err("an address as the value of a map other than an address map".to_string());
+        (Some(Value::Port(port)), false) if matches!(key, Key::ProtoPort(..)) => {
+            Some(Ok(port_data(*port)))
+        }
+        (Some(Value::Addr(_) | Value::Port(_)), false) => {
+            return Err("an address or port as the value of a map of other keys".to_string());
         }
         (Some(Value::Verdict(v)), false) => Some(Err(v)),
     };

@@ -254,7 +254,7 @@ fn rule_refs(rule: &Rule) -> (Vec<&str>, Option<&str>) {
         Action::UpdateSaddr { set } => sets.push(set),
         Action::DnatRegion { map, .. } => sets.push(map),
         Action::DnatIndexed { map, .. } => sets.push(map),
-        Action::SetDaddr { map } => sets.push(map),
+        Action::SetDaddr { map, .. } | Action::SetDport { map } => sets.push(map),
         Action::DnatAffinity { map } | Action::UpdateAffinity { map, .. } => sets.push(map),
         _ => {}
     }

@@ -86,6 +86,8 @@ pub const MASQUERADE_SERVICES: &str = "masquerade-services";
 pub const MASQUERADE_NODEPORTS: &str = "masquerade-nodeports";
 pub const LOCAL_POLICY_SERVICES: &str = "local-policy-services";
 pub const EXTERNAL_TO_CLUSTER_IPS: &str = "external-to-cluster-ips";
+pub const NODEPORT_TO_CLUSTER_IPS: &str = "nodeport-to-cluster-ips";
+pub const NODEPORT_TO_SERVICE_PORTS: &str = "nodeport-to-service-ports";
 pub const LOCAL_POLICY_NODEPORTS: &str = "local-policy-nodeports";
 
 /// Most endpoints a Service port may have to be served by the shared endpoint lists rather

@@ -109,9 +109,15 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
             };
             format!("dnat {fam} to numgen random mod {REGION_MODULUS}{offset} map @{map}")
         }
-        Action::SetDaddr { map } => {
-            format!("{fam} daddr set {fam} daddr . meta l4proto . th dport map @{map}")
+        Action::SetDaddr { map, nodeport } => {
+            let daddr = if *nodeport {
+                String::new()
+            } else {
+                format!("{fam} daddr . ")
+            };
+            format!("{fam} daddr set {daddr}meta l4proto . th dport map @{map}")
         }
+        Action::SetDport { map } => format!("tcp dport set meta l4proto . th dport map @{map}"),
         Action::DnatIndexed {
             map,
             nodeport,
@@ -204,6 +210,9 @@ pub fn key_type_text(family: Family, key: KeyType) -> &'static str {
         (Family::V6, KeyType::AddrProtoPortToAddr) => {
             "ipv6_addr . inet_proto . inet_service : ipv6_addr"
         }
+        (Family::V4, KeyType::ProtoPortToAddr) => "inet_proto . inet_service : ipv4_addr",
+        (Family::V6, KeyType::ProtoPortToAddr) => "inet_proto . inet_service : ipv6_addr",
+        (_, KeyType::ProtoPortToPort) => "inet_proto . inet_service : inet_service",
     }
 }
 
@@ -224,6 +233,7 @@ fn element_text(key: &Key, value: Option<&Value>) -> String {
         Some(Value::Verdict(v)) => format!("{} : {}", key_text(key), verdict_text(v)),
         Some(Value::Endpoint(addr, port)) => format!("{} : {addr} . {port}", key_text(key)),
         Some(Value::Addr(addr)) => format!("{} : {addr}", key_text(key)),
+        Some(Value::Port(port)) => format!("{} : {port}", key_text(key)),
         None => key_text(key),
     }
 }

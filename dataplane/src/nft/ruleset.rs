@@ -193,11 +193,21 @@ pub enum Action {
         modulus: u32,
     },
     /// `ip daddr set ip daddr . meta l4proto . th dport map @MAP` (a map of
-    /// [`KeyType::AddrProtoPortToAddr`]): rewrites the destination address, so that the
-    /// lookups after it see another destination's key (an external IP's ClusterIP, whose
-    /// endpoint list it shares). DNAT later replaces the address in the packet and conntrack
-    /// keeps the original one for the replies. A miss ends the rule, the packet unchanged.
+    /// [`KeyType::AddrProtoPortToAddr`]; without `ip daddr .` for a NodePort map of
+    /// [`KeyType::ProtoPortToAddr`]): rewrites the destination address, so that the lookups
+    /// after it see another destination's key (an external IP's or NodePort's ClusterIP,
+    /// whose endpoint list it shares). DNAT later replaces the address in the packet and
+    /// conntrack keeps the original one for the replies. A miss ends the rule, the packet
+    /// unchanged.
     SetDaddr {
+        map: &'static str,
+        nodeport: bool,
+    },
+    /// `tcp dport set meta l4proto . th dport map @MAP` (a map of
+    /// [`KeyType::ProtoPortToPort`]; the rule matches `meta l4proto tcp`): rewrites a NodePort
+    /// to its Service port, with the TCP checksum (a UDP checksum of 0 would not survive the
+    /// update, so UDP is never rewritten). A miss ends the rule.
+    SetDport {
         map: &'static str,
     },
 }
@@ -250,6 +260,12 @@ pub enum KeyType {
     /// A map `ipv4_addr . inet_proto . inet_service : ipv4_addr` (elements are
     /// [`Key::AddrProtoPort`] with a [`Value::Addr`]), read by [`Action::SetDaddr`].
     AddrProtoPortToAddr,
+    /// A map `inet_proto . inet_service : ipv4_addr` (elements are [`Key::ProtoPort`] with a
+    /// [`Value::Addr`]), read by [`Action::SetDaddr`] for NodePorts.
+    ProtoPortToAddr,
+    /// A map `inet_proto . inet_service : inet_service` (elements are [`Key::ProtoPort`] with a
+    /// [`Value::Port`]), read by [`Action::SetDport`].
+    ProtoPortToPort,
 }
 
 impl KeyType {
@@ -264,9 +280,13 @@ impl KeyType {
         )
     }
 
-    /// Maps whose elements have data other than a verdict: endpoints or addresses.
+    /// Maps whose elements have data other than a verdict: endpoints, addresses or ports.
     pub fn has_data(self) -> bool {
-        self.holds_endpoints() || self == KeyType::AddrProtoPortToAddr
+        self.holds_endpoints()
+            || matches!(
+                self,
+                KeyType::AddrProtoPortToAddr | KeyType::ProtoPortToAddr | KeyType::ProtoPortToPort
+            )
     }
 }
 
@@ -300,8 +320,10 @@ pub enum Value {
     Verdict(Verdict),
     /// The endpoint an endpoint-map interval chooses.
     Endpoint(IpAddr, u16),
-    /// An address ([`KeyType::AddrProtoPortToAddr`] maps).
+    /// An address ([`KeyType::AddrProtoPortToAddr`] and [`KeyType::ProtoPortToAddr`] maps).
     Addr(IpAddr),
+    /// A port ([`KeyType::ProtoPortToPort`] maps).
+    Port(u16),
 }
 
 impl From<Verdict> for Value {
@@ -315,7 +337,7 @@ impl Value {
     pub fn verdict(&self) -> Option<&Verdict> {
         match self {
             Value::Verdict(v) => Some(v),
-            Value::Endpoint(..) | Value::Addr(_) => None,
+            Value::Endpoint(..) | Value::Addr(_) | Value::Port(_) => None,
         }
     }
 }

@@ -653,24 +653,7 @@ pub(super) fn frontend_action(family: Family, ex: &[Ex]) -> Option<Action> {
                 dreg: Some(data),
             },
             e,
-        ] if !nodeport && set == EXTERNAL_TO_CLUSTER_IPS => {
-            let (_, daddr_off, alen) = addr_layout(family);
-            let csum = match family {
-                Family::V4 => (NFT_PAYLOAD_CSUM_INET, 10),
-                Family::V6 => (NFT_PAYLOAD_CSUM_NONE, 0),
-            };
-            let w = is_other(e, "payload-write")?;
-            let ok = reg_of(w, NFTA_PAYLOAD_SREG) == Some(*data)
-                && get_u32(w, NFTA_PAYLOAD_BASE) == Some(NFT_PAYLOAD_NETWORK_HEADER)
-                && get_u32(w, NFTA_PAYLOAD_OFFSET) == Some(daddr_off)
-                && get_u32(w, NFTA_PAYLOAD_LEN) == Some(alen)
-                && get_u32(w, NFTA_PAYLOAD_CSUM_TYPE).unwrap_or(NFT_PAYLOAD_CSUM_NONE) == csum.0
-                && get_u32(w, NFTA_PAYLOAD_CSUM_OFFSET).unwrap_or(0) == csum.1
-                && get_u32(w, NFTA_PAYLOAD_CSUM_FLAGS) == Some(NFT_PAYLOAD_L4CSUM_PSEUDOHDR);
-            ok.then_some(Action::SetDaddr {
-                map: EXTERNAL_TO_CLUSTER_IPS,
-            })
-        }
+        ] => super::rewrites::rewrite_action(family, nodeport, set, *data, e),
         _ => None,
     }
 }

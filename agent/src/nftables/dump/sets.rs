@@ -76,8 +76,10 @@ impl RawSet {
         if self.flags == known && self.data_type == Some(endpoint_data_layout(family).0) {
             return self.affinity_decl(family);
         }
-        if self.flags == SetFlags::Map && self.data_type == Some(addr_type(family).0) {
-            return self.addr_map_decl(family);
+        if self.flags == SetFlags::Map
+            && [addr_type(family).0, TYPE_INET_SERVICE].contains(&self.data_type.unwrap_or(0))
+        {
+            return self.value_map_decl(family);
         }
         let is_vmap = self.flags.contains(SetFlags::Map);
         if is_vmap != (self.data_type == Some(NFT_DATA_VERDICT)) {
@@ -140,16 +142,23 @@ impl RawSet {
         })
     }
 
-    /// A map from `ADDR . inet_proto . inet_service` to the family's addresses.
-    fn addr_map_decl(&self, family: Family) -> Option<SetDecl> {
-        let ok = self.data_len == Some(addr_type(family).1)
-            && self
-                .key_among(family, &[KeyType::AddrProtoPortToAddr])
-                .is_some();
-        ok.then_some(SetDecl {
+    /// A map from `[ADDR .] inet_proto . inet_service` to the family's addresses, or from
+    /// `inet_proto . inet_service` to ports.
+    fn value_map_decl(&self, family: Family) -> Option<SetDecl> {
+        let key = [
+            KeyType::AddrProtoPortToAddr,
+            KeyType::ProtoPortToAddr,
+            KeyType::ProtoPortToPort,
+        ]
+        .into_iter()
+        .find(|k| {
+            value_data_layout(family, *k) == self.data_type.zip(self.data_len)
+                && self.key_among(family, &[*k]).is_some()
+        })?;
+        Some(SetDecl {
             comment: self.comment.clone().ok()?,
             size: self.size,
-            ..SetDecl::new(KeyType::AddrProtoPortToAddr)
+            ..SetDecl::new(key)
         })
     }
 
@@ -203,7 +212,7 @@ pub(super) fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> 
             let (p, port) = decode_proto_port(&b[alen..])?;
             Some(Key::AddrProtoPort(decode_addr(&b[..alen])?, p, port))
         }
-        KeyType::ProtoPort => {
+        KeyType::ProtoPort | KeyType::ProtoPortToAddr | KeyType::ProtoPortToPort => {
             let (p, port) = decode_proto_port(b)?;
             Some(Key::ProtoPort(p, port))
         }
@@ -293,12 +302,11 @@ pub(super) fn decode_element(
     element: &[u8],
     out: &mut Vec<(Key, Option<Value>)>,
 ) -> bool {
-    let data = if decl.key.holds_endpoints() {
-        Data::Endpoint
-    } else if decl.key == KeyType::AddrProtoPortToAddr {
-        Data::Addr
-    } else {
-        Data::Verdict
+    let data = match decl.key {
+        k if k.holds_endpoints() => Data::Endpoint,
+        KeyType::AddrProtoPortToAddr | KeyType::ProtoPortToAddr => Data::Addr,
+        KeyType::ProtoPortToPort => Data::Port,
+        _ => Data::Verdict,
     };
     let Some((key, value, false)) = raw_element(family, data, element) else {
         return false;
@@ -319,6 +327,7 @@ pub(super) enum Data {
     Verdict,
     Endpoint,
     Addr,
+    Port,
 }
 
 /// One element as the kernel lists it: its key's bytes, its data (of kind `data`) and whether
@@ -346,6 +355,10 @@ pub(super) fn raw_element(
                             return None;
                         }
                         Value::Addr(decode_addr(&b)?)
+                    }
+                    Data::Port => {
+                        let b = data_value(v)?;
+                        Value::Port(u16::from_be_bytes(<[u8; 2]>::try_from(b.as_slice()).ok()?))
                     }
                     Data::Verdict => Value::Verdict(data_verdict(v)?),
                 })
@@ -401,7 +414,7 @@ pub(super) fn decode_interval_element(
     };
     let target = match value {
         Some(Value::Endpoint(addr, port)) => Some((addr, port)),
-        Some(Value::Verdict(_) | Value::Addr(_)) => return false,
+        Some(Value::Verdict(_) | Value::Addr(_) | Value::Port(_)) => return false,
         None => None,
     };
     // A start carries its endpoint, an end nothing.

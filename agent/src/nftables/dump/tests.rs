@@ -171,6 +171,14 @@ fn rules_round_trip_through_the_encoder() {
             },
             Action::SetDaddr {
                 map: dataplane::nft::build::EXTERNAL_TO_CLUSTER_IPS,
+                nodeport: false,
+            },
+            Action::SetDaddr {
+                map: dataplane::nft::build::NODEPORT_TO_CLUSTER_IPS,
+                nodeport: true,
+            },
+            Action::SetDport {
+                map: dataplane::nft::build::NODEPORT_TO_SERVICE_PORTS,
             },
             Action::UpdateAffinity {
                 map: AFFINITY_CLIENTS,

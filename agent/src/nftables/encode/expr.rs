@@ -4,6 +4,20 @@ use super::*;
 
 pub(super) type Expr = ListAttribute<ExpressionAttribute>;
 
+/// `NFTA_PAYLOAD_*` of a payload write (the typed crate has the load attributes only).
+pub(in crate::nftables) const NFTA_PAYLOAD_BASE: u16 = 2;
+pub(in crate::nftables) const NFTA_PAYLOAD_OFFSET: u16 = 3;
+pub(in crate::nftables) const NFTA_PAYLOAD_LEN: u16 = 4;
+pub(in crate::nftables) const NFTA_PAYLOAD_SREG: u16 = 5;
+pub(in crate::nftables) const NFTA_PAYLOAD_CSUM_TYPE: u16 = 6;
+pub(in crate::nftables) const NFTA_PAYLOAD_CSUM_OFFSET: u16 = 7;
+pub(in crate::nftables) const NFTA_PAYLOAD_CSUM_FLAGS: u16 = 8;
+pub(in crate::nftables) const NFT_PAYLOAD_CSUM_NONE: u32 = 0;
+pub(in crate::nftables) const NFT_PAYLOAD_CSUM_INET: u32 = 1;
+pub(in crate::nftables) const NFT_PAYLOAD_L4CSUM_PSEUDOHDR: u32 = 1;
+/// Where the checksum is in a TCP header.
+pub(in crate::nftables) const TCP_CHECKSUM_OFFSET: u32 = 16;
+
 pub(super) fn other(name: &str, attributes: Vec<DefaultNla>) -> Expr {
     Expressions::Other {
         expression_type: name.to_string(),
@@ -430,8 +444,12 @@ pub(super) fn action_exprs(
             out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
             out.push(dnat(family, nft_reg(alen / 4), None));
         }
-        Action::SetDaddr { map } => {
-            addr_proto_port(family, out);
+        Action::SetDaddr { map, nodeport } => {
+            if *nodeport {
+                proto_port_load(0, out);
+            } else {
+                addr_proto_port(family, out);
+            }
             out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
             // What nft writes for `ip daddr set`: the IPv4 header checksum is fixed up
             // (`csum_type inet` at offset 10), and for both families the transport checksum
@@ -450,6 +468,23 @@ pub(super) fn action_exprs(
                     u32_attr(NFTA_PAYLOAD_CSUM_TYPE, csum_type),
                     u32_attr(NFTA_PAYLOAD_CSUM_OFFSET, csum_offset),
                     u32_attr(NFTA_PAYLOAD_CSUM_FLAGS, NFT_PAYLOAD_L4CSUM_PSEUDOHDR),
+                ],
+            ));
+        }
+        Action::SetDport { map } => {
+            proto_port_load(0, out);
+            out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
+            // What nft writes for `tcp dport set`: the TCP checksum (offset 16) fixed up.
+            out.push(other(
+                "payload",
+                vec![
+                    u32_attr(NFTA_PAYLOAD_SREG, Register::Reg1.into()),
+                    u32_attr(NFTA_PAYLOAD_BASE, NFT_PAYLOAD_TRANSPORT_HEADER),
+                    u32_attr(NFTA_PAYLOAD_OFFSET, 2),
+                    u32_attr(NFTA_PAYLOAD_LEN, 2),
+                    u32_attr(NFTA_PAYLOAD_CSUM_TYPE, NFT_PAYLOAD_CSUM_INET),
+                    u32_attr(NFTA_PAYLOAD_CSUM_OFFSET, TCP_CHECKSUM_OFFSET),
+                    u32_attr(NFTA_PAYLOAD_CSUM_FLAGS, 0),
                 ],
             ));
         }

@@ -56,7 +56,9 @@ pub(in crate::nftables) fn key_layout(family: Family, key: KeyType) -> (u32, u32
             concat(&[addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE]),
             addr_len + 8,
         ),
-        KeyType::ProtoPort => (concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]), 8),
+        KeyType::ProtoPort | KeyType::ProtoPortToAddr | KeyType::ProtoPortToPort => {
+            (concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]), 8)
+        }
         KeyType::AddrPair => (concat(&[addr_type, addr_type]), 2 * addr_len),
         // A `numgen` value, big-endian in the map (the rule converts it with `byteorder`).
         KeyType::Interval => (TYPE_INTEGER, 4),
@@ -97,6 +99,23 @@ pub(in crate::nftables) fn endpoint_data(
     out.extend_from_slice(&port.to_be_bytes());
     out.extend_from_slice(&[0, 0]);
     Ok(out)
+}
+
+/// `NFTA_SET_DATA_TYPE` and `NFTA_SET_DATA_LEN` of the maps to addresses and to ports; `None`
+/// for other sets.
+pub(in crate::nftables) fn value_data_layout(family: Family, key: KeyType) -> Option<(u32, u32)> {
+    match key {
+        KeyType::AddrProtoPortToAddr | KeyType::ProtoPortToAddr => Some(addr_type(family)),
+        KeyType::ProtoPortToPort => Some((TYPE_INET_SERVICE, 2)),
+        _ => None,
+    }
+}
+
+/// A port as map data (big-endian).
+pub(in crate::nftables) fn port_data(port: u16) -> ElementBytes {
+    let mut out = ElementBytes::new();
+    out.extend_from_slice(&port.to_be_bytes());
+    out
 }
 
 /// An address as map data.

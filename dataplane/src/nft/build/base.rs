@@ -11,15 +11,15 @@ use super::{
     FIREWALL_CHECK, FIREWALL_IPS, HAIRPIN_ENDPOINTS, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS,
     LOCAL_POLICY_SERVICES, MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES,
     MASQUERADING, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, NODEPORT_ENDPOINTS_CHECK,
-    NODEPORT_IPS, NODEPORTS, NodePortIps, REJECT_NODEPORTS, REJECT_SERVICES,
-    SERVICE_ENDPOINTS_CHECK, SERVICE_IPS, SERVICE_NODEPORTS, SERVICES, big, empty_set,
-    endpoint_map, goto, jump, local_policy_rules, node_port_ips, regular,
+    NODEPORT_IPS, NODEPORT_TO_CLUSTER_IPS, NODEPORT_TO_SERVICE_PORTS, NODEPORTS, NodePortIps,
+    REJECT_NODEPORTS, REJECT_SERVICES, SERVICE_ENDPOINTS_CHECK, SERVICE_IPS, SERVICE_NODEPORTS,
+    SERVICES, big, empty_set, endpoint_map, goto, jump, local_policy_rules, node_port_ips, regular,
 };
 use crate::decision::{DecisionEnv, InternalMasquerade};
 use crate::model::Cluster;
 use crate::nft::ruleset::{
-    Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Rule, Set,
-    SetDecl, Table, Verdict,
+    Action, BaseChain, Chain, ChainName, ChainType, Family, Hook, Key, KeyType, Match, Proto, Rule,
+    Set, SetDecl, Table, Verdict,
 };
 
 /// The static part of the table: base chains, helper chains and the (empty) shared maps.
@@ -187,6 +187,7 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
             vec![],
             Action::SetDaddr {
                 map: EXTERNAL_TO_CLUSTER_IPS,
+                nodeport: false,
             },
         ),
         Rule::new(vec![], jump(EndpointLists::ClusterServices.chain())),
@@ -207,6 +208,28 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
         Rule::new(
             vec![nodeport_in(MASQUERADE_NODEPORTS)],
             jump(MARK_FOR_MASQUERADE),
+        ),
+        // A TCP NodePort that shares its ClusterIP's list becomes that destination (address
+        // and port); NodePort traffic never arrives at a ClusterIP, so one that has it now
+        // was rewritten.
+        Rule::new(
+            vec![],
+            Action::SetDaddr {
+                map: NODEPORT_TO_CLUSTER_IPS,
+                nodeport: true,
+            },
+        ),
+        Rule::new(
+            vec![Match::L4Proto(Proto::Tcp)],
+            Action::SetDport {
+                map: NODEPORT_TO_SERVICE_PORTS,
+            },
+        ),
+        Rule::new(
+            vec![Match::DaddrInSet {
+                set: CLUSTER_IPS.into(),
+            }],
+            goto(&EndpointLists::ClusterServices.chain().into()),
         ),
         Rule::new(
             vec![],
@@ -386,16 +409,31 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
     ] {
         t.sets.insert(name.into(), set(key, false, comment));
     }
-    t.sets.insert(
-        EXTERNAL_TO_CLUSTER_IPS.into(),
-        empty_set(SetDecl {
-            comment: Some(
-                "external IPs and load-balancer IPs that share their ClusterIP's endpoint list"
-                    .into(),
-            ),
-            ..SetDecl::new(KeyType::AddrProtoPortToAddr)
-        }),
-    );
+    for (name, key, comment) in [
+        (
+            EXTERNAL_TO_CLUSTER_IPS,
+            KeyType::AddrProtoPortToAddr,
+            "external IPs and load-balancer IPs that share their ClusterIP's endpoint list",
+        ),
+        (
+            NODEPORT_TO_CLUSTER_IPS,
+            KeyType::ProtoPortToAddr,
+            "TCP NodePorts that share their ClusterIP's endpoint list: the ClusterIP",
+        ),
+        (
+            NODEPORT_TO_SERVICE_PORTS,
+            KeyType::ProtoPortToPort,
+            "TCP NodePorts that share their ClusterIP's endpoint list: the Service port",
+        ),
+    ] {
+        t.sets.insert(
+            name.into(),
+            empty_set(SetDecl {
+                comment: Some(comment.into()),
+                ..SetDecl::new(key)
+            }),
+        );
+    }
     affinity::add_base(&mut t);
     for lists in EndpointLists::ALL {
         for k in 1..=LIST_MAX_ENDPOINTS {

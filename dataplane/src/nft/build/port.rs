@@ -12,9 +12,9 @@ use super::{
     BIG_MAX_ENDPOINTS, CLUSTER_IPS, Detector, EXTERNAL_TO_CLUSTER_IPS, EndpointLists, FIREWALL_IPS,
     Fragment, LIST_MAX_ENDPOINTS, LOCAL_POLICY_NODEPORTS, LOCAL_POLICY_SERVICES,
     MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS,
-    NO_ENDPOINT_SERVICES, REJECT_NODEPORTS, REJECT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS,
-    affinity, big, dnat_rule, empty_set, endpoint_base, goto, jump, local_policy_rules, regular,
-    service_port_base,
+    NO_ENDPOINT_SERVICES, NODEPORT_TO_CLUSTER_IPS, NODEPORT_TO_SERVICE_PORTS, REJECT_NODEPORTS,
+    REJECT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS, affinity, big, dnat_rule, empty_set,
+    endpoint_base, goto, jump, local_policy_rules, regular, service_port_base,
 };
 use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
 use crate::model::port_label;
@@ -349,12 +349,26 @@ pub(super) fn add(
                 pick(*frontend, MASQUERADE_SERVICES, MASQUERADE_NODEPORTS)
             };
             insert_element(part, policy, key(*frontend, proto), None);
-            if let (Some(ip), Frontend::Addr(..)) = (shared_cluster_ip, frontend) {
-                part.elements.insert(
-                    (EXTERNAL_TO_CLUSTER_IPS, key(*frontend, proto)),
-                    Some(Value::Addr(ip)),
-                );
-                continue;
+            match (shared_cluster_ip, frontend) {
+                (Some(ip), Frontend::Addr(..)) => {
+                    part.elements.insert(
+                        (EXTERNAL_TO_CLUSTER_IPS, key(*frontend, proto)),
+                        Some(Value::Addr(ip)),
+                    );
+                    continue;
+                }
+                // Only TCP: rewriting a UDP port would break a checksum of 0.
+                (Some(ip), Frontend::NodePort(_)) if proto == Proto::Tcp => {
+                    let key = key(*frontend, proto);
+                    part.elements
+                        .insert((NODEPORT_TO_CLUSTER_IPS, key), Some(Value::Addr(ip)));
+                    part.elements.insert(
+                        (NODEPORT_TO_SERVICE_PORTS, key),
+                        Some(Value::Port(d.port.port)),
+                    );
+                    continue;
+                }
+                _ => {}
             }
             list(part, *frontend, false);
             if external.short_circuit {
