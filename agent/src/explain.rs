@@ -27,6 +27,14 @@ pub fn explain(pkt: &Packet, host: &Host, trace: &Trace) -> String {
     for c in &trace.conflicts {
         let _ = writeln!(out, "conflict: {c}");
     }
+    if let Some(to) = trace.shared_list {
+        let _ = writeln!(
+            out,
+            "via:      {to}: the destination is rewritten to the ClusterIP's, whose endpoint \
+             list it shares (conntrack keeps {} for the replies)",
+            pkt.dst
+        );
+    }
     let endpoints: Vec<&Outcome> = trace
         .outcomes
         .iter()

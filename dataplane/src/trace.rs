@@ -86,6 +86,10 @@ pub struct Trace {
     pub frontends: BTreeSet<Key>,
     /// The packet's destination and protocol.
     pub destination: Option<(SocketAddr, Proto)>,
+    /// The destination the packet was rewritten to before the endpoint lists (an external IP
+    /// or NodePort sharing its ClusterIP's list); its frontend is in
+    /// [`Trace::frontends`] too.
+    pub shared_list: Option<SocketAddr>,
     /// The endpoint was drawn on the flat path for large Services: a draw that misses (an index
     /// at or above the list's length) draws again, and after the last draw the destination's
     /// first endpoint is taken.
@@ -433,21 +437,25 @@ impl Tracer<'_> {
                 ends
             }
             Action::SetDaddr { map, nodeport } => {
-                match self.element(map, &self.frontend(dst, port, *nodeport)) {
-                    Some(Some(Value::Addr(addr))) => {
-                        state.daddr = Some(addr);
-                        continue_here(self, state)
-                    }
-                    _ => continue_here(self, state),
+                let frontend = self.frontend(dst, port, *nodeport);
+                if let Some(Some(Value::Addr(addr))) = self.element(map, &frontend) {
+                    state.daddr = Some(addr);
+                    self.trace.frontends.insert(frontend);
+                    self.trace.shared_list = Some(SocketAddr::new(addr, port));
                 }
+                continue_here(self, state)
             }
-            Action::SetDport { map } => match self.element(map, &self.frontend(dst, port, true)) {
-                Some(Some(Value::Port(to))) => {
+            Action::SetDport { map } => {
+                if let Some(Some(Value::Port(to))) =
+                    self.element(map, &self.frontend(dst, port, true))
+                {
                     state.dport = Some(to);
-                    continue_here(self, state)
+                    if let Some(shared) = &mut self.trace.shared_list {
+                        shared.set_port(to);
+                    }
                 }
-                _ => continue_here(self, state),
-            },
+                continue_here(self, state)
+            }
             Action::Masquerade => {
                 state.masqueraded = true;
                 vec![End::Accept(state)]

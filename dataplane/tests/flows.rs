@@ -488,89 +488,77 @@ fn external_destinations_share_the_cluster_ip_list_when_their_endpoints_agree() 
         .map(|a| a.parse().unwrap())
         .into();
     assert_eq!(lists, want);
-    // Traffic from outside reaches the same endpoints as before, masqueraded (Cluster policy).
-    use Proto::Tcp;
-    check(
-        &c,
-        "203.0.113.2",
-        Tcp,
-        "5.6.7.51:80",
-        "10.180.51.1:8080, 10.180.51.2:8080",
-        true,
-    );
-    check(
-        &c,
-        "203.0.113.2",
-        Tcp,
-        "5.6.8.51:80",
-        "10.180.51.1:8080, 10.180.51.2:8080",
-        true,
-    );
-    check(
-        &c,
-        "203.0.113.2",
-        Tcp,
-        "5.6.7.52:80",
-        "10.180.52.1:8080",
-        false,
-    );
-    check(
-        &c,
-        "203.0.113.2",
-        Tcp,
-        "5.6.7.53:80",
-        "10.180.53.1:8080, 10.180.53.2:8080",
-        true,
-    );
-    check(
-        &c,
-        "203.0.113.2",
-        Tcp,
-        "5.6.7.54:80",
-        "10.180.54.1:8080, 10.180.54.2:8080",
-        true,
-    );
-    // The ClusterIP of the internal-Local Service: this node's endpoint only.
-    check(
-        &c,
-        "10.1.0.2",
-        Tcp,
-        "172.30.0.54:80",
-        "10.180.54.1:8080",
-        false,
-    );
-    // NodePorts: the shared one through the ClusterIP's list, the UDP one through its own.
-    check(
-        &c,
-        "203.0.113.2",
-        Tcp,
-        "192.168.0.2:30051",
-        "10.180.51.1:8080, 10.180.51.2:8080",
-        true,
-    );
-    check(
-        &c,
-        "203.0.113.2",
-        Proto::Udp,
-        "192.168.0.2:30055",
-        "10.180.55.1:8080, 10.180.55.2:8080",
-        true,
-    );
-    check(
-        &c,
-        "203.0.113.2",
-        Proto::Udp,
-        "5.6.7.55:80",
-        "10.180.55.1:8080, 10.180.55.2:8080",
-        true,
-    );
-    // The ClusterIP the rewrite points at is its own destination still.
-    check(
-        &c,
-        "10.1.0.2",
-        Tcp,
-        "172.30.0.51:80",
-        "10.180.51.1:8080, 10.180.51.2:8080",
-        false,
-    );
+    // Traffic reaches the same endpoints as before: from outside masqueraded (Cluster policy)
+    // but for externalTrafficPolicy Local; the ClusterIPs from a pod.
+    use Proto::{Tcp, Udp};
+    let (ext, pod) = ("203.0.113.2", "10.1.0.2");
+    let both = |n: u8| format!("10.180.{n}.1:8080, 10.180.{n}.2:8080");
+    #[rustfmt::skip]
+    let flows = [
+        (ext, Tcp, "5.6.7.51:80",       both(51),                  true),
+        (ext, Tcp, "5.6.8.51:80",       both(51),                  true),
+        (ext, Tcp, "5.6.7.52:80",       "10.180.52.1:8080".into(), false),
+        (ext, Tcp, "5.6.7.53:80",       both(53),                  true),
+        (ext, Tcp, "5.6.7.54:80",       both(54),                  true),
+        (ext, Udp, "5.6.7.55:80",       both(55),                  true),
+        // NodePorts: the TCP one through the ClusterIP's list, the UDP one through its own.
+        (ext, Tcp, "192.168.0.2:30051", both(51),                  true),
+        (ext, Udp, "192.168.0.2:30055", both(55),                  true),
+        // The ClusterIP the rewrite points at is its own destination still; the one with
+        // internalTrafficPolicy Local has this node's endpoint only.
+        (pod, Tcp, "172.30.0.51:80",    both(51),                  false),
+        (pod, Tcp, "172.30.0.54:80",    "10.180.54.1:8080".into(), false),
+    ];
+    for (src, proto, dst, want, masq) in flows {
+        check(&c, src, proto, dst, &want, masq);
+    }
+}
+
+/// A TCP NodePort that two Services claim: the trace names the conflict and the Service that
+/// keeps it, although the packet reaches the endpoints through the ClusterIP's list.
+#[test]
+fn trace_names_a_node_port_conflict_through_the_shared_list() {
+    let service = |name: &str, n: u8, created: &str| {
+        format!(
+            "- apiVersion: v1
+  kind: Service
+  metadata: {{name: {name}, namespace: ns, creationTimestamp: \"{created}\"}}
+  spec:
+    type: NodePort
+    clusterIP: 172.30.0.{n}
+    ports: [{{name: p, port: 80, protocol: TCP, nodePort: 30080}}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {{name: {name}-a, namespace: ns, labels: {{kubernetes.io/service-name: {name}}}}}
+  addressType: IPv4
+  ports: [{{name: p, port: 8080, protocol: TCP}}]
+  endpoints:
+  - {{addresses: [10.180.{n}.1], nodeName: test-node}}
+"
+        )
+    };
+    let text = [
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: test-node}\n  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}\n".to_string(),
+        service("newer", 61, "2024-01-02T00:00:00Z"),
+        service("older", 62, "2024-01-01T00:00:00Z"),
+    ]
+    .concat();
+    let (objects, _) = nftproxy_dataplane::input::parse_yaml(&text).unwrap();
+    let (c, _) = convert::cluster(&objects, "test-node", "");
+    let table = build(&c, &config(), Family::V4).table;
+    let host = Host {
+        local_addresses: vec!["192.168.0.2".parse().unwrap()],
+    };
+    let pkt = Packet {
+        src: "203.0.113.2".parse().unwrap(),
+        dst: "192.168.0.2:30080".parse().unwrap(),
+        proto: Proto::Tcp,
+        iif: None,
+    };
+    let mut t = trace(&table, &host, &pkt);
+    t.name_services(&c, Family::V4);
+    assert_eq!(t.endpoints(), ["10.180.62.1:8080".parse().unwrap()].into());
+    assert_eq!(t.shared_list, Some("172.30.0.62:80".parse().unwrap()));
+    assert_eq!(t.services, ["ns/older:p".to_string()].into());
+    assert_eq!(t.conflicts.len(), 1, "{:?}", t.conflicts);
 }

@@ -329,11 +329,12 @@ pub(super) fn add(
         return;
     };
     if direct {
-        // An external IP or load-balancer IP whose traffic goes to the same endpoints as the
-        // ClusterIP's shares the ClusterIP's list: the packet's destination is rewritten to the
-        // ClusterIP before the lists are looked up, so a Service's endpoints are in one list
-        // per port, not one per address. With session affinity each destination keeps its own
-        // list, since a client is remembered per destination the packet had at the lookup.
+        // An external IP, load-balancer IP or TCP NodePort whose traffic goes to the same
+        // endpoints as the ClusterIP's shares the ClusterIP's list: the packet's destination is
+        // rewritten to the ClusterIP's before the lists are looked up, so a Service's endpoints
+        // are in one list per port, not one per frontend. With session affinity each
+        // destination keeps its own list, since a client is remembered per destination the
+        // packet had at the lookup.
         let shared_cluster_ip = match (cluster_ip, d.internal) {
             (Some(ip), Some(Target::Cluster))
                 if !external.short_circuit && d.affinity_timeout.is_none() =>
