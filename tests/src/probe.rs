@@ -100,6 +100,9 @@ pub struct Probe {
     /// Source port to bind (TCP and UDP; default: an ephemeral one per attempt). Every attempt
     /// then is the same flow, one after the other: conntrack keeps it on one endpoint.
     pub sport: Option<u16>,
+    /// UDP over IPv4 without a checksum (a checksum field of 0, `SO_NO_CHECK`), which the
+    /// protocol allows and a rule that rewrites a header must leave alone.
+    pub no_udp_checksum: bool,
 }
 
 impl Probe {
@@ -113,6 +116,7 @@ impl Probe {
             timeout: Duration::from_secs(1),
             parallel: 8,
             sport: None,
+            no_udp_checksum: false,
         }
     }
 
@@ -138,6 +142,12 @@ impl Probe {
         self
     }
 
+    /// Sends UDP datagrams without a checksum (IPv4).
+    pub fn no_udp_checksum(mut self) -> Probe {
+        self.no_udp_checksum = true;
+        self
+    }
+
     /// Arguments for `nettest probe`.
     pub fn args(&self) -> Vec<String> {
         let mut a = vec![
@@ -158,6 +168,9 @@ impl Probe {
         }
         if let Some(sport) = self.sport {
             a.extend(["--sport".into(), sport.to_string()]);
+        }
+        if self.no_udp_checksum {
+            a.push("--no-udp-checksum".into());
         }
         a
     }

@@ -223,6 +223,7 @@ struct ProbeOpts {
     timeout: Duration,
     parallel: usize,
     sport: Option<u16>,
+    no_udp_checksum: bool,
 }
 
 fn probe(opts: &Opts) -> Result<()> {
@@ -247,6 +248,7 @@ fn probe(opts: &Opts) -> Result<()> {
             None => opts.parsed::<usize>("parallel", Some(1))?.max(1),
         },
         sport,
+        no_udp_checksum: opts.flag("no-udp-checksum"),
     };
     let next = AtomicUsize::new(0);
     let out = Mutex::new(io::BufWriter::new(io::stdout()));
@@ -405,6 +407,9 @@ fn udp_attempt(p: &ProbeOpts) -> io::Result<Attempt> {
     // Every ICMP error (also "unreachable", which UDP otherwise ignores) ends the attempt,
     // so a missing route does not pass for a drop.
     set_recverr(&s, p.dst)?;
+    if p.no_udp_checksum {
+        s.set_int(libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)?;
+    }
     s.connect(&p.dst)?;
     let src = s.local_addr()?;
     s.send(b"nettest probe")?;

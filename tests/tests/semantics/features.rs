@@ -215,6 +215,12 @@ pub(super) fn mixed_protocol_load_balancer(mode: Mode) {
         flow("external to NodePort, UDP",  Udp,  EXT,     "192.168.0.2:3053", &b53,   true),
         flow("external to NodePort, SCTP", Sctp, EXT,     "192.168.0.2:3053", &b53,   true),
         flow("node to LB, UDP",            Udp,  NODE_IP, "5.6.7.8:53",       &b53,   true),
+        // A UDP checksum of 0 ("none") survives the address rewrite of a shared list, and a
+        // UDP NodePort keeps its own list (a port rewrite would make it wrong).
+        flow("external to LB, UDP without checksum",       Udp, EXT, "5.6.7.8:53",       &b53, true)
+            .without_udp_checksum(),
+        flow("external to NodePort, UDP without checksum", Udp, EXT, "192.168.0.2:3053", &b53, true)
+            .without_udp_checksum(),
         flow("node to NodePort, SCTP",     Sctp, NODE_IP, "192.168.0.2:3053", &b53,   true),
         flow("invalid port of a cluster IP", Tcp,  POD, "172.30.0.70:54", "REJECT", false)
             .iptables("DROP", false, NO_WRONG_PORT_REJECT),

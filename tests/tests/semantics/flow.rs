@@ -64,6 +64,8 @@ pub(super) struct Flow {
     pub(super) want: Fate,
     /// What iptables mode does instead, and the documented difference that makes it so.
     pub(super) iptables: Option<(Fate, &'static str)>,
+    /// UDP over IPv4 without a checksum (see [`Probe::no_udp_checksum`]).
+    pub(super) no_udp_checksum: bool,
 }
 
 impl Flow {
@@ -71,6 +73,12 @@ impl Flow {
     /// the differences above).
     pub(super) fn iptables(mut self, want: &str, masq: bool, why: &'static str) -> Flow {
         self.iptables = Some((table_fate(want, masq), why));
+        self
+    }
+
+    /// Sends the flow's UDP datagrams without a checksum.
+    pub(super) fn without_udp_checksum(mut self) -> Flow {
+        self.no_udp_checksum = true;
         self
     }
 
@@ -91,6 +99,7 @@ pub(super) fn flow(name: &str, proto: Proto, src: &str, dst: &str, want: &str, m
         dst: sa(dst),
         want: table_fate(want, masq),
         iptables: None,
+        no_udp_checksum: false,
     }
 }
 

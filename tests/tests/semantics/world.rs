@@ -302,7 +302,10 @@ impl World {
 
     pub(super) fn kernel_once(&self, f: &Flow) -> Fate {
         let ns = self.ns_of(f.src);
-        let base = Probe::new(f.proto, f.dst, 1).src(f.src).parallel(8);
+        let mut base = Probe::new(f.proto, f.dst, 1).src(f.src).parallel(8);
+        if f.no_udp_checksum {
+            base = base.no_udp_checksum();
+        }
         let (count, timeout) = match f.want(self.mode) {
             Fate::Endpoints { set, .. } => (8 * set.len().max(1), ANSWER_TIMEOUT),
             Fate::Drop => (3, DROP_TIMEOUT),
