@@ -183,9 +183,13 @@ impl State {
         }
     }
 
-    /// The packet's destination port as the next rule sees it (before DNAT).
+    /// The packet's destination port as the next rule sees it.
     fn port(&self, pkt: &Packet) -> u16 {
-        self.dport.unwrap_or(pkt.dst.port())
+        match (self.dnat, self.dport) {
+            (Some(d), _) => d.port(),
+            (None, Some(p)) => p,
+            (None, None) => pkt.dst.port(),
+        }
     }
 }
 
