@@ -77,9 +77,9 @@ impl RawSet {
             return self.affinity_decl(family);
         }
         if self.flags == SetFlags::Map
-            && [addr_type(family).0, TYPE_INET_SERVICE].contains(&self.data_type.unwrap_or(0))
+            && let Some(decl) = self.value_map_decl(family)
         {
-            return self.value_map_decl(family);
+            return Some(decl);
         }
         let is_vmap = self.flags.contains(SetFlags::Map);
         if is_vmap != (self.data_type == Some(NFT_DATA_VERDICT)) {

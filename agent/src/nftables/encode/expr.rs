@@ -4,20 +4,6 @@ use super::*;
 
 pub(super) type Expr = ListAttribute<ExpressionAttribute>;
 
-/// `NFTA_PAYLOAD_*` of a payload write (the typed crate has the load attributes only).
-pub(in crate::nftables) const NFTA_PAYLOAD_BASE: u16 = 2;
-pub(in crate::nftables) const NFTA_PAYLOAD_OFFSET: u16 = 3;
-pub(in crate::nftables) const NFTA_PAYLOAD_LEN: u16 = 4;
-pub(in crate::nftables) const NFTA_PAYLOAD_SREG: u16 = 5;
-pub(in crate::nftables) const NFTA_PAYLOAD_CSUM_TYPE: u16 = 6;
-pub(in crate::nftables) const NFTA_PAYLOAD_CSUM_OFFSET: u16 = 7;
-pub(in crate::nftables) const NFTA_PAYLOAD_CSUM_FLAGS: u16 = 8;
-pub(in crate::nftables) const NFT_PAYLOAD_CSUM_NONE: u32 = 0;
-pub(in crate::nftables) const NFT_PAYLOAD_CSUM_INET: u32 = 1;
-pub(in crate::nftables) const NFT_PAYLOAD_L4CSUM_PSEUDOHDR: u32 = 1;
-/// Where the checksum is in a TCP header.
-pub(in crate::nftables) const TCP_CHECKSUM_OFFSET: u32 = 16;
-
 pub(super) fn other(name: &str, attributes: Vec<DefaultNla>) -> Expr {
     Expressions::Other {
         expression_type: name.to_string(),
@@ -341,6 +327,12 @@ pub(super) fn addr_proto_port_at(family: Family, word: u32, out: &mut Vec<Expr>)
     word + alen / 4 + 2
 }
 
+/// Looks the key loaded from word 0 up in `map` and writes the result into the packet.
+fn rewrite(map: &str, write: PayloadWrite, out: &mut Vec<Expr>) {
+    out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
+    out.push(other("payload", write.attrs(Register::Reg1)));
+}
+
 pub(super) fn action_exprs(
     family: Family,
     action: &Action,
@@ -450,43 +442,11 @@ pub(super) fn action_exprs(
             } else {
                 addr_proto_port(family, out);
             }
-            out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
-            // What nft writes for `ip daddr set`: the IPv4 header checksum is fixed up
-            // (`csum_type inet` at offset 10), and for both families the transport checksum
-            // over the pseudo-header (TCP, UDP unless its checksum is 0).
-            let (csum_type, csum_offset) = match family {
-                Family::V4 => (NFT_PAYLOAD_CSUM_INET, 10),
-                Family::V6 => (NFT_PAYLOAD_CSUM_NONE, 0),
-            };
-            out.push(other(
-                "payload",
-                vec![
-                    u32_attr(NFTA_PAYLOAD_SREG, Register::Reg1.into()),
-                    u32_attr(NFTA_PAYLOAD_BASE, NFT_PAYLOAD_NETWORK_HEADER),
-                    u32_attr(NFTA_PAYLOAD_OFFSET, daddr_off),
-                    u32_attr(NFTA_PAYLOAD_LEN, alen),
-                    u32_attr(NFTA_PAYLOAD_CSUM_TYPE, csum_type),
-                    u32_attr(NFTA_PAYLOAD_CSUM_OFFSET, csum_offset),
-                    u32_attr(NFTA_PAYLOAD_CSUM_FLAGS, NFT_PAYLOAD_L4CSUM_PSEUDOHDR),
-                ],
-            ));
+            rewrite(map, PayloadWrite::daddr(family), out);
         }
         Action::SetDport { map } => {
             proto_port_load(0, out);
-            out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
-            // What nft writes for `tcp dport set`: the TCP checksum (offset 16) fixed up.
-            out.push(other(
-                "payload",
-                vec![
-                    u32_attr(NFTA_PAYLOAD_SREG, Register::Reg1.into()),
-                    u32_attr(NFTA_PAYLOAD_BASE, NFT_PAYLOAD_TRANSPORT_HEADER),
-                    u32_attr(NFTA_PAYLOAD_OFFSET, 2),
-                    u32_attr(NFTA_PAYLOAD_LEN, 2),
-                    u32_attr(NFTA_PAYLOAD_CSUM_TYPE, NFT_PAYLOAD_CSUM_INET),
-                    u32_attr(NFTA_PAYLOAD_CSUM_OFFSET, TCP_CHECKSUM_OFFSET),
-                    u32_attr(NFTA_PAYLOAD_CSUM_FLAGS, 0),
-                ],
-            ));
+            rewrite(map, PayloadWrite::tcp_dport(), out);
         }
         Action::Masquerade => out.push(other(
             "masq",

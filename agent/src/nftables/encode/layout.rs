@@ -101,6 +101,77 @@ pub(in crate::nftables) fn endpoint_data(
     Ok(out)
 }
 
+/// `NFTA_PAYLOAD_*` of a payload write (the typed crate has the load attributes only).
+pub(in crate::nftables) const NFTA_PAYLOAD_BASE: u16 = 2;
+pub(in crate::nftables) const NFTA_PAYLOAD_OFFSET: u16 = 3;
+pub(in crate::nftables) const NFTA_PAYLOAD_LEN: u16 = 4;
+pub(in crate::nftables) const NFTA_PAYLOAD_SREG: u16 = 5;
+pub(in crate::nftables) const NFTA_PAYLOAD_CSUM_TYPE: u16 = 6;
+pub(in crate::nftables) const NFTA_PAYLOAD_CSUM_OFFSET: u16 = 7;
+pub(in crate::nftables) const NFTA_PAYLOAD_CSUM_FLAGS: u16 = 8;
+pub(in crate::nftables) const NFT_PAYLOAD_CSUM_NONE: u32 = 0;
+pub(in crate::nftables) const NFT_PAYLOAD_CSUM_INET: u32 = 1;
+pub(in crate::nftables) const NFT_PAYLOAD_L4CSUM_PSEUDOHDR: u32 = 1;
+/// Where the checksum is in a TCP header.
+pub(in crate::nftables) const TCP_CHECKSUM_OFFSET: u32 = 16;
+
+/// A payload write as nft writes it: the field, and how the kernel fixes the checksums
+/// around it. Encoding sends it; decoding takes back only a write that equals one of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::nftables) struct PayloadWrite {
+    pub base: u32,
+    pub offset: u32,
+    pub len: u32,
+    pub csum_type: u32,
+    pub csum_offset: u32,
+    pub csum_flags: u32,
+}
+
+impl PayloadWrite {
+    /// `ip daddr set …`: the IPv4 header checksum (`csum_type inet` at offset 10) and, in both
+    /// families, the transport checksum over the pseudo-header (TCP; UDP unless it is 0).
+    pub fn daddr(family: Family) -> PayloadWrite {
+        let (_, daddr_off, alen) = addr_layout(family);
+        let (csum_type, csum_offset) = match family {
+            Family::V4 => (NFT_PAYLOAD_CSUM_INET, 10),
+            Family::V6 => (NFT_PAYLOAD_CSUM_NONE, 0),
+        };
+        PayloadWrite {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: daddr_off,
+            len: alen,
+            csum_type,
+            csum_offset,
+            csum_flags: NFT_PAYLOAD_L4CSUM_PSEUDOHDR,
+        }
+    }
+
+    /// `tcp dport set …`: the TCP checksum.
+    pub fn tcp_dport() -> PayloadWrite {
+        PayloadWrite {
+            base: NFT_PAYLOAD_TRANSPORT_HEADER,
+            offset: 2,
+            len: 2,
+            csum_type: NFT_PAYLOAD_CSUM_INET,
+            csum_offset: TCP_CHECKSUM_OFFSET,
+            csum_flags: 0,
+        }
+    }
+
+    /// The `payload` expression's attributes, writing from `sreg`.
+    pub fn attrs(self, sreg: Register) -> Vec<DefaultNla> {
+        vec![
+            u32_attr(NFTA_PAYLOAD_SREG, sreg.into()),
+            u32_attr(NFTA_PAYLOAD_BASE, self.base),
+            u32_attr(NFTA_PAYLOAD_OFFSET, self.offset),
+            u32_attr(NFTA_PAYLOAD_LEN, self.len),
+            u32_attr(NFTA_PAYLOAD_CSUM_TYPE, self.csum_type),
+            u32_attr(NFTA_PAYLOAD_CSUM_OFFSET, self.csum_offset),
+            u32_attr(NFTA_PAYLOAD_CSUM_FLAGS, self.csum_flags),
+        ]
+    }
+}
+
 /// `NFTA_SET_DATA_TYPE` and `NFTA_SET_DATA_LEN` of the maps to addresses and to ports; `None`
 /// for other sets.
 pub(in crate::nftables) fn value_data_layout(family: Family, key: KeyType) -> Option<(u32, u32)> {
