@@ -53,6 +53,8 @@ impl NftNs for Netns {
 
 #[path = "nftables_kernel/listing.rs"]
 mod listing;
+#[path = "nftables_kernel/shared.rs"]
+mod shared;
 #[path = "nftables_kernel/tables.rs"]
 mod tables;
 

@@ -243,6 +243,7 @@ impl Tracer<'_> {
             Match::L4Proto(p) => *p == self.pkt.proto,
             Match::AddrProtoPortInSet { set } => set_has(set, self.frontend(dst, port, false)),
             Match::ProtoPortInSet { set } => set_has(set, self.frontend(dst, port, true)),
+            Match::AddrProtoInSet { set } => set_has(set, Key::AddrProto(dst, self.pkt.proto)),
             // The destination the client asked for, before DNAT.
             Match::CtOriginalAddrProtoPortInSet { set } => set_has(
                 set,
@@ -435,6 +436,39 @@ impl Tracer<'_> {
                     // A flat-path draw (see `nft::build`'s `big`) misses for indices at or
                     // above the list's length: the packet goes on to the next draw, and after
                     // the last to the fallback.
+                    self.trace.redraws = true;
+                    ends.extend(continue_here(self, state));
+                }
+                ends
+            }
+            Action::DnatShared {
+                addresses,
+                ports,
+                modulus,
+            } => {
+                // Entry `numgen random mod modulus` of the ClusterIP's address list, with the
+                // destination's own target port.
+                let frontend = self.frontend(dst, port, false);
+                let Some(Some(Value::Port(to))) = self.element(ports, &frontend) else {
+                    return continue_here(self, state);
+                };
+                let list = Key::AddrProto(dst, self.pkt.proto);
+                let targets: Vec<SocketAddr> = (0..*modulus)
+                    .filter_map(|i| {
+                        let key = list.list_entry(u16::try_from(i).ok()?)?;
+                        match self.element(addresses, &key)? {
+                            Some(Value::Addr(addr)) => Some(SocketAddr::new(addr, to)),
+                            _ => None,
+                        }
+                    })
+                    .collect();
+                if targets.is_empty() {
+                    return continue_here(self, state);
+                }
+                self.trace.frontends.insert(frontend);
+                let misses = targets.len() < *modulus as usize;
+                let mut ends = dnat_to_any(targets, &state);
+                if misses {
                     self.trace.redraws = true;
                     ends.extend(continue_here(self, state));
                 }

@@ -5,6 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use nftproxy_dataplane::convert;
 use nftproxy_dataplane::model::Cluster;
+use nftproxy_dataplane::nft::build::shared::{self, SERVICE_ENDPOINTS, SERVICE_TARGET_PORTS};
 use nftproxy_dataplane::nft::build::{
     BuildConfig, EXTERNAL_TO_CLUSTER_IPS, LocalDetector, NODEPORT_TO_CLUSTER_IPS,
     NODEPORT_TO_SERVICE_PORTS, build,
@@ -561,4 +562,152 @@ fn trace_names_a_node_port_conflict_through_the_shared_list() {
     assert_eq!(t.shared_list, Some("172.30.0.62:80".parse().unwrap()));
     assert_eq!(t.services, ["ns/older:p".to_string()].into());
     assert_eq!(t.conflicts.len(), 1, "{:?}", t.conflicts);
+}
+
+/// The ports of one protocol of a large Service share one address list when their endpoints
+/// agree (each port reads its own target port); otherwise each keeps its own list.
+#[test]
+fn large_services_ports_share_one_address_list_when_their_endpoints_agree() {
+    // Service n: ClusterIP 172.30.1.n, load-balancer IP 5.6.9.n, TCP ports 80 (→ 8080) and
+    // 443 (→ 8443) with NodePorts 310n0 and 310n1, UDP port 53 (→ 5353); 20 endpoints
+    // 10.181.n.1 … 10.181.n.20, `extra_ep` appended to the endpoint list of the slice for
+    // port 443 only (when set), `extra` in the spec.
+    let service = |name: &str, n: u8, extra: &str, split: bool| {
+        let eps: String = (1..=20)
+            .map(|i| format!("  - {{addresses: [10.181.{n}.{i}], nodeName: node2}}\n"))
+            .collect();
+        let slice = |suffix: &str, ports: &str, eps: &str| {
+            format!(
+                "- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {{name: {name}-{suffix}, namespace: ns, labels: {{kubernetes.io/service-name: {name}}}}}
+  addressType: IPv4
+  ports: [{ports}]
+  endpoints:
+{eps}"
+            )
+        };
+        let https = "{name: https, port: 8443, protocol: TCP}";
+        let others =
+            "{name: http, port: 8080, protocol: TCP}, {name: dns, port: 5353, protocol: UDP}";
+        let slices = if split {
+            // Port 443's endpoints: one more than the others'.
+            let more = format!("{eps}  - {{addresses: [10.181.{n}.99], nodeName: node2}}\n");
+            slice("a", others, &eps) + &slice("b", https, &more)
+        } else {
+            slice("a", &format!("{others}, {https}"), &eps)
+        };
+        format!(
+            "- apiVersion: v1
+  kind: Service
+  metadata: {{name: {name}, namespace: ns}}
+  spec:
+    type: LoadBalancer
+    clusterIP: 172.30.1.{n}
+    ports:
+    - {{name: http, port: 80, targetPort: http, protocol: TCP, nodePort: 310{n}0}}
+    - {{name: https, port: 443, targetPort: https, protocol: TCP, nodePort: 310{n}1}}
+    - {{name: dns, port: 53, targetPort: dns, protocol: UDP, nodePort: 310{n}2}}
+    {extra}
+  status: {{loadBalancer: {{ingress: [{{ip: 5.6.9.{n}}}]}}}}
+{slices}"
+        )
+    };
+    let text = [
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: test-node}\n  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}\n".to_string(),
+        service("alike", 1, "", false),
+        service("split", 2, "", true),
+        service("sticky", 3, "sessionAffinity: ClientIP", false),
+        service("inside", 4, "internalTrafficPolicy: Local", false),
+    ]
+    .concat();
+    let (objects, skipped) = nftproxy_dataplane::input::parse_yaml(&text).unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let (c, skipped) = convert::cluster(&objects, "test-node", "");
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let table = build(&c, &config(), Family::V4).table;
+    let elements = |set: &str| -> Vec<String> {
+        table.sets[set]
+            .elements
+            .iter()
+            .map(|(k, v)| format!("{k:?} -> {v:?}"))
+            .collect()
+    };
+    // Only the first Service's TCP ports share (its one UDP port keeps its list).
+    assert_eq!(
+        elements(SERVICE_TARGET_PORTS),
+        [
+            "AddrProtoPort(172.30.1.1, Tcp, 80) -> Some(Port(8080))",
+            "AddrProtoPort(172.30.1.1, Tcp, 443) -> Some(Port(8443))",
+        ]
+    );
+    assert_eq!(
+        elements(shared::class_set(5)),
+        ["AddrProto(172.30.1.1, Tcp) -> None"]
+    );
+    let list = elements(SERVICE_ENDPOINTS);
+    assert_eq!(list.len(), 20);
+    assert_eq!(
+        list[0],
+        "AddrProtoIndex(172.30.1.1, Tcp, 0) -> Some(Addr(10.181.1.1))"
+    );
+    // No list of its own at the ClusterIP for a sharing port; every other port has one, but
+    // for internalTrafficPolicy Local without endpoints on this node.
+    let own: BTreeSet<(IpAddr, u16)> = table
+        .sets
+        .values()
+        .flat_map(|s| s.elements.keys())
+        .filter_map(|k| match k.list_destination() {
+            Some((Key::AddrProtoPort(ip, _, port), _))
+                if ip.to_string().starts_with("172.30.1.") =>
+            {
+                Some((ip, port))
+            }
+            _ => None,
+        })
+        .collect();
+    let want: BTreeSet<(IpAddr, u16)> = [
+        (1, 53),
+        (2, 53),
+        (2, 80),
+        (2, 443),
+        (3, 53),
+        (3, 80),
+        (3, 443),
+    ]
+    .map(|(n, port)| (format!("172.30.1.{n}").parse().unwrap(), port))
+    .into();
+    assert_eq!(own, want);
+    // Traffic: every port reaches all its endpoints with its own target port, from a pod, from
+    // outside through the load-balancer IP and the TCP NodePorts.
+    use Proto::{Tcp, Udp};
+    let (ext, pod) = ("203.0.113.2", "10.1.0.2");
+    let all = |n: u8, port: u16, extra: bool| {
+        let mut eps: Vec<String> = (1..=20).map(|i| format!("10.181.{n}.{i}:{port}")).collect();
+        if extra {
+            eps.push(format!("10.181.{n}.99:{port}"));
+        }
+        eps.join(", ")
+    };
+    #[rustfmt::skip]
+    let flows = [
+        (pod, Tcp, "172.30.1.1:80",      all(1, 8080, false), false),
+        (pod, Tcp, "172.30.1.1:443",     all(1, 8443, false), false),
+        (pod, Udp, "172.30.1.1:53",      all(1, 5353, false), false),
+        (ext, Tcp, "5.6.9.1:80",         all(1, 8080, false), true),
+        (ext, Tcp, "5.6.9.1:443",        all(1, 8443, false), true),
+        (ext, Tcp, "192.168.0.2:31011",  all(1, 8443, false), true),
+        (ext, Udp, "192.168.0.2:31012",  all(1, 5353, false), true),
+        // A port of the ClusterIP that is no Service port is rejected, as before.
+        (pod, Tcp, "172.30.1.1:81",      "REJECT".into(),     false),
+        (pod, Tcp, "172.30.1.2:80",      all(2, 8080, false), false),
+        (pod, Tcp, "172.30.1.2:443",     all(2, 8443, true),  false),
+        (ext, Tcp, "5.6.9.2:443",        all(2, 8443, true),  true),
+        (pod, Tcp, "172.30.1.3:443",     all(3, 8443, false), false),
+        (pod, Tcp, "172.30.1.4:443",     "DROP".into(),       false),
+        (ext, Tcp, "5.6.9.4:443",        all(4, 8443, false), true),
+    ];
+    for (src, proto, dst, want, masq) in flows {
+        check(&c, src, proto, dst, &want, masq);
+    }
 }

@@ -13,7 +13,7 @@ use nftproxy_dataplane::model::{
 };
 use nftproxy_dataplane::nft::build::{
     BIG_MAX_ENDPOINTS, BuildConfig, EXTERNAL_TO_CLUSTER_IPS, EndpointLists, LIST_MAX_ENDPOINTS,
-    LocalDetector, affinity, build,
+    LocalDetector, affinity, build, shared,
 };
 use nftproxy_dataplane::nft::desired::{Before, Desired, Scope, Updated};
 use nftproxy_dataplane::nft::plan::{

@@ -12,6 +12,8 @@
 //! - A 100-endpoint Service with ClientIP affinity keeps each client on one endpoint, and a
 //!   client whose endpoint is removed moves to another one and stays there, while the others
 //!   keep theirs; the table has no chain for the Service.
+//! - The two UDP ports of a 100-endpoint Service share one address list, each port DNATed to
+//!   its own target port, before and after a partial sync that changes endpoints.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -59,6 +61,11 @@ struct Site {
 /// endpoint would make the node resolve a neighbour per endpoint, and the kernel's ARP table
 /// (1,024 entries for all namespaces together) overflows and drops packets.
 fn site(n: usize) -> Site {
+    site_answering(n, &[TARGET_PORT])
+}
+
+/// [`site`], the pod answering on `ports`.
+fn site_answering(n: usize, ports: &[u16]) -> Site {
     let lab = Lab::with_nettest(env!("CARGO_BIN_EXE_nettest")).unwrap();
     let node = lab.node("node").unwrap();
     let mut sources = vec![ip("10.180.0.2")];
@@ -72,7 +79,7 @@ fn site(n: usize) -> Site {
     let link = eps.node_link().unwrap().to_string();
     node.add_route(&format!("10.181.0.0/20 via 10.181.255.1 dev {link}"))
         .unwrap();
-    lab.echo(&eps, &[TARGET_PORT]).unwrap();
+    lab.echo(&eps, ports).unwrap();
     Site { lab, node, client }
 }
 
@@ -408,4 +415,90 @@ fn client_ip_affinity_keeps_each_client_on_one_of_100_endpoints() {
             assert_eq!(ep, chosen[src], "{src} moved although its endpoint stayed");
         }
     }
+}
+
+/// Service `ns/dns` with two UDP ports, 53 → 5353 and 54 → 5354, and the endpoints `eps`.
+fn two_port_cluster(eps: &[usize]) -> Cluster {
+    let [node, mut svc, mut slice]: [serde_json::Value; 3] =
+        items_with(eps, false).try_into().unwrap();
+    svc["spec"]["ports"] = json!([
+        {"name": "dns", "port": PORT, "protocol": "UDP", "targetPort": TARGET_PORT},
+        {"name": "alt", "port": PORT + 1, "protocol": "UDP", "targetPort": TARGET_PORT + 1},
+    ]);
+    slice["ports"] = json!([
+        {"name": "dns", "port": TARGET_PORT, "protocol": "UDP"},
+        {"name": "alt", "port": TARGET_PORT + 1, "protocol": "UDP"},
+    ]);
+    let mut o = Objects::default();
+    o.nodes.push(serde_json::from_value(node).unwrap());
+    o.services.push(serde_json::from_value(svc).unwrap());
+    o.slices.push(serde_json::from_value(slice).unwrap());
+    let (cluster, skipped) = convert::cluster(&o, NODE, "");
+    assert!(skipped.is_empty(), "{skipped:?}");
+    cluster
+}
+
+#[test]
+fn two_ports_share_one_address_list_and_keep_their_target_ports() {
+    nftproxy_tests::require_root!();
+    const N: usize = 100;
+    let s = site_answering(N + 5, &[TARGET_PORT, TARGET_PORT + 1]);
+    let mut syncer = in_netns(&s.node, || Syncer::new().expect("a syncer"));
+    let all: Vec<usize> = (0..N).collect();
+    in_netns(&s.node, || {
+        syncer
+            .sync(&two_port_cluster(&all), &config(), true)
+            .expect("the first sync")
+    });
+    let list = |map: &str| {
+        s.node
+            .exec(&["nft", "list", "map", "ip", "nftproxy", map])
+            .unwrap()
+    };
+    let shared = list("big-service-endpoints");
+    assert!(shared.contains("172.30.0.10 . udp . 99 : "), "{shared}");
+    let ports = list("service-target-ports");
+    for want in [
+        "172.30.0.10 . udp . 53 : 5353",
+        "172.30.0.10 . udp . 54 : 5354",
+    ] {
+        assert!(ports.contains(want), "{ports}");
+    }
+    assert!(!list("big-endpoints").contains("172.30.0.10"));
+    // Every endpoint answers on each port, at that port's target port, and only they.
+    let check = |eps: &[usize]| {
+        for (port, target) in [(PORT, TARGET_PORT), (PORT + 1, TARGET_PORT + 1)] {
+            let mut r = ProbeResult::default();
+            for src in &client_sources()[..30] {
+                let probe = Probe::new(Proto::Udp, SocketAddr::new(ip(VIP), port), 50)
+                    .src(*src)
+                    .parallel(16);
+                r.absorb(s.lab.run_probe(&s.client, &probe).unwrap());
+            }
+            assert_eq!(r.refused + r.timeouts, 0, "port {port}: {r}");
+            let want: BTreeSet<SocketAddr> = eps
+                .iter()
+                .map(|i| SocketAddr::new(endpoint(*i), target))
+                .collect();
+            let got: BTreeSet<SocketAddr> = r.answered.keys().copied().collect();
+            assert_eq!(got, want, "port {port}");
+        }
+    };
+    check(&all);
+    // Ten endpoints go and five come, in one partial sync: the list keeps the others' indices.
+    let changed: BTreeSet<ObjectName> = [ObjectName::new("ns", "dns")].into();
+    let now: Vec<usize> = (10..N + 5).collect();
+    in_netns(&s.node, || {
+        syncer
+            .sync_families(
+                &two_port_cluster(&now),
+                &config(),
+                &[(Family::V4, false)].into(),
+                ChangedServices::Services(&changed),
+            )
+            .remove(&Family::V4)
+            .expect("IPv4")
+            .expect("the partial sync commits")
+    });
+    check(&now);
 }

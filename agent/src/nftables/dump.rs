@@ -36,6 +36,7 @@ mod nla;
 mod rewrites;
 mod rules;
 mod sets;
+mod shared;
 #[cfg(test)]
 mod tests;
 
@@ -46,6 +47,7 @@ use self::nla::*;
 use self::rules::*;
 use self::sets::*;
 pub(super) use self::sets::{decode_addr, decode_proto_port, raw_affinity_element, walk_elements};
+use self::shared::*;
 
 /// Comment given to sets that cannot be decoded: no desired declaration carries it, so the
 /// planner recreates (or deletes) such a set.

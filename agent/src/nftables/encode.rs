@@ -277,21 +277,7 @@ fn set_message(family: Family, name: &str, decl: &SetDecl, id: u32) -> Result<Co
     if let Some(secs) = decl.timeout_secs {
         attributes.push(SetAttribute::Timeout(u64::from(secs) * 1000));
     }
-    // What nft writes, so that `nft list` output is identical: the key byte order of address
-    // sets (without it nft still prints them), the `typeof` of endpoint maps (without it nft
-    // cannot print them).
-    let mut udata = match decl.key {
-        KeyType::Addr => {
-            let mut u = Vec::new();
-            tlv_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG_ENDIAN);
-            u
-        }
-        KeyType::Interval => interval_map_udata(family),
-        KeyType::AddrProtoPortIndex => list_udata(family, false),
-        KeyType::ProtoPortIndex => list_udata(family, true),
-        KeyType::AffinityClients => affinity_udata(family),
-        _ => Vec::new(),
-    };
+    let mut udata = set_udata(family, decl);
     if let Some(c) = &decl.comment {
         udata.extend(udata_string(UDATA_SET_COMMENT, c)?);
     }
@@ -416,11 +402,16 @@ fn put_elements(
             return Err("an endpoint as the value of a map other than an endpoint map".to_string());
         }
         (Some(Value::Addr(addr)), false)
-            if matches!(key, Key::AddrProtoPort(..) | Key::ProtoPort(..)) =>
+            if matches!(
+                key,
+                Key::AddrProtoPort(..) | Key::ProtoPort(..) | Key::AddrProtoIndex(..)
+            ) =>
         {
             Some(Ok(addr_data(family, addr)?))
         }
-        (Some(Value::Port(port)), false) if matches!(key, Key::ProtoPort(..)) => {
+        (Some(Value::Port(port)), false)
+            if matches!(key, Key::ProtoPort(..) | Key::AddrProtoPort(..)) =>
+        {
             Some(Ok(port_data(*port)))
         }
         (Some(Value::Addr(_) | Value::Port(_)), false) => {

@@ -242,6 +242,7 @@ fn rule_refs(rule: &Rule) -> (Vec<&str>, Option<&str>) {
             | Match::SaddrDaddrInSet { set }
             | Match::AddrProtoPortInSet { set }
             | Match::ProtoPortInSet { set }
+            | Match::AddrProtoInSet { set }
             | Match::CtOriginalAddrProtoPortInSet { set }
             | Match::CtOriginalProtoPortInSet { set } => Some(set.as_str()),
             _ => None,
@@ -255,6 +256,9 @@ fn rule_refs(rule: &Rule) -> (Vec<&str>, Option<&str>) {
         Action::DnatRegion { map, .. } => sets.push(map),
         Action::DnatIndexed { map, .. } => sets.push(map),
         Action::SetDaddr { map, .. } | Action::SetDport { map } => sets.push(map),
+        Action::DnatShared {
+            addresses, ports, ..
+        } => sets.extend([*addresses, *ports]),
         Action::DnatAffinity { map } | Action::UpdateAffinity { map, .. } => sets.push(map),
         _ => {}
     }

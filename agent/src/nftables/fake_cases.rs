@@ -75,6 +75,15 @@ fn vmap() -> SetDecl {
     }
 }
 
+/// A DNAT through the shared address list `sa` and the port map `sp`.
+fn shared_dnat() -> Action {
+    Action::DnatShared {
+        addresses: "sa",
+        ports: "sp",
+        modulus: 2,
+    }
+}
+
 /// An endpoint-map interval `at ..= end - 1` choosing endpoint `n`.
 fn interval(family: Family, at: u32, end: u32, n: u8) -> (Key, Option<Value>) {
     (
@@ -202,6 +211,67 @@ pub fn cases(family: Family) -> Vec<Case> {
             "deleting a set a rule looks up",
             vec![Op::DeleteSet { name: "s".into() }],
             Some((0, EBUSY)),
+        ),
+        case(
+            "a DNAT through a shared address list whose port map is missing",
+            vec![
+                Op::AddSet {
+                    name: "sa".into(),
+                    decl: SetDecl::new(KeyType::AddrProtoIndex),
+                },
+                chain("d"),
+                rules("d", accept(shared_dnat())),
+            ],
+            Some((2, ENOENT)),
+        ),
+        case(
+            "a rule matching destinations and protocols of a missing set",
+            vec![
+                Op::AddSet {
+                    name: "sa".into(),
+                    decl: SetDecl::new(KeyType::AddrProtoIndex),
+                },
+                Op::AddSet {
+                    name: "sp".into(),
+                    decl: SetDecl::new(KeyType::AddrProtoPortToPort),
+                },
+                chain("d"),
+                rules(
+                    "d",
+                    vec![Rule::new(
+                        vec![Match::AddrProtoInSet { set: "s2".into() }],
+                        shared_dnat(),
+                    )],
+                ),
+            ],
+            Some((3, ENOENT)),
+        ),
+        case(
+            "deleting a map a DNAT through a shared address list reads",
+            vec![
+                Op::AddSet {
+                    name: "sa".into(),
+                    decl: SetDecl::new(KeyType::AddrProtoIndex),
+                },
+                Op::AddSet {
+                    name: "sp".into(),
+                    decl: SetDecl::new(KeyType::AddrProtoPortToPort),
+                },
+                Op::AddSet {
+                    name: "s2".into(),
+                    decl: SetDecl::new(KeyType::AddrProto),
+                },
+                chain("d"),
+                rules(
+                    "d",
+                    vec![Rule::new(
+                        vec![Match::AddrProtoInSet { set: "s2".into() }],
+                        shared_dnat(),
+                    )],
+                ),
+                Op::DeleteSet { name: "sp".into() },
+            ],
+            Some((5, EBUSY)),
         ),
         case(
             "deleting a missing chain",

@@ -58,6 +58,7 @@ mod base;
 mod big;
 pub mod diff;
 mod port;
+pub mod shared;
 
 pub use big::{BIG_MAX_ENDPOINTS, BigList, DRAWS, class_of};
 
@@ -383,19 +384,20 @@ impl Fragment {
             Some((*set, run))
         });
         // A map's lists are one run: the builder sorts them by map and destination.
-        let lists =
-            self.lists
-                .chunk_by(|a, b| a.map == b.map)
-                .map(move |lists| {
-                    let mut run = Vec::with_capacity(lists.iter().map(|l| l.endpoints.len()).sum());
-                    // List by list: each extends the run at its exact length.
-                    for l in lists {
-                        run.extend(l.entries().map(|(key, (addr, port))| {
-                            item(key, Some(&Value::Endpoint(addr, port)))
-                        }));
-                    }
-                    (lists[0].map, run)
-                });
+        let lists = self
+            .lists
+            .chunk_by(|a, b| a.map == b.map)
+            .map(move |lists| {
+                let mut run = Vec::with_capacity(lists.iter().map(|l| l.endpoints.len()).sum());
+                // List by list: each extends the run at its exact length.
+                for l in lists {
+                    run.extend(
+                        l.entries()
+                            .map(|(key, target)| item(key, Some(&l.value(target)))),
+                    );
+                }
+                (lists[0].map, run)
+            });
         let hairpin = (!self.hairpin.is_empty()).then(|| {
             let run = self.hairpin.iter().map(|ip| item(Key::AddrPair(*ip), None));
             (HAIRPIN_ENDPOINTS, run.collect())
@@ -461,8 +463,13 @@ pub fn service_fragment<'s>(
         return part;
     }
     let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
-    for decision in service_decisions(svc, &slices, suppressed, &env.decision) {
-        port::add(&mut part, &decision, &env.det, regions);
+    let decisions = service_decisions(svc, &slices, suppressed, &env.decision);
+    let sharing = shared::sharing(&decisions);
+    for (decision, shares) in decisions.iter().zip(&sharing) {
+        port::add(&mut part, decision, *shares, &env.det, regions);
+        if shares.is_some() {
+            shared::add_list(&mut part, decision);
+        }
     }
     // Ports may share endpoints.
     part.hairpin.sort_unstable();

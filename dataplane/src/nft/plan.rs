@@ -25,6 +25,7 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
             | Match::SaddrDaddrInSet { set }
             | Match::AddrProtoPortInSet { set }
             | Match::ProtoPortInSet { set }
+            | Match::AddrProtoInSet { set }
             | Match::CtOriginalAddrProtoPortInSet { set }
             | Match::CtOriginalProtoPortInSet { set } => sets.contains(set),
             _ => false,
@@ -34,6 +35,10 @@ fn uses_any(chain: &Chain, sets: &BTreeSet<String>) -> bool {
             Action::UpdateSaddr { set } => sets.contains(set),
             Action::DnatRegion { map, .. } => sets.contains(*map),
             Action::DnatIndexed { map, .. } => sets.contains(map),
+            Action::SetDaddr { map, .. } | Action::SetDport { map } => sets.contains(*map),
+            Action::DnatShared {
+                addresses, ports, ..
+            } => sets.contains(*addresses) || sets.contains(*ports),
             Action::DnatAffinity { map } | Action::UpdateAffinity { map, .. } => {
                 sets.contains(*map)
             }

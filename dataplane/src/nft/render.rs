@@ -51,6 +51,7 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
                 format!("{fam} daddr . meta l4proto . th dport @{set}")
             }
             Match::ProtoPortInSet { set } => format!("meta l4proto . th dport @{set}"),
+            Match::AddrProtoInSet { set } => format!("{fam} daddr . meta l4proto @{set}"),
             Match::CtOriginalAddrProtoPortInSet { set } => {
                 format!("ct original {fam} daddr . meta l4proto . ct original proto-dst @{set}")
             }
@@ -132,6 +133,15 @@ pub fn rule_text_in(family: Family, rule: &Rule) -> String {
                 "dnat {fam} to {daddr}meta l4proto . th dport . numgen random mod {modulus} map @{map}"
             )
         }
+        Action::DnatShared {
+            addresses,
+            ports,
+            modulus,
+        } => format!(
+            // As nft lists it (the family is implied by the address map's key).
+            "dnat to {fam} daddr . meta l4proto . numgen random mod {modulus} map \
+             @{addresses}:{fam} daddr . meta l4proto . th dport map @{ports}"
+        ),
     });
     if let Some(c) = &rule.comment {
         parts.push(format!("comment {}", quote(c)));
@@ -213,6 +223,20 @@ pub fn key_type_text(family: Family, key: KeyType) -> &'static str {
         (Family::V4, KeyType::ProtoPortToAddr) => "inet_proto . inet_service : ipv4_addr",
         (Family::V6, KeyType::ProtoPortToAddr) => "inet_proto . inet_service : ipv6_addr",
         (_, KeyType::ProtoPortToPort) => "inet_proto . inet_service : inet_service",
+        (Family::V4, KeyType::AddrProto) => "ipv4_addr . inet_proto",
+        (Family::V6, KeyType::AddrProto) => "ipv6_addr . inet_proto",
+        (Family::V4, KeyType::AddrProtoIndex) => {
+            "ip daddr . meta l4proto . numgen random mod 2 : ip daddr"
+        }
+        (Family::V6, KeyType::AddrProtoIndex) => {
+            "ip6 daddr . meta l4proto . numgen random mod 2 : ip6 daddr"
+        }
+        (Family::V4, KeyType::AddrProtoPortToPort) => {
+            "ipv4_addr . inet_proto . inet_service : inet_service"
+        }
+        (Family::V6, KeyType::AddrProtoPortToPort) => {
+            "ipv6_addr . inet_proto . inet_service : inet_service"
+        }
     }
 }
 
@@ -225,6 +249,8 @@ pub fn key_text(key: &Key) -> String {
         Key::Interval { at, end } => format!("{at}-{}", end.wrapping_sub(1)),
         Key::AddrProtoPortIndex(a, p, port, i) => format!("{a} . {p} . {port} . {i}"),
         Key::ProtoPortIndex(p, port, i) => format!("{p} . {port} . {i}"),
+        Key::AddrProto(a, p) => format!("{a} . {p}"),
+        Key::AddrProtoIndex(a, p, i) => format!("{a} . {p} . {i}"),
     }
 }
 
@@ -260,7 +286,7 @@ fn set_kind(decl: &SetDecl) -> &'static str {
 }
 
 fn set_decl_lines(family: Family, decl: &SetDecl, out: &mut String, indent: &str) {
-    if decl.key.holds_endpoints() {
+    if decl.key.declared_by_typeof() {
         let _ = writeln!(out, "{indent}typeof {}", key_type_text(family, decl.key));
         if decl.key == KeyType::Interval {
             let _ = writeln!(out, "{indent}flags interval");

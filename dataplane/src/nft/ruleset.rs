@@ -112,6 +112,8 @@ pub enum Match {
     AddrProtoPortInSet { set: String },
     /// `meta l4proto . th dport @SET` (a set of [`Key::ProtoPort`])
     ProtoPortInSet { set: String },
+    /// `ip daddr . meta l4proto @SET` (a set of [`Key::AddrProto`])
+    AddrProtoInSet { set: String },
     /// `ct original ip daddr . meta l4proto . ct original proto-dst @SET` (a set of
     /// [`Key::AddrProtoPort`]): the connection's destination before DNAT. nft needs the rule to
     /// match `meta l4proto` first.
@@ -210,6 +212,16 @@ pub enum Action {
     SetDport {
         map: &'static str,
     },
+    /// `dnat ip to ip daddr . meta l4proto . numgen random mod MODULUS map @ADDRESSES : ip
+    /// daddr . meta l4proto . th dport map @PORTS`: the address from a list the ports of one
+    /// protocol of a ClusterIP share (a map of [`KeyType::AddrProtoIndex`]), the port from the
+    /// destination's own target port (a map of [`KeyType::AddrProtoPortToPort`]). A miss in
+    /// either leaves the packet alone.
+    DnatShared {
+        addresses: &'static str,
+        ports: &'static str,
+        modulus: u32,
+    },
 }
 
 // `repr(u8)` puts the tag in a byte of its own, which lets `Option<Value>` keep [`Value::Endpoint`]
@@ -266,6 +278,15 @@ pub enum KeyType {
     /// A map `inet_proto . inet_service : inet_service` (elements are [`Key::ProtoPort`] with a
     /// [`Value::Port`]), read by [`Action::SetDport`].
     ProtoPortToPort,
+    /// `ipv4_addr . inet_proto` (elements are [`Key::AddrProto`])
+    AddrProto,
+    /// A shared address list: `typeof ip daddr . meta l4proto . numgen random mod 2 : ip
+    /// daddr` (elements are [`Key::AddrProtoIndex`] with a [`Value::Addr`]), read by
+    /// [`Action::DnatShared`].
+    AddrProtoIndex,
+    /// A map `ipv4_addr . inet_proto . inet_service : inet_service` (elements are
+    /// [`Key::AddrProtoPort`] with a [`Value::Port`]), read by [`Action::DnatShared`].
+    AddrProtoPortToPort,
 }
 
 impl KeyType {
@@ -280,12 +301,22 @@ impl KeyType {
         )
     }
 
+    /// Maps nft declares with `typeof` (their keys or data include what no named type describes:
+    /// `numgen`, or a port and an address as DNAT reads them).
+    pub fn declared_by_typeof(self) -> bool {
+        self.holds_endpoints() || self == KeyType::AddrProtoIndex
+    }
+
     /// Maps whose elements have data other than a verdict: endpoints, addresses or ports.
     pub fn has_data(self) -> bool {
         self.holds_endpoints()
             || matches!(
                 self,
-                KeyType::AddrProtoPortToAddr | KeyType::ProtoPortToAddr | KeyType::ProtoPortToPort
+                KeyType::AddrProtoPortToAddr
+                    | KeyType::ProtoPortToAddr
+                    | KeyType::ProtoPortToPort
+                    | KeyType::AddrProtoIndex
+                    | KeyType::AddrProtoPortToPort
             )
     }
 }
@@ -312,6 +343,10 @@ pub enum Key {
     AddrProtoPortIndex(IpAddr, Proto, u16, u16),
     /// Entry `index` of the endpoint list of a NodePort.
     ProtoPortIndex(Proto, u16, u16),
+    /// A ClusterIP and protocol whose ports share one address list.
+    AddrProto(IpAddr, Proto),
+    /// Entry `index` of the address list of a ClusterIP and protocol.
+    AddrProtoIndex(IpAddr, Proto, u16),
 }
 
 /// What a map element maps its key to.
@@ -320,9 +355,10 @@ pub enum Value {
     Verdict(Verdict),
     /// The endpoint an endpoint-map interval chooses.
     Endpoint(IpAddr, u16),
-    /// An address ([`KeyType::AddrProtoPortToAddr`] and [`KeyType::ProtoPortToAddr`] maps).
+    /// An address ([`KeyType::AddrProtoPortToAddr`], [`KeyType::ProtoPortToAddr`] and
+    /// [`KeyType::AddrProtoIndex`] maps).
     Addr(IpAddr),
-    /// A port ([`KeyType::ProtoPortToPort`] maps).
+    /// A port ([`KeyType::ProtoPortToPort`] and [`KeyType::AddrProtoPortToPort`] maps).
     Port(u16),
 }
 
@@ -439,6 +475,7 @@ impl Key {
                 Some(Key::AddrProtoPortIndex(addr, proto, port, index))
             }
             Key::ProtoPort(proto, port) => Some(Key::ProtoPortIndex(proto, port, index)),
+            Key::AddrProto(addr, proto) => Some(Key::AddrProtoIndex(addr, proto, index)),
             _ => None,
         }
     }
@@ -450,6 +487,7 @@ impl Key {
                 Some((Key::AddrProtoPort(addr, proto, port), i))
             }
             Key::ProtoPortIndex(proto, port, i) => Some((Key::ProtoPort(proto, port), i)),
+            Key::AddrProtoIndex(addr, proto, i) => Some((Key::AddrProto(addr, proto), i)),
             _ => None,
         }
     }
@@ -463,6 +501,8 @@ impl Key {
             Key::Interval { .. } => KeyType::Interval,
             Key::AddrProtoPortIndex(..) => KeyType::AddrProtoPortIndex,
             Key::ProtoPortIndex(..) => KeyType::ProtoPortIndex,
+            Key::AddrProto(..) => KeyType::AddrProto,
+            Key::AddrProtoIndex(..) => KeyType::AddrProtoIndex,
         }
     }
 }

@@ -154,8 +154,9 @@ pub fn without_regions(t: &Table) -> Table {
     }
     // The flat path's lists keep each endpoint's index while it stays (history too): sorted per
     // destination, as a fresh build has them.
-    for lists in EndpointLists::ALL {
-        let Some(set) = out.sets.get_mut(lists.big_map()) else {
+    let big_maps = EndpointLists::ALL.map(EndpointLists::big_map);
+    for map in big_maps.into_iter().chain([shared::SERVICE_ENDPOINTS]) {
+        let Some(set) = out.sets.get_mut(map) else {
             continue;
         };
         let mut by_dest: BTreeMap<Key, Vec<Option<Value>>> = BTreeMap::new();

@@ -220,6 +220,9 @@ pub(super) fn decode_match(family: Family, ex: &[Ex]) -> Option<(Match, usize)> 
     if let Some((m, n)) = ct_original_match(family, ex) {
         return Some((m, n));
     }
+    if let Some((m, n)) = shared_match(family, ex) {
+        return Some((m, n));
+    }
     match ex {
         // `ct state new` / `ct status dnat`: a conntrack key, one bit of it, compared with 0.
         [
@@ -467,6 +470,9 @@ pub(super) fn decode_action(family: Family, ex: &[Ex]) -> Option<Action> {
         return Some(action);
     }
     if let Some(action) = affinity_action(family, ex) {
+        return Some(action);
+    }
+    if let Some(action) = shared_action(family, ex) {
         return Some(action);
     }
     let reject_code = match family {

@@ -105,6 +105,7 @@ impl RawSet {
                 KeyType::AddrProtoPort,
                 KeyType::ProtoPort,
                 KeyType::AddrPair,
+                KeyType::AddrProto,
             ],
         )?;
         Some(SetDecl {
@@ -142,13 +143,15 @@ impl RawSet {
         })
     }
 
-    /// A map from `[ADDR .] inet_proto . inet_service` to the family's addresses, or from
-    /// `inet_proto . inet_service` to ports.
+    /// A map from `[ADDR .] inet_proto . inet_service` or `ADDR . inet_proto . integer` to
+    /// the family's addresses, or from `[ADDR .] inet_proto . inet_service` to ports.
     fn value_map_decl(&self, family: Family) -> Option<SetDecl> {
         let key = [
             KeyType::AddrProtoPortToAddr,
             KeyType::ProtoPortToAddr,
             KeyType::ProtoPortToPort,
+            KeyType::AddrProtoIndex,
+            KeyType::AddrProtoPortToPort,
         ]
         .into_iter()
         .find(|k| {
@@ -204,11 +207,21 @@ pub(in crate::nftables) fn decode_proto_port(b: &[u8]) -> Option<(Proto, u16)> {
     Some((Proto::from_number(b[0])?, u16::from_be_bytes([b[4], b[5]])))
 }
 
+/// A protocol padded to 4 bytes.
+fn decode_proto(b: &[u8]) -> Option<Proto> {
+    match b {
+        [p, 0, 0, 0] => Proto::from_number(*p),
+        _ => None,
+    }
+}
+
 pub(super) fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> {
     let alen = addr_layout(family).2 as usize;
     match key {
         KeyType::Addr if b.len() == alen => Some(Key::Addr(decode_addr(b)?)),
-        KeyType::AddrProtoPort | KeyType::AddrProtoPortToAddr if b.len() == alen + 8 => {
+        KeyType::AddrProtoPort | KeyType::AddrProtoPortToAddr | KeyType::AddrProtoPortToPort
+            if b.len() == alen + 8 =>
+        {
             let (p, port) = decode_proto_port(&b[alen..])?;
             Some(Key::AddrProtoPort(decode_addr(&b[..alen])?, p, port))
         }
@@ -230,6 +243,15 @@ pub(super) fn decode_key(family: Family, key: KeyType, b: &[u8]) -> Option<Key> 
             let (p, port) = decode_proto_port(&b[..8])?;
             let i = u16::try_from(u32_ne(&b[8..])?).ok()?;
             Some(Key::ProtoPortIndex(p, port, i))
+        }
+        KeyType::AddrProto if b.len() == alen + 4 => {
+            let p = decode_proto(&b[alen..])?;
+            Some(Key::AddrProto(decode_addr(&b[..alen])?, p))
+        }
+        KeyType::AddrProtoIndex if b.len() == alen + 8 => {
+            let p = decode_proto(&b[alen..alen + 4])?;
+            let i = u16::try_from(u32_ne(&b[alen + 4..])?).ok()?;
+            Some(Key::AddrProtoIndex(decode_addr(&b[..alen])?, p, i))
         }
         // Only an address paired with itself is modelled; anything else is foreign.
         KeyType::AddrPair if b.len() == 2 * alen && b[..alen] == b[alen..] => {
@@ -304,8 +326,10 @@ pub(super) fn decode_element(
 ) -> bool {
     let data = match decl.key {
         k if k.holds_endpoints() => Data::Endpoint,
-        KeyType::AddrProtoPortToAddr | KeyType::ProtoPortToAddr => Data::Addr,
-        KeyType::ProtoPortToPort => Data::Port,
+        KeyType::AddrProtoPortToAddr | KeyType::ProtoPortToAddr | KeyType::AddrProtoIndex => {
+            Data::Addr
+        }
+        KeyType::ProtoPortToPort | KeyType::AddrProtoPortToPort => Data::Port,
         _ => Data::Verdict,
     };
     let Some((key, value, false)) = raw_element(family, data, element) else {

@@ -182,6 +182,10 @@ pub(super) fn match_exprs(family: Family, m: &Match, out: &mut Vec<Expr>) -> Res
             proto_port_load(0, out);
             out.push(lookup(set, Register::Reg1, None));
         }
+        Match::AddrProtoInSet { set } => {
+            addr_proto_load(family, out);
+            out.push(lookup(set, Register::Reg1, None));
+        }
         Match::CtOriginalAddrProtoPortInSet { set } => {
             ct_original_dest(family, 0, out);
             out.push(lookup(set, Register::Reg1, None));
@@ -327,6 +331,23 @@ pub(super) fn addr_proto_port_at(family: Family, word: u32, out: &mut Vec<Expr>)
     word + alen / 4 + 2
 }
 
+/// Loads `ip daddr . meta l4proto` from word 0 on; returns the next free word.
+pub(super) fn addr_proto_load(family: Family, out: &mut Vec<Expr>) -> u32 {
+    let (_, daddr_off, alen) = addr_layout(family);
+    out.push(payload(
+        NFT_PAYLOAD_NETWORK_HEADER,
+        daddr_off,
+        alen,
+        Register::Reg1,
+    ));
+    out.push(meta_load(MetaKey::L4Proto, nft_reg(alen / 4)));
+    alen / 4 + 1
+}
+
+/// Where [`Action::DnatShared`] loads the key of its port lookup, as nft does: from the
+/// 16-byte register after the one the address lookup writes, in both families.
+pub(in crate::nftables) const SHARED_PORT_KEY_WORD: u32 = 4;
+
 /// Looks the key loaded from word 0 up in `map` and writes the result into the packet.
 fn rewrite(map: &str, write: PayloadWrite, out: &mut Vec<Expr>) {
     out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
@@ -435,6 +456,24 @@ pub(super) fn action_exprs(
             // The endpoint (address . port) lands in the words from 0 on, as in DnatRegion.
             out.push(lookup(map, Register::Reg1, Some(Register::Reg1)));
             out.push(dnat(family, nft_reg(alen / 4), None));
+        }
+        Action::DnatShared {
+            addresses,
+            ports,
+            modulus,
+        } => {
+            if *modulus == 0 {
+                return Err("numgen modulus 0".to_string());
+            }
+            // The offset, 0, and the flags are sent because nft sends them: it flags a port
+            // given on its own, not within an endpoint's concatenated data.
+            let word = addr_proto_load(family, out);
+            out.push(numgen(nft_reg(word), *modulus, Some(0)));
+            out.push(lookup(addresses, Register::Reg1, Some(Register::Reg1)));
+            let port = nft_reg(SHARED_PORT_KEY_WORD);
+            addr_proto_port_at(family, SHARED_PORT_KEY_WORD, out);
+            out.push(lookup(ports, port, Some(port)));
+            out.push(dnat(family, port, Some(NF_NAT_RANGE_PROTO_SPECIFIED)));
         }
         Action::SetDaddr { map, nodeport } => {
             if *nodeport {

@@ -52,10 +52,11 @@ pub(in crate::nftables) fn key_layout(family: Family, key: KeyType) -> (u32, u32
     let (addr_type, addr_len) = addr_type(family);
     match key {
         KeyType::Addr => (addr_type, addr_len),
-        KeyType::AddrProtoPort | KeyType::AddrProtoPortToAddr => (
+        KeyType::AddrProtoPort | KeyType::AddrProtoPortToAddr | KeyType::AddrProtoPortToPort => (
             concat(&[addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE]),
             addr_len + 8,
         ),
+        KeyType::AddrProto => (concat(&[addr_type, TYPE_INET_PROTO]), addr_len + 4),
         KeyType::ProtoPort | KeyType::ProtoPortToAddr | KeyType::ProtoPortToPort => {
             (concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]), 8)
         }
@@ -70,6 +71,10 @@ pub(in crate::nftables) fn key_layout(family: Family, key: KeyType) -> (u32, u32
         KeyType::ProtoPortIndex => (
             concat(&[TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_INTEGER]),
             12,
+        ),
+        KeyType::AddrProtoIndex => (
+            concat(&[addr_type, TYPE_INET_PROTO, TYPE_INTEGER]),
+            addr_len + 8,
         ),
         KeyType::AffinityClients => (
             concat(&[addr_type, addr_type, TYPE_INET_PROTO, TYPE_INET_SERVICE]),
@@ -176,8 +181,10 @@ impl PayloadWrite {
 /// for other sets.
 pub(in crate::nftables) fn value_data_layout(family: Family, key: KeyType) -> Option<(u32, u32)> {
     match key {
-        KeyType::AddrProtoPortToAddr | KeyType::ProtoPortToAddr => Some(addr_type(family)),
-        KeyType::ProtoPortToPort => Some((TYPE_INET_SERVICE, 2)),
+        KeyType::AddrProtoPortToAddr | KeyType::ProtoPortToAddr | KeyType::AddrProtoIndex => {
+            Some(addr_type(family))
+        }
+        KeyType::ProtoPortToPort | KeyType::AddrProtoPortToPort => Some((TYPE_INET_SERVICE, 2)),
         _ => None,
     }
 }
@@ -340,6 +347,59 @@ pub(super) fn affinity_udata(family: Family) -> Vec<u8> {
     out
 }
 
+/// The user data of `decl`, its comment aside. The older key types carry what makes `nft
+/// list` print them as rendered: the key byte order of address sets (without it nft still
+/// prints them), the `typeof` of the maps declared so (without it nft cannot print them).
+/// Those of the shared address lists carry every byte nft 1.0.6 writes, so that a set reads
+/// the same whichever of nft and nftproxy wrote it.
+pub(super) fn set_udata(family: Family, decl: &SetDecl) -> Vec<u8> {
+    match decl.key {
+        KeyType::Addr => {
+            let mut u = Vec::new();
+            tlv_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG_ENDIAN);
+            u
+        }
+        KeyType::Interval => interval_map_udata(family),
+        KeyType::AddrProtoPortIndex => list_udata(family, false),
+        KeyType::ProtoPortIndex => list_udata(family, true),
+        KeyType::AffinityClients => affinity_udata(family),
+        KeyType::AddrProtoIndex => shared_list_udata(family),
+        // A verdict's byte order is nft's "invalid" one.
+        KeyType::AddrProto => concat_type_udata(decl.is_vmap.then_some(BYTEORDER_INVALID)),
+        KeyType::AddrProtoPortToPort => concat_type_udata(Some(BYTEORDER_BIG_ENDIAN)),
+        _ => Vec::new(),
+    }
+}
+
+/// The set user data nft 1.0.6 writes for a concatenation declared with `type`: no key byte
+/// order, a `typeof` concatenation of nothing, and for a map its data's byte order
+/// (`data_byteorder`) and "data is not an interval".
+pub(super) fn concat_type_udata(data_byteorder: Option<u32>) -> Vec<u8> {
+    let mut out = Vec::new();
+    tlv_u32(&mut out, UDATA_SET_KEYBYTEORDER, BYTEORDER_INVALID);
+    if let Some(order) = data_byteorder {
+        tlv_u32(&mut out, UDATA_SET_DATABYTEORDER, order);
+    }
+    tlv(&mut out, UDATA_SET_KEY_TYPEOF, &typeof_concat(&[]));
+    if data_byteorder.is_some() {
+        tlv_u32(&mut out, UDATA_SET_DATA_INTERVAL, 0);
+    }
+    out
+}
+
+/// The set user data nft 1.0.6 writes for a shared address list, `typeof ip daddr . meta
+/// l4proto . numgen random mod 2 : ip daddr` (the data, one address, is big-endian).
+pub(super) fn shared_list_udata(family: Family) -> Vec<u8> {
+    let key = [typeof_daddr(family), typeof_l4proto(), typeof_numgen(2)];
+    let mut out = Vec::new();
+    tlv_u32(&mut out, UDATA_SET_KEYBYTEORDER, BYTEORDER_INVALID);
+    tlv_u32(&mut out, UDATA_SET_DATABYTEORDER, BYTEORDER_BIG_ENDIAN);
+    tlv(&mut out, UDATA_SET_KEY_TYPEOF, &typeof_concat(&key));
+    tlv(&mut out, UDATA_SET_DATA_TYPEOF, &typeof_daddr(family));
+    tlv_u32(&mut out, UDATA_SET_DATA_INTERVAL, 0);
+    out
+}
+
 pub(super) fn typeof_payload(desc: u32, field: u32) -> Vec<u8> {
     let mut data = Vec::new();
     tlv_u32(&mut data, 0, desc);
@@ -411,6 +471,17 @@ pub(in crate::nftables) fn key_bytes(family: Family, key: &Key) -> Result<Elemen
         }
         Key::ProtoPortIndex(proto, port, i) => {
             proto_port(&mut out, *proto, *port);
+            out.extend_from_slice(&u32::from(*i).to_ne_bytes());
+        }
+        Key::AddrProto(a, proto) => {
+            check_family(family, a)?;
+            push_addr(&mut out, a);
+            out.extend_from_slice(&[proto.number(), 0, 0, 0]);
+        }
+        Key::AddrProtoIndex(a, proto, i) => {
+            check_family(family, a)?;
+            push_addr(&mut out, a);
+            out.extend_from_slice(&[proto.number(), 0, 0, 0]);
             out.extend_from_slice(&u32::from(*i).to_ne_bytes());
         }
     }

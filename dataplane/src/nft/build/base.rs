@@ -14,6 +14,7 @@ use super::{
     NODEPORT_IPS, NODEPORT_TO_CLUSTER_IPS, NODEPORT_TO_SERVICE_PORTS, NODEPORTS, NodePortIps,
     REJECT_NODEPORTS, REJECT_SERVICES, SERVICE_ENDPOINTS_CHECK, SERVICE_IPS, SERVICE_NODEPORTS,
     SERVICES, big, empty_set, endpoint_map, goto, jump, local_policy_rules, node_port_ips, regular,
+    shared,
 };
 use crate::decision::{DecisionEnv, InternalMasquerade};
 use crate::model::Cluster;
@@ -297,6 +298,9 @@ pub fn base_table(config: &BuildConfig, cluster: &Cluster, family: Family) -> Ta
             lists.big_first().into(),
             regular(vec![dnat(lists.big_map(), 1)]),
         );
+        if lists == EndpointLists::ClusterServices {
+            shared::add_base(c, &mut t.sets, &mut rules);
+        }
         c.insert(lists.chain().into(), regular(rules));
     }
     let mut reject_nodeports = nodeport_check_match.clone();

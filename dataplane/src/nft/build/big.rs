@@ -142,7 +142,16 @@ impl BigList {
     /// The list's elements: (map, `dest . i`, endpoint i).
     pub fn elements(&self) -> impl Iterator<Item = (&'static str, Key, Option<Value>)> + '_ {
         self.entries()
-            .map(|(key, (addr, port))| (self.map, key, Some(Value::Endpoint(addr, port))))
+            .map(|(key, target)| (self.map, key, Some(self.value(target))))
+    }
+
+    /// What an entry maps to: the endpoint, or only its address in a list that the ports of a
+    /// ClusterIP share (see `shared`; its entries' ports are 0, as the table's read back).
+    pub fn value(&self, (addr, port): Target) -> Value {
+        match self.dest {
+            Key::AddrProto(..) => Value::Addr(addr),
+            _ => Value::Endpoint(addr, port),
+        }
     }
 
     /// The list's entries: `dest . i` and endpoint i.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::big::{address_key, kept_order, reorder};
 use super::{BigList, Fragment, HAIRPIN_ENDPOINTS};
-use crate::nft::ruleset::{ElementMap, Key, Target, Value};
+use crate::nft::ruleset::{ElementMap, Key, Target};
 
 /// The part of a Service to take out (`gone`) and to put in (`came`) to turn its old part into
 /// its new one. Both keep their chains, sets and no-local-endpoint counts whole (chains are
@@ -95,8 +95,8 @@ fn list_changes<'a>(
             // another Service's (a frontend moving over), which that Service takes out.
             let kept = usize::from(i) < had && was[usize::from(i)] == Some((addr, port));
             if !kept {
-                came.elements
-                    .insert((list.map, list.entry(i)), Some(Value::Endpoint(addr, port)));
+                let value = list.value((addr, port));
+                came.elements.insert((list.map, list.entry(i)), Some(value));
                 if usize::from(i) < had {
                     // Replaced: out and in again, as claims are counted.
                     gone.elements.insert((list.map, list.entry(i)), None);

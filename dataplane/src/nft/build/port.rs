@@ -14,7 +14,7 @@ use super::{
     MARK_FOR_MASQUERADE, MASQUERADE_NODEPORTS, MASQUERADE_SERVICES, NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES, NODEPORT_TO_CLUSTER_IPS, NODEPORT_TO_SERVICE_PORTS, REJECT_NODEPORTS,
     REJECT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS, affinity, big, dnat_rule, empty_set,
-    endpoint_base, goto, jump, local_policy_rules, regular, service_port_base,
+    endpoint_base, goto, jump, local_policy_rules, regular, service_port_base, shared,
 };
 use crate::decision::{Frontend, FrontendKind, PortDecision, Target};
 use crate::model::port_label;
@@ -180,10 +180,12 @@ fn hairpin_addresses<'d>(d: &'d PortDecision<'_>) -> impl Iterator<Item = IpAddr
         .map(|ep| ep.addr)
 }
 
-/// Adds what one Service port contributes to the table.
+/// Adds what one Service port contributes to the table. With `shared_target`, its ClusterIP
+/// list is the one its protocol's ports share (see `shared`), read with that target port.
 pub(super) fn add(
     part: &mut Fragment,
     d: &PortDecision<'_>,
+    shared_target: Option<u16>,
     det: &Detector,
     regions: &mut RegionSource<'_>,
 ) {
@@ -309,7 +311,9 @@ pub(super) fn add(
         match target {
             Target::Cluster | Target::Local => {
                 let local = target == Target::Local;
-                if direct {
+                if let Some(to) = shared_target {
+                    shared::add_target_port(part, cluster_ip, proto, d.port.port, to);
+                } else if direct {
                     list(part, Frontend::Addr(cluster_ip, d.port.port), local);
                 } else {
                     let chain = if local { &names.local } else { &names.cluster };

@@ -263,6 +263,9 @@ impl ElementMap {
                 Some((_, i)) if usize::from(i) < n => {
                     out[usize::from(i)] = match value {
                         Some(Value::Endpoint(addr, port)) => Some((*addr, *port)),
+                        // An entry of a shared address list: its address, port 0, as the
+                        // builder lists it (`BigList::value`).
+                        Some(Value::Addr(addr)) => Some((*addr, 0)),
                         _ => None,
                     };
                 }

@@ -29,6 +29,8 @@ impl Key {
             Key::Interval { .. } => 4,
             Key::AddrProtoPortIndex(..) => 5,
             Key::ProtoPortIndex(..) => 6,
+            Key::AddrProto(..) => 7,
+            Key::AddrProtoIndex(..) => 8,
         }
     }
 }
@@ -48,6 +50,10 @@ impl Ord for Key {
             }
             (Key::ProtoPortIndex(p, n, i), Key::ProtoPortIndex(q, m, j)) => {
                 (p, n, i).cmp(&(q, m, j))
+            }
+            (Key::AddrProto(a, p), Key::AddrProto(b, q)) => addr_cmp(a, b).then_with(|| p.cmp(q)),
+            (Key::AddrProtoIndex(a, p, i), Key::AddrProtoIndex(b, q, j)) => {
+                addr_cmp(a, b).then_with(|| (p, i).cmp(&(q, j)))
             }
             _ => self.variant().cmp(&other.variant()),
         }
@@ -76,6 +82,8 @@ mod tests {
         Interval { at: u32, end: u32 },
         AddrProtoPortIndex(IpAddr, Proto, u16, u16),
         ProtoPortIndex(Proto, u16, u16),
+        AddrProto(IpAddr, Proto),
+        AddrProtoIndex(IpAddr, Proto, u16),
     }
 
     fn derived(k: Key) -> Derived {
@@ -87,6 +95,8 @@ mod tests {
             Key::Interval { at, end } => Derived::Interval { at, end },
             Key::AddrProtoPortIndex(a, p, n, i) => Derived::AddrProtoPortIndex(a, p, n, i),
             Key::ProtoPortIndex(p, n, i) => Derived::ProtoPortIndex(p, n, i),
+            Key::AddrProto(a, p) => Derived::AddrProto(a, p),
+            Key::AddrProtoIndex(a, p, i) => Derived::AddrProtoIndex(a, p, i),
         }
     }
 
@@ -100,7 +110,7 @@ mod tests {
     }
 
     fn key() -> impl Strategy<Value = Key> {
-        (0u8..7, fields()).prop_map(|(v, f)| of_variant(v, f))
+        (0u8..9, fields()).prop_map(|(v, f)| of_variant(v, f))
     }
 
     /// A key of variant `v` made of `fields`.
@@ -112,7 +122,9 @@ mod tests {
             3 => Key::AddrPair(a),
             4 => Key::Interval { at, end },
             5 => Key::AddrProtoPortIndex(a, p, n, i),
-            _ => Key::ProtoPortIndex(p, n, i),
+            6 => Key::ProtoPortIndex(p, n, i),
+            7 => Key::AddrProto(a, p),
+            _ => Key::AddrProtoIndex(a, p, i),
         }
     }
 
@@ -133,7 +145,7 @@ mod tests {
 
         /// Keys of one variant, so that every field decides some comparisons.
         #[test]
-        fn orders_one_variant_as_derived(v in 0u8..7, x in fields(), y in fields()) {
+        fn orders_one_variant_as_derived(v in 0u8..9, x in fields(), y in fields()) {
             let (a, b) = (of_variant(v, x), of_variant(v, y));
             prop_assert_eq!(a.cmp(&b), derived(a).cmp(&derived(b)));
         }
