@@ -119,18 +119,33 @@ pub struct ElementMap {
     /// Plain-set elements `ADDR` and `ADDR . ADDR` of IPv4 addresses (a cluster's ClusterIPs,
     /// its hairpin endpoints), as [`addr_code`]s: 8 bytes instead of 48.
     addrs: BTreeSet<u64>,
-    /// Endpoint-list entries with an endpoint as value, by destination
-    /// ([`Key::list_destination`]). A key is here or in `other`, never in both.
+    /// Endpoint-list entries with an endpoint as value (or, in a shared address list, an
+    /// address: see [`as_entry`]), by destination ([`Key::list_destination`]). A key is here or
+    /// in `other`, never in both.
     lists: BTreeMap<Key, List>,
     len: usize,
 }
 
-/// The list entry `key → value` as destination, index and endpoint, if it is one.
+/// The list entry `key → value` as destination, index and endpoint, if it is one. An entry of a
+/// shared address list ([`Key::AddrProtoIndex`] → [`Value::Addr`]) is held as its address with
+/// port 0.
 fn as_entry(key: &Key, value: &Option<Value>) -> Option<(Key, usize, Target)> {
     let (dest, i) = key.list_destination()?;
-    match value {
-        Some(Value::Endpoint(addr, port)) => Some((dest, usize::from(i), (*addr, *port))),
+    match (key, value) {
+        (Key::AddrProtoIndex(..), Some(Value::Addr(addr))) => {
+            Some((dest, usize::from(i), (*addr, 0)))
+        }
+        (Key::AddrProtoIndex(..), _) => None,
+        (_, Some(Value::Endpoint(addr, port))) => Some((dest, usize::from(i), (*addr, *port))),
         _ => None,
+    }
+}
+
+/// The value of list entry `key` that a list holds as `target` ([`as_entry`] reversed).
+fn entry_value(key: &Key, (addr, port): Target) -> Value {
+    match key {
+        Key::AddrProtoIndex(..) => Value::Addr(addr),
+        _ => Value::Endpoint(addr, port),
     }
 }
 
@@ -208,8 +223,8 @@ impl ElementMap {
     }
 
     pub fn get(&self, key: &Key) -> Option<Option<Value>> {
-        if let Some((addr, port)) = self.listed(key) {
-            return Some(Some(Value::Endpoint(addr, port)));
+        if let Some(target) = self.listed(key) {
+            return Some(Some(entry_value(key, target)));
         }
         if self.has_addr(key) {
             return Some(None);
@@ -237,7 +252,7 @@ impl ElementMap {
                 }
             };
             match list.and_then(|l| l.get(usize::from(i))) {
-                Some((addr, port)) => Some(Some(Value::Endpoint(addr, port))),
+                Some(target) => Some(Some(entry_value(key, target))),
                 None => self.other.get(key).cloned(),
             }
         })
@@ -261,13 +276,7 @@ impl ElementMap {
         for (key, value) in self.other.range(first..=last) {
             match key.list_destination() {
                 Some((_, i)) if usize::from(i) < n => {
-                    out[usize::from(i)] = match value {
-                        Some(Value::Endpoint(addr, port)) => Some((*addr, *port)),
-                        // An entry of a shared address list: its address, port 0, as the
-                        // builder lists it (`BigList::value`).
-                        Some(Value::Addr(addr)) => Some((*addr, 0)),
-                        _ => None,
-                    };
+                    out[usize::from(i)] = as_entry(key, value).map(|(_, _, target)| target);
                 }
                 _ => break,
             }
@@ -290,7 +299,7 @@ impl ElementMap {
                     if old.is_none() {
                         self.len += 1;
                     }
-                    return old.map(|(addr, port)| Some(Value::Endpoint(addr, port)));
+                    return old.map(|target| Some(entry_value(&key, target)));
                 }
                 None if i < MAX_GAP => {
                     let mut list = List::with_capacity(target, i + 1);
@@ -340,11 +349,7 @@ impl ElementMap {
             while let Some((key, i, target)) = entry.take() {
                 let old = list.set(i, target);
                 self.len += usize::from(old.is_none());
-                was(
-                    key,
-                    true,
-                    old.map(|(addr, port)| Some(Value::Endpoint(addr, port))),
-                );
+                was(key, true, old.map(|target| Some(entry_value(&key, target))));
                 if let Some((key, value)) = elements.peek()
                     && let Some((d, i, target)) = as_entry(key, value)
                     && d == dest
@@ -383,7 +388,7 @@ impl ElementMap {
                     .and_then(|(_, i)| list.take(usize::from(i)));
                 // Not in the list: in `other`, if anywhere (`insert` keeps it out of both).
                 let old = match taken {
-                    Some((addr, port)) => Some(Some(Value::Endpoint(addr, port))),
+                    Some(target) => Some(Some(entry_value(&key, target))),
                     None => self.other.remove(&key),
                 };
                 self.len -= usize::from(old.is_some());
@@ -408,8 +413,8 @@ impl ElementMap {
     }
 
     pub fn remove(&mut self, key: &Key) -> Option<Option<Value>> {
-        if let Some((addr, port)) = self.take_listed(key) {
-            return Some(Some(Value::Endpoint(addr, port)));
+        if let Some(target) = self.take_listed(key) {
+            return Some(Some(entry_value(key, target)));
         }
         if let Some(code) = addr_code(key)
             && self.addrs.remove(&code)
@@ -648,7 +653,7 @@ impl Iterator for Iter<'_> {
         Some(match self.next_raw()? {
             Raw::Other(key, value) => (*key, value.clone()),
             Raw::Addr(key) => (key, None),
-            Raw::Listed(key, (addr, port)) => (key, Some(Value::Endpoint(addr, port))),
+            Raw::Listed(key, target) => (key, Some(entry_value(&key, target))),
         })
     }
 }

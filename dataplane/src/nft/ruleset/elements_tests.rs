@@ -19,6 +19,7 @@ fn key() -> impl Strategy<Value = Key> {
         4 => (addr.clone(), 0u16..2, prop_oneof![0u16..40, 60u16..70, Just(u16::MAX)])
             .prop_map(|(a, port, i)| Key::AddrProtoPortIndex(a, Proto::Tcp, port, i)),
         2 => (0u16..2, 0u16..40).prop_map(|(port, i)| Key::ProtoPortIndex(Proto::Udp, port, i)),
+        2 => (addr.clone(), 0u16..40).prop_map(|(a, i)| Key::AddrProtoIndex(a, Proto::Tcp, i)),
         1 => any_addr.clone().prop_map(Key::Addr),
         1 => any_addr.prop_map(Key::AddrPair),
         1 => (addr, 0u16..2).prop_map(|(a, port)| Key::AddrProtoPort(a, Proto::Tcp, port)),
@@ -31,6 +32,7 @@ fn value() -> impl Strategy<Value = Option<Value>> {
     prop_oneof![
         6 => (v4, 80u16..82).prop_map(|(a, p)| Some(Value::Endpoint(a, p))),
         2 => (v6, 80u16..82).prop_map(|(a, p)| Some(Value::Endpoint(a, p))),
+        2 => (0u8..4).prop_map(|i| Some(Value::Addr(IpAddr::V4(Ipv4Addr::new(10, 1, 0, i))))),
         1 => Just(Some(Value::Verdict(Verdict::Goto("svc".into())))),
         1 => Just(None),
     ]
@@ -125,9 +127,10 @@ proptest! {
             if let Some((dest, _)) = probe.list_destination() {
                 for n in [0, 1, 5, 40, 80] {
                     let one_by_one: Vec<_> = (0..n)
-                        .map(|i| match want.get(&dest.list_entry(i).expect("a destination")) {
-                            Some(Some(Value::Endpoint(addr, port))) => Some((*addr, *port)),
-                            _ => None,
+                        .map(|i| {
+                            let key = dest.list_entry(i).expect("a destination");
+                            let value = want.get(&key)?;
+                            as_entry(&key, value).map(|(_, _, target)| target)
                         })
                         .collect();
                     prop_assert_eq!(map.list_targets(dest, usize::from(n)), one_by_one);
