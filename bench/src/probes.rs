@@ -1,8 +1,8 @@
 //! Partial syncs by Service shape (issue 20, item 2): what an endpoint change, a Service added
 //! or deleted, and a Service crossing an endpoint-count boundary cost at scale, for Services of
 //! 1 to 5,000 endpoints, with and without ClientIP affinity, and for LoadBalancer Services of
-//! two ports (each endpoint in six lists: per port, at the ClusterIP, the load-balancer IP and
-//! the NodePort).
+//! two TCP ports (a list per port and frontend once; now one list the ports and frontends
+//! share, docs/architecture.md).
 //!
 //! The generic partial syncs of `measure.rs` change a Service picked by index, which in the
 //! realistic shape is most often one with 1–3 endpoints. Here probe Services of exactly the
