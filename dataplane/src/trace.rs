@@ -292,6 +292,22 @@ impl Tracer<'_> {
         }
     }
 
+    /// What `value` makes of entries `list . 0` … `list . modulus-1` of `map`, those it has.
+    fn list_entries(
+        &self,
+        map: &str,
+        list: Key,
+        modulus: u32,
+        value: impl Fn(Value) -> Option<SocketAddr>,
+    ) -> Vec<SocketAddr> {
+        (0..modulus)
+            .filter_map(|i| {
+                let key = list.list_entry(u16::try_from(i).ok()?)?;
+                value(self.element(map, &key)??)
+            })
+            .collect()
+    }
+
     /// The endpoints of the endpoint-map region that starts at `offset`.
     fn slot_targets(&self, map: &str, offset: u32) -> Vec<SocketAddr> {
         let Some(set) = self.table.sets.get(map) else {
@@ -388,6 +404,22 @@ impl Tracer<'_> {
         let dst = state.dst(&self.pkt);
         let port = state.port(&self.pkt);
         let continue_here = |me: &mut Self, s: State| me.rules(chain, i + 1, s, depth);
+        // A draw from a list of `modulus` entries: any of `targets`. A flat-path draw (see
+        // `nft::build`'s `big`) misses for indices at or above the list's length: the packet
+        // goes on to the next draw, and after the last to the fallback.
+        let draw = |me: &mut Self, frontend: Key, targets: Vec<SocketAddr>, modulus: u32, s| {
+            if targets.is_empty() {
+                return continue_here(me, s);
+            }
+            me.trace.frontends.insert(frontend);
+            let misses = targets.len() < modulus as usize;
+            let mut ends = dnat_to_any(targets, &s);
+            if misses {
+                me.trace.redraws = true;
+                ends.extend(continue_here(me, s));
+            }
+            ends
+        };
         match action {
             Action::Verdict(v) => self.verdict(chain, i, v, state, depth),
             Action::VmapAddrProtoPort { map } | Action::VmapProtoPort { map } => {
@@ -417,29 +449,11 @@ impl Tracer<'_> {
             } => {
                 // Entry `numgen random mod modulus` of the destination's list: any of them.
                 let frontend = self.frontend(dst, port, *nodeport);
-                let targets: Vec<SocketAddr> = (0..*modulus)
-                    .filter_map(|i| {
-                        let key = frontend.list_entry(u16::try_from(i).ok()?)?;
-                        match self.element(map, &key)? {
-                            Some(Value::Endpoint(addr, port)) => Some(SocketAddr::new(addr, port)),
-                            _ => None,
-                        }
-                    })
-                    .collect();
-                if targets.is_empty() {
-                    return continue_here(self, state);
-                }
-                self.trace.frontends.insert(frontend);
-                let misses = targets.len() < *modulus as usize;
-                let mut ends = dnat_to_any(targets, &state);
-                if misses {
-                    // A flat-path draw (see `nft::build`'s `big`) misses for indices at or
-                    // above the list's length: the packet goes on to the next draw, and after
-                    // the last to the fallback.
-                    self.trace.redraws = true;
-                    ends.extend(continue_here(self, state));
-                }
-                ends
+                let targets = self.list_entries(map, frontend, *modulus, |v| match v {
+                    Value::Endpoint(addr, port) => Some(SocketAddr::new(addr, port)),
+                    _ => None,
+                });
+                draw(self, frontend, targets, *modulus, state)
             }
             Action::DnatShared {
                 addresses,
@@ -453,26 +467,11 @@ impl Tracer<'_> {
                     return continue_here(self, state);
                 };
                 let list = Key::AddrProto(dst, self.pkt.proto);
-                let targets: Vec<SocketAddr> = (0..*modulus)
-                    .filter_map(|i| {
-                        let key = list.list_entry(u16::try_from(i).ok()?)?;
-                        match self.element(addresses, &key)? {
-                            Some(Value::Addr(addr)) => Some(SocketAddr::new(addr, to)),
-                            _ => None,
-                        }
-                    })
-                    .collect();
-                if targets.is_empty() {
-                    return continue_here(self, state);
-                }
-                self.trace.frontends.insert(frontend);
-                let misses = targets.len() < *modulus as usize;
-                let mut ends = dnat_to_any(targets, &state);
-                if misses {
-                    self.trace.redraws = true;
-                    ends.extend(continue_here(self, state));
-                }
-                ends
+                let targets = self.list_entries(addresses, list, *modulus, |v| match v {
+                    Value::Addr(addr) => Some(SocketAddr::new(addr, to)),
+                    _ => None,
+                });
+                draw(self, frontend, targets, *modulus, state)
             }
             Action::SetDaddr { map, nodeport } => {
                 let frontend = self.frontend(dst, port, *nodeport);
