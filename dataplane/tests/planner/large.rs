@@ -87,3 +87,56 @@ proptest! {
         }
     }
 }
+
+/// A Service whose two ports share one address list stops sharing when one port's endpoints
+/// differ (a slice of its own with one more endpoint) and shares again when they agree: each
+/// update equals a full build, and the kernel state follows the scoped plans.
+#[test]
+fn ports_that_stop_and_start_sharing_update_like_a_full_build() {
+    use nftproxy_dataplane::nft::build::shared::{SERVICE_ENDPOINTS, SERVICE_TARGET_PORTS};
+    let eps: BTreeSet<u16> = (1..=40).collect();
+    let alike = cluster(&[spec_at(1, &eps, true, true, true)]);
+    // Port "q" gets a slice of its own with one more endpoint.
+    let mut apart = alike.clone();
+    let mut slices: Vec<EndpointSlice> = apart.slices.values().cloned().collect();
+    let mut q = slices[0].clone();
+    slices[0].ports = slices[0]
+        .ports
+        .iter()
+        .filter(|p| &*p.name == "p")
+        .cloned()
+        .collect();
+    q.name = ObjectName::new("ns", "svc1-q");
+    q.ports = q
+        .ports
+        .iter()
+        .filter(|p| &*p.name == "q")
+        .cloned()
+        .collect();
+    let mut extra = q.endpoints.iter().next().expect("an endpoint").clone();
+    extra.addr = IpAddr::from([10, 190, 1, 1]);
+    q.endpoints.push(extra);
+    slices.push(q);
+    apart.slices = slices.into_iter().map(|s| (s.name.clone(), s)).collect();
+    let shares = |t: &Table| !t.sets[SERVICE_TARGET_PORTS].elements.is_empty();
+    let mut desired = Desired::build(&alike, &config(), Family::V4);
+    assert!(shares(desired.table()));
+    assert_eq!(desired.table().sets[SERVICE_ENDPOINTS].elements.len(), 40);
+    let mut state = fresh_state(desired.table());
+    for (c, sharing) in [(&apart, false), (&alike, true), (&apart, false)] {
+        let updated = desired.update(c, &config(), [&ObjectName::new("ns", "svc1")]);
+        let full = build(c, &config(), Family::V4);
+        assert_eq!(shares(&full.table), sharing);
+        assert_eq!(
+            without_regions(desired.table()),
+            without_regions(&full.table)
+        );
+        match updated {
+            Updated::Scope(scope) => {
+                step_scope(&mut state, desired.table(), &scope);
+            }
+            Updated::All(before) => step_from(&mut state, desired.table(), &before),
+        }
+        assert_eq!(&state, &fresh_state(desired.table()));
+    }
+}
