@@ -29,6 +29,7 @@ use crate::decision::{PortDecision, Target};
 use crate::nft::ruleset::{
     Action, Chain, ChainName, Key, KeyType, Match, Proto, Rule, Set, SetDecl, Value,
 };
+use crate::topology::PortEndpoint;
 
 /// The shared address lists: `CLUSTER-IP . PROTO . i` → address of endpoint i.
 pub const SERVICE_ENDPOINTS: &str = "big-service-endpoints";
@@ -126,24 +127,33 @@ fn set(key: KeyType, comment: String) -> Set {
     })
 }
 
-/// The ClusterIP list a port could share, if it may: its ClusterIP, its protocol, its
-/// cluster-wide endpoints (more than a short list holds, few enough for the flat path) and
-/// their one target port.
-fn candidate<'d>(
-    d: &'d PortDecision<'_>,
-) -> Option<(IpAddr, Proto, &'d [crate::topology::PortEndpoint<'d>], u16)> {
-    let eps = d.cluster_endpoints();
-    let first = eps.first()?;
-    let fits = eps.len() > LIST_MAX_ENDPOINTS
-        && eps.len() <= big::BIG_MAX_ENDPOINTS
+/// A port's ClusterIP list that it could share with the other ports of its protocol.
+struct Candidate<'d> {
+    cluster_ip: IpAddr,
+    /// Its cluster-wide endpoints: more than a short list holds, few enough for the flat path.
+    endpoints: &'d [PortEndpoint<'d>],
+    /// The one target port of all its endpoints.
+    target: u16,
+}
+
+/// The list `d` could share, if it may (see the module documentation).
+fn candidate<'d>(d: &'d PortDecision<'_>) -> Option<Candidate<'d>> {
+    let cluster_ip = d.cluster_ip()?;
+    let endpoints = d.cluster_endpoints();
+    let target = endpoints.first()?.port;
+    let fits = endpoints.len() > LIST_MAX_ENDPOINTS
+        && endpoints.len() <= big::BIG_MAX_ENDPOINTS
         && d.local_endpoints().len() <= big::BIG_MAX_ENDPOINTS;
     let ok = fits
         && d.has_frontends()
         && d.internal == Some(Target::Cluster)
         && d.affinity_timeout.is_none()
-        && eps.iter().all(|ep| ep.port == first.port);
-    ok.then(|| (d.cluster_ip(), d.port.protocol, eps, first.port))
-        .and_then(|(ip, proto, eps, port)| Some((ip?, proto, eps, port)))
+        && endpoints.iter().all(|ep| ep.port == target);
+    ok.then_some(Candidate {
+        cluster_ip,
+        endpoints,
+        target,
+    })
 }
 
 /// Which of a Service's port decisions share a list: for each decision, the target port its
@@ -157,19 +167,24 @@ pub(super) fn sharing(decisions: &[PortDecision<'_>]) -> Vec<Option<u16>> {
         if ports.len() < 2 {
             continue;
         }
-        let candidates: Option<Vec<_>> = ports.iter().map(|&i| candidate(&decisions[i])).collect();
+        // Every port of the protocol, or none.
+        let candidates: Option<Vec<Candidate<'_>>> =
+            ports.iter().map(|&i| candidate(&decisions[i])).collect();
         let Some(candidates) = candidates else {
             continue;
         };
-        let (ip, _, eps, _) = candidates[0];
-        let alike = candidates.iter().all(|(other_ip, _, other, _)| {
-            *other_ip == ip
-                && other.len() == eps.len()
-                && other.iter().zip(eps).all(|(a, b)| a.addr == b.addr)
+        let first = &candidates[0];
+        let alike = candidates.iter().all(|c| {
+            c.cluster_ip == first.cluster_ip
+                && c.endpoints.len() == first.endpoints.len()
+                && c.endpoints
+                    .iter()
+                    .zip(first.endpoints)
+                    .all(|(a, b)| a.addr == b.addr)
         });
         if alike {
-            for (&i, (_, _, _, target)) in ports.iter().zip(&candidates) {
-                out[i] = Some(*target);
+            for (&i, c) in ports.iter().zip(&candidates) {
+                out[i] = Some(c.target);
             }
         }
     }
@@ -179,9 +194,15 @@ pub(super) fn sharing(decisions: &[PortDecision<'_>]) -> Vec<Option<u16>> {
 /// Adds the shared list of the ports of `d`'s protocol (`d` one of them): its class-set
 /// element and entries `CLUSTER-IP . PROTO . i` → address i.
 pub(super) fn add_list(part: &mut Fragment, d: &PortDecision<'_>) {
-    let Some((ip, proto, eps, _)) = candidate(d) else {
+    let Some(Candidate {
+        cluster_ip: ip,
+        endpoints: eps,
+        ..
+    }) = candidate(d)
+    else {
         return;
     };
+    let proto = d.port.protocol;
     let dest = Key::AddrProto(ip, proto);
     if part.lists.iter().any(|l| l.dest == dest) {
         return;
