@@ -33,6 +33,19 @@ fn config() -> BuildConfig {
     }
 }
 
+/// This node (test-node, 192.168.0.2) and `items` (YAML list items), as a cluster.
+fn with_node(items: &[String]) -> Cluster {
+    let node = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  \
+                metadata: {name: test-node}\n  \
+                status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}\n";
+    let (objects, skipped) =
+        nftproxy_dataplane::input::parse_yaml(&(node.to_string() + &items.concat())).unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let (cluster, skipped) = convert::cluster(&objects, "test-node", "");
+    assert!(skipped.is_empty(), "{skipped:?}");
+    cluster
+}
+
 /// `expected`: "REJECT", "DROP", "" (untouched) or a comma-separated endpoint list.
 fn check(cluster: &Cluster, src: &str, proto: Proto, dst: &str, expected: &str, masq: bool) {
     let src: IpAddr = src.parse().unwrap();
@@ -423,19 +436,13 @@ fn external_destinations_share_the_cluster_ip_list_when_their_endpoints_agree() 
 "
         )
     };
-    let text = [
-        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: test-node}\n  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}\n".to_string(),
+    let c = with_node(&[
         service("plain", 51, "externalIPs: [5.6.8.51]"),
         service("local", 52, "externalTrafficPolicy: Local"),
         service("sticky", 53, "sessionAffinity: ClientIP"),
         service("inside", 54, "internalTrafficPolicy: Local"),
         service("udp", 55, ""),
-    ]
-    .concat();
-    let (objects, skipped) = nftproxy_dataplane::input::parse_yaml(&text).unwrap();
-    assert!(skipped.is_empty(), "{skipped:?}");
-    let (c, skipped) = convert::cluster(&objects, "test-node", "");
-    assert!(skipped.is_empty(), "{skipped:?}");
+    ]);
     let table = build(&c, &config(), Family::V4).table;
     let shared: Vec<String> = table.sets[EXTERNAL_TO_CLUSTER_IPS]
         .elements
@@ -538,14 +545,10 @@ fn trace_names_a_node_port_conflict_through_the_shared_list() {
 "
         )
     };
-    let text = [
-        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: test-node}\n  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}\n".to_string(),
+    let c = with_node(&[
         service("newer", 61, "2024-01-02T00:00:00Z"),
         service("older", 62, "2024-01-01T00:00:00Z"),
-    ]
-    .concat();
-    let (objects, _) = nftproxy_dataplane::input::parse_yaml(&text).unwrap();
-    let (c, _) = convert::cluster(&objects, "test-node", "");
+    ]);
     let table = build(&c, &config(), Family::V4).table;
     let host = Host {
         local_addresses: vec!["192.168.0.2".parse().unwrap()],
@@ -613,18 +616,12 @@ fn large_services_ports_share_one_address_list_when_their_endpoints_agree() {
 {slices}"
         )
     };
-    let text = [
-        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: test-node}\n  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}\n".to_string(),
+    let c = with_node(&[
         service("alike", 1, "", false),
         service("split", 2, "", true),
         service("sticky", 3, "sessionAffinity: ClientIP", false),
         service("inside", 4, "internalTrafficPolicy: Local", false),
-    ]
-    .concat();
-    let (objects, skipped) = nftproxy_dataplane::input::parse_yaml(&text).unwrap();
-    assert!(skipped.is_empty(), "{skipped:?}");
-    let (c, skipped) = convert::cluster(&objects, "test-node", "");
-    assert!(skipped.is_empty(), "{skipped:?}");
+    ]);
     let table = build(&c, &config(), Family::V4).table;
     let elements = |set: &str| -> Vec<String> {
         table.sets[set]

@@ -464,12 +464,10 @@ pub fn service_fragment<'s>(
     }
     let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
     let decisions = service_decisions(svc, &slices, suppressed, &env.decision);
-    let sharing = shared::sharing(&decisions);
-    for (decision, shares) in decisions.iter().zip(&sharing) {
-        port::add(&mut part, decision, *shares, &env.det, regions);
-        if shares.is_some() {
-            shared::add_list(&mut part, decision);
-        }
+    let shared_targets = shared::add_lists(&mut part, &decisions);
+    for (i, decision) in decisions.iter().enumerate() {
+        let shared_target = shared_targets.get(i).copied().flatten();
+        port::add(&mut part, decision, shared_target, &env.det, regions);
     }
     // Ports may share endpoints.
     part.hairpin.sort_unstable();

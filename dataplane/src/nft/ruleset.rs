@@ -480,6 +480,16 @@ impl Key {
         }
     }
 
+    /// What an entry of a list (`self` the entry or its destination) maps `target` to: the
+    /// endpoint, or only its address in an address list that the ports of a ClusterIP share
+    /// (such lists hold their entries as the address with port 0).
+    pub fn list_value(&self, (addr, port): Target) -> Value {
+        match self {
+            Key::AddrProto(..) | Key::AddrProtoIndex(..) => Value::Addr(addr),
+            _ => Value::Endpoint(addr, port),
+        }
+    }
+
     /// The destination and index of an endpoint-list entry ([`Key::list_entry`] reversed).
     pub fn list_destination(self) -> Option<(Key, u16)> {
         match self {

@@ -145,13 +145,9 @@ impl BigList {
             .map(|(key, target)| (self.map, key, Some(self.value(target))))
     }
 
-    /// What an entry maps to: the endpoint, or only its address in a list that the ports of a
-    /// ClusterIP share (see `shared`; its entries' ports are 0, as the table's read back).
-    pub fn value(&self, (addr, port): Target) -> Value {
-        match self.dest {
-            Key::AddrProto(..) => Value::Addr(addr),
-            _ => Value::Endpoint(addr, port),
-        }
+    /// What an entry maps to ([`Key::list_value`] of the destination).
+    pub fn value(&self, target: Target) -> Value {
+        self.dest.list_value(target)
     }
 
     /// The list's entries: `dest . i` and endpoint i.

@@ -156,10 +156,15 @@ fn candidate<'d>(d: &'d PortDecision<'_>) -> Option<Candidate<'d>> {
     })
 }
 
-/// Which of a Service's port decisions share a list: for each decision, the target port its
-/// ClusterIP list is replaced by, or None where it keeps its own.
-pub(super) fn sharing(decisions: &[PortDecision<'_>]) -> Vec<Option<u16>> {
-    let mut out = vec![None; decisions.len()];
+/// Adds the shared lists of a Service's ports that can share one (each protocol's class-set
+/// element and entries `CLUSTER-IP . PROTO . i` → address i) and says which ports read them:
+/// for decision i, entry i is the target port its ClusterIP list is replaced by, or None
+/// where it keeps its own. Empty (no allocation) when no port shares, as for most Services.
+pub(super) fn add_lists(part: &mut Fragment, decisions: &[PortDecision<'_>]) -> Vec<Option<u16>> {
+    let mut out = Vec::new();
+    if decisions.len() < 2 {
+        return out;
+    }
     for proto in [Proto::Tcp, Proto::Udp, Proto::Sctp] {
         let ports: Vec<usize> = (0..decisions.len())
             .filter(|&i| decisions[i].port.protocol == proto)
@@ -182,40 +187,28 @@ pub(super) fn sharing(decisions: &[PortDecision<'_>]) -> Vec<Option<u16>> {
                     .zip(first.endpoints)
                     .all(|(a, b)| a.addr == b.addr)
         });
-        if alike {
-            for (&i, c) in ports.iter().zip(&candidates) {
-                out[i] = Some(c.target);
-            }
+        if !alike {
+            continue;
         }
+        out.resize(decisions.len(), None);
+        for (&i, c) in ports.iter().zip(&candidates) {
+            out[i] = Some(c.target);
+        }
+        let dest = Key::AddrProto(first.cluster_ip, proto);
+        part.elements.insert(
+            (class_set(big::class_of(first.endpoints.len())), dest),
+            None,
+        );
+        // A shared list holds addresses: its entries' ports are 0 (see `Key::list_value`).
+        let endpoints: Arc<[(IpAddr, u16)]> =
+            first.endpoints.iter().map(|ep| (ep.addr, 0)).collect();
+        part.lists.push(BigList {
+            map: SERVICE_ENDPOINTS,
+            dest,
+            endpoints,
+        });
     }
     out
-}
-
-/// Adds the shared list of the ports of `d`'s protocol (`d` one of them): its class-set
-/// element and entries `CLUSTER-IP . PROTO . i` → address i.
-pub(super) fn add_list(part: &mut Fragment, d: &PortDecision<'_>) {
-    let Some(Candidate {
-        cluster_ip: ip,
-        endpoints: eps,
-        ..
-    }) = candidate(d)
-    else {
-        return;
-    };
-    let proto = d.port.protocol;
-    let dest = Key::AddrProto(ip, proto);
-    if part.lists.iter().any(|l| l.dest == dest) {
-        return;
-    }
-    part.elements
-        .insert((class_set(big::class_of(eps.len())), dest), None);
-    // A shared list holds addresses: its entries' ports are 0 (see `BigList::value`).
-    let endpoints: Arc<[(IpAddr, u16)]> = eps.iter().map(|ep| (ep.addr, 0)).collect();
-    part.lists.push(BigList {
-        map: SERVICE_ENDPOINTS,
-        dest,
-        endpoints,
-    });
 }
 
 /// The target-port element of a port that reads its protocol's shared list.

@@ -128,7 +128,7 @@ pub struct ElementMap {
 
 /// The list entry `key → value` as destination, index and endpoint, if it is one. An entry of a
 /// shared address list ([`Key::AddrProtoIndex`] → [`Value::Addr`]) is held as its address with
-/// port 0.
+/// port 0 ([`Key::list_value`] reverses it).
 fn as_entry(key: &Key, value: &Option<Value>) -> Option<(Key, usize, Target)> {
     let (dest, i) = key.list_destination()?;
     match (key, value) {
@@ -138,14 +138,6 @@ fn as_entry(key: &Key, value: &Option<Value>) -> Option<(Key, usize, Target)> {
         (Key::AddrProtoIndex(..), _) => None,
         (_, Some(Value::Endpoint(addr, port))) => Some((dest, usize::from(i), (*addr, *port))),
         _ => None,
-    }
-}
-
-/// The value of list entry `key` that a list holds as `target` ([`as_entry`] reversed).
-fn entry_value(key: &Key, (addr, port): Target) -> Value {
-    match key {
-        Key::AddrProtoIndex(..) => Value::Addr(addr),
-        _ => Value::Endpoint(addr, port),
     }
 }
 
@@ -224,7 +216,7 @@ impl ElementMap {
 
     pub fn get(&self, key: &Key) -> Option<Option<Value>> {
         if let Some(target) = self.listed(key) {
-            return Some(Some(entry_value(key, target)));
+            return Some(Some(key.list_value(target)));
         }
         if self.has_addr(key) {
             return Some(None);
@@ -252,7 +244,7 @@ impl ElementMap {
                 }
             };
             match list.and_then(|l| l.get(usize::from(i))) {
-                Some(target) => Some(Some(entry_value(key, target))),
+                Some(target) => Some(Some(key.list_value(target))),
                 None => self.other.get(key).cloned(),
             }
         })
@@ -299,7 +291,7 @@ impl ElementMap {
                     if old.is_none() {
                         self.len += 1;
                     }
-                    return old.map(|target| Some(entry_value(&key, target)));
+                    return old.map(|target| Some(key.list_value(target)));
                 }
                 None if i < MAX_GAP => {
                     let mut list = List::with_capacity(target, i + 1);
@@ -349,7 +341,7 @@ impl ElementMap {
             while let Some((key, i, target)) = entry.take() {
                 let old = list.set(i, target);
                 self.len += usize::from(old.is_none());
-                was(key, true, old.map(|target| Some(entry_value(&key, target))));
+                was(key, true, old.map(|target| Some(key.list_value(target))));
                 if let Some((key, value)) = elements.peek()
                     && let Some((d, i, target)) = as_entry(key, value)
                     && d == dest
@@ -388,7 +380,7 @@ impl ElementMap {
                     .and_then(|(_, i)| list.take(usize::from(i)));
                 // Not in the list: in `other`, if anywhere (`insert` keeps it out of both).
                 let old = match taken {
-                    Some(target) => Some(Some(entry_value(&key, target))),
+                    Some(target) => Some(Some(key.list_value(target))),
                     None => self.other.remove(&key),
                 };
                 self.len -= usize::from(old.is_some());
@@ -414,7 +406,7 @@ impl ElementMap {
 
     pub fn remove(&mut self, key: &Key) -> Option<Option<Value>> {
         if let Some(target) = self.take_listed(key) {
-            return Some(Some(entry_value(key, target)));
+            return Some(Some(key.list_value(target)));
         }
         if let Some(code) = addr_code(key)
             && self.addrs.remove(&code)
@@ -653,7 +645,7 @@ impl Iterator for Iter<'_> {
         Some(match self.next_raw()? {
             Raw::Other(key, value) => (*key, value.clone()),
             Raw::Addr(key) => (key, None),
-            Raw::Listed(key, target) => (key, Some(entry_value(&key, target))),
+            Raw::Listed(key, target) => (key, Some(key.list_value(target))),
         })
     }
 }
